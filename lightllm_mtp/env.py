@@ -1,0 +1,40 @@
+"""The only module that reads environment variables. Every variable is prefixed LIGHTLLM_MTP_."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def _get_str(name: str, default: str) -> str:
+    return os.environ.get(f"LIGHTLLM_MTP_{name}", default)
+
+
+def _get_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(f"LIGHTLLM_MTP_{name}")
+    if raw is None:
+        return default
+    return raw.strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class Env:
+    # Where built-on-first-use artefacts (the tiny default checkpoint) are kept.
+    cache_dir: Path
+    # Force the PyTorch reference kernels even on GPU (debugging / oracle runs).
+    force_reference_kernels: bool
+    # Hide the tqdm progress bars (weight loading, benchmarks).
+    disable_progress_bars: bool
+
+
+def _read_env() -> Env:
+    default_cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lightllm_mtp"
+    return Env(
+        cache_dir=Path(_get_str("CACHE_DIR", str(default_cache))),
+        force_reference_kernels=_get_bool("FORCE_REFERENCE_KERNELS", False),
+        disable_progress_bars=_get_bool("DISABLE_PROGRESS_BARS", False),
+    )
+
+
+ENV = _read_env()
