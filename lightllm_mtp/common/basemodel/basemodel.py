@@ -1,0 +1,115 @@
+"""TpPartBaseModel: the hybrid (Gated DeltaNet + gated full attention) decoder stack and its caches.
+
+Model packages subclass it and only declare their feed-forward layer class; the base declares the checkpoint
+tensors of the stack, loads them through the one loader, owns the KV pool, request slots and linear-attention
+state, and runs prefill / decode forwards over a ForwardBatch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ModelOutput
+from lightllm_mtp.common.kv_pool import KvPool
+from lightllm_mtp.common.layers.base import Layer, ModelCaches, Weights
+from lightllm_mtp.common.layers.decoder_layer import DecoderLayer
+from lightllm_mtp.common.layers.embedding import LMHead, VocabEmbedding
+from lightllm_mtp.common.layers.gated_attention import GatedAttention
+from lightllm_mtp.common.layers.gated_deltanet import GatedDeltaNet
+from lightllm_mtp.common.layers.norm import RMSNorm
+from lightllm_mtp.common.linear_att_state import LinearAttState
+from lightllm_mtp.common.req_manager import ReqManager
+from lightllm_mtp.common.weight_loader import TensorSpec, load_tensors
+from lightllm_mtp.config.model_config import LayerType, ModelConfig
+from lightllm_mtp.kernels.rotary import build_rope_cache
+
+
+@dataclass(frozen=True)
+class RuntimeShape:
+    """Sizes the engine fixes before the model is built."""
+
+    dtype: torch.dtype
+    device: torch.device
+    max_reqs: int  # concurrent request slots
+    max_model_len: int  # prompt + generated tokens per request
+    kv_pool_size: int  # token slots in the KV pool
+
+
+class TpPartBaseModel:
+    ffn_class: type[Layer]  # declared by each model package
+
+    def __init__(self, model_dir: str | Path, cfg: ModelConfig, rt: RuntimeShape):
+        self.cfg = cfg
+        self.rt = rt
+        weights = load_tensors(model_dir, self.weight_specs(), rt.dtype, rt.device)
+        self._build(weights)
+        self.caches = self._init_caches()
+
+    # ---- declaration -------------------------------------------------------------------------------
+    def weight_specs(self) -> list[TensorSpec]:
+        cfg, p = self.cfg, self.cfg.weight_prefix
+        specs = VocabEmbedding.specs(cfg, f"{p}embed_tokens.weight")
+        specs += RMSNorm.specs(cfg, f"{p}norm.weight") + LMHead.specs(cfg)
+        for i, layer_type in enumerate(cfg.layer_types):
+            prefix = f"{p}layers.{i}."
+            mixer_cls, scope = _mixer(layer_type)
+            specs += DecoderLayer.norm_specs(cfg, prefix)
+            specs += mixer_cls.specs(cfg, f"{prefix}{scope}") + self.ffn_class.specs(cfg, f"{prefix}mlp.")
+        return specs
+
+    def _build(self, weights: Weights) -> None:
+        cfg, p = self.cfg, self.cfg.weight_prefix
+        self.embed = VocabEmbedding(f"{p}embed_tokens.weight", weights)
+        self.final_norm = RMSNorm(cfg, f"{p}norm.weight", weights)
+        self.lm_head = LMHead(self.embed.weight if cfg.tie_word_embeddings else weights["lm_head.weight"])
+        self.layers: list[DecoderLayer] = []
+        kv_layer = state_layer = 0
+        for i, layer_type in enumerate(cfg.layer_types):
+            prefix = f"{p}layers.{i}."
+            mixer_cls, scope = _mixer(layer_type)
+            if mixer_cls is GatedAttention:
+                mixer: Layer = GatedAttention(cfg, f"{prefix}{scope}", weights, kv_layer=kv_layer)
+                kv_layer += 1
+            else:
+                mixer = GatedDeltaNet(cfg, f"{prefix}{scope}", weights, state_layer=state_layer)
+                state_layer += 1
+            ffn = self.ffn_class(cfg, f"{prefix}mlp.", weights)
+            self.layers.append(DecoderLayer(cfg, prefix, weights, mixer, ffn))
+
+    def _init_caches(self) -> ModelCaches:
+        cfg, rt = self.cfg, self.rt
+        kv_pool = KvPool(
+            len(cfg.full_attention_layers), rt.kv_pool_size, cfg.num_key_value_heads, cfg.head_dim, rt.dtype, rt.device
+        )
+        linear_state = LinearAttState(
+            num_layers=len(cfg.linear_attention_layers),
+            num_slots=rt.max_reqs + 1,
+            conv_dim=cfg.linear_conv_dim,
+            conv_kernel=cfg.linear_conv_kernel_dim,
+            num_value_heads=cfg.linear_num_value_heads,
+            key_head_dim=cfg.linear_key_head_dim,
+            value_head_dim=cfg.linear_value_head_dim,
+            dtype=rt.dtype,
+            device=rt.device,
+        )
+        req_manager = ReqManager(rt.max_reqs, rt.max_model_len, rt.device, linear_state)
+        cos, sin = build_rope_cache(cfg.rotary_dim, rt.max_model_len, cfg.rope_theta, rt.device)
+        return ModelCaches(kv_pool=kv_pool, req_manager=req_manager, rope_cos=cos, rope_sin=sin)
+
+    # ---- forward -----------------------------------------------------------------------------------
+    def forward(self, batch: ForwardBatch) -> ModelOutput:
+        """Prefill / chunked prefill / decode; logits and final-norm hidden of batch.b_logits_index rows."""
+        x = self.embed(batch.input_ids)
+        for layer in self.layers:
+            x = layer.forward(x, batch, self.caches)
+        hidden = self.final_norm(x[batch.b_logits_index])
+        return ModelOutput(logits=self.lm_head(hidden), hidden=hidden)
+
+
+def _mixer(layer_type: LayerType) -> tuple[type[Layer], str]:
+    if layer_type is LayerType.FULL_ATTENTION:
+        return GatedAttention, "self_attn."
+    return GatedDeltaNet, "linear_attn."

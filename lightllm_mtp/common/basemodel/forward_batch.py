@@ -1,0 +1,44 @@
+"""Typed metadata of one forward pass, built before the forward and never extended during it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+
+
+class ForwardMode(Enum):
+    # Ragged batch: every request brings q_len >= 1 new tokens after an optional cached prefix
+    # (prefill, chunked prefill, and decode rows mixed into a prefill step).
+    EXTEND = "extend"
+    # Every request brings exactly one token.
+    DECODE = "decode"
+
+
+@dataclass
+class ForwardBatch:
+    mode: ForwardMode
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64 absolute position of each token
+    mem_index: torch.Tensor  # [T] int32 KV pool slot of each new token
+    b_req_idx: torch.Tensor  # [B] int32 request slot (page-table row, linear-state slot)
+    b_seq_len: torch.Tensor  # [B] int32 KV length after this forward (cached prefix + new tokens)
+    b1_cu_q_len: torch.Tensor  # [B+1] int32 prefix sums of new-token counts
+    b_has_initial_state: torch.Tensor  # [B] bool: linear state carries a cached prefix
+    b_logits_index: torch.Tensor  # [N] int64 rows of the T tokens whose logits are wanted
+    max_q_len: int  # host copy, for kernels that size their grid by it
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def batch_size(self) -> int:
+        return self.b_req_idx.shape[0]
+
+
+@dataclass
+class ModelOutput:
+    logits: torch.Tensor  # [N, V] fp32, rows of b_logits_index
+    hidden: torch.Tensor  # [N, H] final-norm hidden states of the same rows (the MTP draft input)

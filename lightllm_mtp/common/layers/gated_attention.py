@@ -1,0 +1,77 @@
+"""Qwen3.5 gated full attention: per-head [query | gate] q_proj, (1+w) q/k RMSNorm, partial RoPE,
+GQA over the paged KV pool, sigmoid output gate."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode
+from lightllm_mtp.common.layers.base import Layer, ModelCaches, Weights
+from lightllm_mtp.common.weight_loader import TensorSpec
+from lightllm_mtp.config.model_config import ModelConfig
+from lightllm_mtp.kernels.decode_attention import decode_attention
+from lightllm_mtp.kernels.output_gate import sigmoid_gate_mul
+from lightllm_mtp.kernels.prefill_attention import prefill_attention
+from lightllm_mtp.kernels.rmsnorm import rmsnorm
+from lightllm_mtp.kernels.rotary import apply_partial_rope
+from lightllm_mtp.kernels.store_kv import store_kv
+
+
+class GatedAttention(Layer):
+    def __init__(self, cfg: ModelConfig, prefix: str, weights: Weights, kv_layer: int):
+        self.kv_layer = kv_layer
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        self.has_gate = cfg.attn_output_gate
+        self.eps = cfg.rms_norm_eps
+        self.scale = cfg.head_dim**-0.5
+        q, k, v = (weights[f"{prefix}{n}_proj.weight"] for n in "qkv")
+        self.q_size = q.shape[0]
+        self.kv_size = k.shape[0]
+        self.qkv_proj = torch.cat([q, k, v], dim=0)  # [(Hq*D*(1+gate)) + 2*Hkv*D, H]
+        self.o_proj = weights[f"{prefix}o_proj.weight"]
+        self.q_norm = weights[f"{prefix}q_norm.weight"]
+        self.k_norm = weights[f"{prefix}k_norm.weight"]
+
+    @classmethod
+    def specs(cls, cfg: ModelConfig, prefix: str) -> list[TensorSpec]:
+        h, d = cfg.hidden_size, cfg.head_dim
+        q_rows = cfg.num_attention_heads * d * (2 if cfg.attn_output_gate else 1)
+        return [
+            TensorSpec(f"{prefix}q_proj.weight", (q_rows, h)),
+            TensorSpec(f"{prefix}k_proj.weight", (cfg.num_key_value_heads * d, h)),
+            TensorSpec(f"{prefix}v_proj.weight", (cfg.num_key_value_heads * d, h)),
+            TensorSpec(f"{prefix}o_proj.weight", (h, cfg.num_attention_heads * d)),
+            TensorSpec(f"{prefix}q_norm.weight", (d,)),
+            TensorSpec(f"{prefix}k_norm.weight", (d,)),
+        ]
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
+        t = x.shape[0]
+        q_all, k, v = F.linear(x, self.qkv_proj).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.has_gate:
+            # each head's rows are [query(D) | gate(D)]
+            q, gate = q_all.view(t, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+            gate = gate.reshape(t, self.num_heads * self.head_dim)
+        else:
+            q, gate = q_all.view(t, self.num_heads, self.head_dim), None
+        q = rmsnorm(q, self.q_norm, self.eps)
+        k = rmsnorm(k.view(t, self.num_kv_heads, self.head_dim), self.k_norm, self.eps)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        q, k = apply_partial_rope(q, k, batch.positions, caches.rope_cos, caches.rope_sin)
+
+        k_buffer, v_buffer = caches.kv_pool.layer(self.kv_layer)
+        store_kv(k_buffer, v_buffer, batch.mem_index, k, v)
+        req_to_token = caches.req_manager.req_to_token
+        if batch.mode is ForwardMode.DECODE:
+            o = decode_attention(q, k_buffer, v_buffer, req_to_token, batch.b_req_idx, batch.b_seq_len, self.scale)
+        else:
+            o = prefill_attention(
+                q, k_buffer, v_buffer, req_to_token, batch.b_req_idx, batch.b1_cu_q_len, batch.b_seq_len, self.scale
+            )
+        o = o.reshape(t, self.num_heads * self.head_dim)
+        if gate is not None:
+            o = sigmoid_gate_mul(o, gate)
+        return F.linear(o, self.o_proj)

@@ -1,0 +1,76 @@
+"""Qwen3.5 Gated DeltaNet (linear attention): causal depthwise conv + SiLU, gated delta rule with fp32
+per-request state, gated RMSNorm, out_proj."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode
+from lightllm_mtp.common.layers.base import Layer, ModelCaches, Weights
+from lightllm_mtp.common.weight_loader import TensorSpec
+from lightllm_mtp.config.model_config import ModelConfig
+from lightllm_mtp.kernels.causal_conv1d import causal_conv1d_prefill, causal_conv1d_update
+from lightllm_mtp.kernels.gated_delta_rule import gated_delta_rule_decode, gated_delta_rule_prefill
+from lightllm_mtp.kernels.gated_rmsnorm import gated_rmsnorm
+from lightllm_mtp.kernels.gdn_gating import gdn_gating
+
+
+class GatedDeltaNet(Layer):
+    def __init__(self, cfg: ModelConfig, prefix: str, weights: Weights, state_layer: int):
+        self.state_layer = state_layer
+        self.nk, self.nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        self.key_dim, self.value_dim = cfg.linear_key_dim, cfg.linear_value_dim
+        self.eps = cfg.rms_norm_eps
+        w = {n: weights[f"{prefix}{n}.weight"] for n in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")}
+        # one GEMM for all four input projections: rows [qkv | z | b | a]
+        self.in_proj = torch.cat([w["in_proj_qkv"], w["in_proj_z"], w["in_proj_b"], w["in_proj_a"]], dim=0)
+        self.conv_weight = weights[f"{prefix}conv1d.weight"].squeeze(1)  # [conv_dim, K]
+        self.A_log = weights[f"{prefix}A_log"]
+        self.dt_bias = weights[f"{prefix}dt_bias"]
+        self.norm_weight = weights[f"{prefix}norm.weight"]
+        self.out_proj = weights[f"{prefix}out_proj.weight"]
+
+    @classmethod
+    def specs(cls, cfg: ModelConfig, prefix: str) -> list[TensorSpec]:
+        h, nv = cfg.hidden_size, cfg.linear_num_value_heads
+        return [
+            TensorSpec(f"{prefix}in_proj_qkv.weight", (cfg.linear_conv_dim, h)),
+            TensorSpec(f"{prefix}in_proj_z.weight", (cfg.linear_value_dim, h)),
+            TensorSpec(f"{prefix}in_proj_b.weight", (nv, h)),
+            TensorSpec(f"{prefix}in_proj_a.weight", (nv, h)),
+            TensorSpec(f"{prefix}conv1d.weight", (cfg.linear_conv_dim, 1, cfg.linear_conv_kernel_dim)),
+            TensorSpec(f"{prefix}A_log", (nv,), keep_fp32=True),
+            TensorSpec(f"{prefix}dt_bias", (nv,), keep_fp32=True),
+            TensorSpec(f"{prefix}norm.weight", (cfg.linear_value_head_dim,)),
+            TensorSpec(f"{prefix}out_proj.weight", (h, cfg.linear_value_dim)),
+        ]
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
+        t = x.shape[0]
+        conv_dim = 2 * self.key_dim + self.value_dim
+        qkv, z, b, a = F.linear(x, self.in_proj).split([conv_dim, self.value_dim, self.nv, self.nv], dim=-1)
+        linear_state = caches.req_manager.linear_state
+        assert linear_state is not None
+        conv_state, ssm_state = linear_state.layer(self.state_layer)
+        decode = batch.mode is ForwardMode.DECODE
+        if decode:
+            qkv = causal_conv1d_update(qkv, self.conv_weight, conv_state, batch.b_req_idx)
+        else:
+            qkv = causal_conv1d_prefill(
+                qkv, self.conv_weight, conv_state, batch.b_req_idx, batch.b1_cu_q_len, batch.b_has_initial_state
+            )
+        q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = q.reshape(t, self.nk, self.dk)
+        k = k.reshape(t, self.nk, self.dk)
+        v = v.reshape(t, self.nv, self.dv)
+        g, beta = gdn_gating(a, b, self.A_log, self.dt_bias)
+        if decode:
+            o = gated_delta_rule_decode(q, k, v, g, beta, ssm_state, batch.b_req_idx)
+        else:
+            o = gated_delta_rule_prefill(
+                q, k, v, g, beta, ssm_state, batch.b_req_idx, batch.b1_cu_q_len, batch.b_has_initial_state
+            )
+        o = gated_rmsnorm(o, z.reshape(t, self.nv, self.dv), self.norm_weight, self.eps)
+        return F.linear(o.reshape(t, self.value_dim), self.out_proj)

@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch
+from lightllm_mtp.common.layers.base import Layer, ModelCaches, Weights
+from lightllm_mtp.common.weight_loader import TensorSpec
+from lightllm_mtp.config.model_config import ModelConfig
+from lightllm_mtp.kernels.silu_and_mul import silu_and_mul
+
+
+def mlp_specs(prefix: str, hidden: int, inter: int) -> list[TensorSpec]:
+    return [
+        TensorSpec(f"{prefix}gate_proj.weight", (inter, hidden)),
+        TensorSpec(f"{prefix}up_proj.weight", (inter, hidden)),
+        TensorSpec(f"{prefix}down_proj.weight", (hidden, inter)),
+    ]
+
+
+class GatedMLP:
+    """down(silu(gate(x)) * up(x)) with gate and up fused into one [2I, H] matrix."""
+
+    def __init__(self, prefix: str, weights: Weights):
+        self.gate_up = torch.cat([weights[f"{prefix}gate_proj.weight"], weights[f"{prefix}up_proj.weight"]], dim=0)
+        self.down = weights[f"{prefix}down_proj.weight"]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(silu_and_mul(F.linear(x, self.gate_up)), self.down)
+
+
+class DenseMLP(Layer):
+    def __init__(self, cfg: ModelConfig, prefix: str, weights: Weights):
+        self.mlp = GatedMLP(prefix, weights)
+
+    @classmethod
+    def specs(cls, cfg: ModelConfig, prefix: str) -> list[TensorSpec]:
+        assert cfg.intermediate_size is not None
+        return mlp_specs(prefix, cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
+        return self.mlp(x)

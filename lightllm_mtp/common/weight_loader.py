@@ -1,0 +1,101 @@
+"""The one weight loader: model packages declare TensorSpecs, this reads them from safetensors shards.
+
+Handles `model.safetensors.index.json` sharding or a single `model.safetensors`, casts to the model dtype,
+checks every shape, and reports all missing or mis-shaped tensors by name in one error.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from tqdm import tqdm
+
+from lightllm_mtp.env import ENV
+
+
+class WeightLoadError(ValueError):
+    """The checkpoint lacks declared tensors or has them in the wrong shape."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str  # checkpoint tensor name
+    shape: tuple[int, ...]
+    keep_fp32: bool = False  # stays fp32 whatever the model dtype (e.g. GDN A_log)
+    # Alternative source when `name` is absent: rows of each inner tuple are concatenated (dim 0), the
+    # results stacked on a new dim 0. Used for per-expert MoE checkpoints: ((e0.gate, e0.up), (e1.gate, ...)).
+    stacked_from: tuple[tuple[str, ...], ...] | None = None
+
+
+def shard_index(model_dir: Path) -> dict[str, str]:
+    """tensor name -> shard file name."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        with open(index) as f:
+            return dict(json.load(f)["weight_map"])
+    single = model_dir / "model.safetensors"
+    if single.is_file():
+        with safe_open(str(single), framework="pt") as f:
+            return {name: single.name for name in f.keys()}
+    raise WeightLoadError(f"{model_dir}: no model.safetensors.index.json or model.safetensors")
+
+
+def load_tensors(
+    model_dir: str | Path, specs: list[TensorSpec], dtype: torch.dtype, device: torch.device | str
+) -> dict[str, torch.Tensor]:
+    """Load every spec; returns spec.name -> tensor on `device`."""
+    model_dir = Path(model_dir)
+    where = shard_index(model_dir)
+    wanted: dict[str, list[TensorSpec]] = defaultdict(list)  # shard -> specs
+    missing: list[str] = []
+    for spec in specs:
+        sources = _sources(spec, where)
+        if sources is None:
+            missing.append(spec.name)
+            continue
+        for src in sources:
+            wanted[where[src]].append(TensorSpec(src, ()))
+    if missing:
+        raise WeightLoadError(f"{model_dir}: missing tensors: {', '.join(missing)}")
+
+    raw: dict[str, torch.Tensor] = {}
+    total = sum(len(v) for v in wanted.values())
+    with tqdm(total=total, desc="loading weights", unit="tensor", disable=ENV.disable_progress_bars) as bar:
+        for shard, shard_specs in sorted(wanted.items()):
+            with safe_open(str(model_dir / shard), framework="pt") as f:
+                for s in shard_specs:
+                    raw[s.name] = f.get_tensor(s.name)
+                    bar.update(1)
+
+    out: dict[str, torch.Tensor] = {}
+    errors: list[str] = []
+    for spec in specs:
+        tensor = raw[spec.name] if spec.name in raw else _stack(spec, raw)
+        if tuple(tensor.shape) != tuple(spec.shape):
+            errors.append(f"{spec.name}: expected shape {tuple(spec.shape)}, found {tuple(tensor.shape)}")
+            continue
+        target = torch.float32 if spec.keep_fp32 else dtype
+        out[spec.name] = tensor.to(device=device, dtype=target).contiguous()
+    if errors:
+        raise WeightLoadError(f"{model_dir}: mis-shaped tensors: " + "; ".join(errors))
+    return out
+
+
+def _sources(spec: TensorSpec, where: dict[str, str]) -> list[str] | None:
+    if spec.name in where:
+        return [spec.name]
+    if spec.stacked_from is not None:
+        names = [n for group in spec.stacked_from for n in group]
+        if all(n in where for n in names):
+            return names
+    return None
+
+
+def _stack(spec: TensorSpec, raw: dict[str, torch.Tensor]) -> torch.Tensor:
+    assert spec.stacked_from is not None
+    return torch.stack([torch.cat([raw[n] for n in group], dim=0) for group in spec.stacked_from])

@@ -1,0 +1,103 @@
+"""Offline API: `LLM(model_dir, ...).generate(prompts, SamplingParams(...))`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from tqdm import tqdm
+
+from lightllm_mtp.config.engine_args import EngineArgs
+from lightllm_mtp.engine.llm_engine import LLMEngine
+from lightllm_mtp.env import ENV
+from lightllm_mtp.sampling_params import SamplingParams
+
+Prompt = str | list[int]
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    prompt_token_ids: list[int]
+    token_ids: list[int]  # generated tokens, a final stop/eos token included
+    text: str  # detokenized generated tokens (special tokens skipped)
+    finish_reason: str  # "stop" | "length"
+
+
+class LLM:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        device: str = "cpu",
+        dtype: str = "auto",
+        max_model_len: int | None = None,
+        max_batch_size: int = 8,
+        max_total_token_num: int | None = None,
+        chunked_prefill_size: int = 4096,
+    ):
+        args = EngineArgs(
+            model_dir=str(model_dir),
+            device=device,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            max_batch_size=max_batch_size,
+            max_total_token_num=max_total_token_num,
+            chunked_prefill_size=chunked_prefill_size,
+        )
+        self.engine = LLMEngine(args)
+        self.tokenizer = _load_tokenizer(model_dir)
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Prompts are strings or token-id lists; outputs come back in prompt order."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # one prompt
+        prompt_ids = [self._encode(p) for p in prompts]
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = [sampling_params] * len(prompt_ids) if isinstance(sampling_params, SamplingParams) else list(
+            sampling_params
+        )
+        if len(params) != len(prompt_ids):
+            raise ValueError(f"{len(params)} SamplingParams for {len(prompt_ids)} prompts")
+        for ids in prompt_ids:  # reject bad input before any work starts
+            self.engine.validate_prompt(ids)
+        reqs = [self.engine.add_request(ids, p) for ids, p in zip(prompt_ids, params)]
+        with tqdm(total=len(reqs), desc="generate", disable=not use_tqdm or ENV.disable_progress_bars) as bar:
+            while self.engine.has_unfinished():
+                bar.update(len(self.engine.step()))
+        return [
+            RequestOutput(
+                prompt_token_ids=r.prompt_ids,
+                token_ids=list(r.output_ids),
+                text=self._decode(r.output_ids),
+                finish_reason=r.finish_reason.value if r.finish_reason else "abort",
+            )
+            for r in reqs
+        ]
+
+    def _encode(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this model directory has no tokenizer: pass token-id lists")
+            return self.tokenizer.encode(prompt, add_special_tokens=False)
+        if not isinstance(prompt, (list, tuple)) or not all(isinstance(t, int) for t in prompt):
+            raise ValueError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+        return list(prompt)
+
+    def _decode(self, token_ids: list[int]) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+def _load_tokenizer(model_dir: str | Path):
+    if not (Path(model_dir) / "tokenizer.json").is_file() and not (Path(model_dir) / "tokenizer_config.json").is_file():
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))

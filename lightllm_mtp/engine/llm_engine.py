@@ -1,0 +1,110 @@
+"""LLMEngine: model + scheduler + runner; one `step()` is one forward of the running batch."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import torch
+
+from lightllm_mtp.common.basemodel.basemodel import RuntimeShape
+from lightllm_mtp.config.engine_args import EngineArgs
+from lightllm_mtp.config.model_config import ModelConfig
+from lightllm_mtp.engine.model_runner import ModelRunner
+from lightllm_mtp.engine.request import FinishReason, Request
+from lightllm_mtp.engine.scheduler import Scheduler
+from lightllm_mtp.models.registry import create_model
+from lightllm_mtp.sampling_params import SamplingParams
+
+
+class LLMEngine:
+    def __init__(self, args: EngineArgs):
+        self.args = args
+        self.model_config = cfg = ModelConfig.from_model_dir(args.model_dir)
+        self.max_model_len = args.resolved_max_model_len(cfg.max_position_embeddings)
+        kv_pool_size = args.resolved_kv_pool_size(self.max_model_len)
+        rt = RuntimeShape(
+            dtype=args.torch_dtype,
+            device=args.torch_device,
+            max_reqs=args.max_batch_size,
+            max_model_len=self.max_model_len,
+            kv_pool_size=kv_pool_size,
+        )
+        self.model = create_model(args.model_dir, cfg, rt)
+        self.runner = ModelRunner(self.model)
+        self.scheduler = Scheduler(args.max_batch_size, args.chunked_prefill_size, kv_pool_size, self.max_model_len)
+        self.eos_token_ids = frozenset(cfg.eos_token_ids) | _generation_config_eos(Path(args.model_dir))
+        self._ids = itertools.count()
+
+    def validate_prompt(self, prompt_ids: list[int]) -> None:
+        if not prompt_ids:
+            raise ValueError("empty prompt")
+        if len(prompt_ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {len(prompt_ids)} tokens; max_model_len is {self.max_model_len} "
+                "(the prompt must leave room for at least one generated token)"
+            )
+        vocab = self.model_config.vocab_size
+        bad = [t for t in prompt_ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids out of range [0, {vocab}): {bad[:8]}")
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Request:
+        self.validate_prompt(prompt_ids)
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=self.args.torch_device).manual_seed(params.seed)
+        req = Request(request_id=next(self._ids), prompt_ids=list(prompt_ids), params=params, generator=generator)
+        self.scheduler.add(req)
+        return req
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> list[Request]:
+        """Runs one forward; returns the requests that finished in it."""
+        scheduled = self.scheduler.schedule()
+        if not scheduled:
+            if self.scheduler.waiting:
+                raise RuntimeError("scheduler made no progress: no request fits the KV pool or the token budget")
+            return []
+        finished = []
+        for req, token in self.runner.step(scheduled):
+            req.output_ids.append(token)
+            reason = self._finish_reason(req, token)
+            if reason is not None:
+                self._finish(req, reason)
+                finished.append(req)
+        return finished
+
+    def abort(self, req: Request) -> None:
+        if req in self.scheduler.waiting:
+            self.scheduler.waiting.remove(req)
+            req.finish_reason = FinishReason.ABORT
+        elif req in self.scheduler.running:
+            self._finish(req, FinishReason.ABORT)
+
+    def _finish_reason(self, req: Request, token: int) -> FinishReason | None:
+        p = req.params
+        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
+            return FinishReason.STOP
+        if len(req.output_ids) >= p.max_new_tokens or req.num_tokens >= self.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    def _finish(self, req: Request, reason: FinishReason) -> None:
+        req.finish_reason = reason
+        self.runner.release(req)
+        self.scheduler.finish(req)
+
+
+def _generation_config_eos(model_dir: Path) -> frozenset[int]:
+    path = model_dir / "generation_config.json"
+    if not path.is_file():
+        return frozenset()
+    with open(path) as f:
+        eos = json.load(f).get("eos_token_id")
+    if eos is None:
+        return frozenset()
+    return frozenset(eos if isinstance(eos, list) else [eos])

@@ -1,0 +1,106 @@
+"""Turns a scheduled step into a ForwardBatch (KV slots, page-table rows), runs the model, samples."""
+
+from __future__ import annotations
+
+import torch
+
+from lightllm_mtp.common.basemodel.basemodel import TpPartBaseModel
+from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode
+from lightllm_mtp.engine.request import Request
+from lightllm_mtp.engine.scheduler import ScheduledRequest
+from lightllm_mtp.kernels.sampling import sample
+
+
+class ModelRunner:
+    def __init__(self, model: TpPartBaseModel):
+        self.model = model
+        self.device = model.rt.device
+        self.kv_pool = model.caches.kv_pool
+        self.req_manager = model.caches.req_manager
+
+    def build_batch(self, scheduled: list[ScheduledRequest]) -> tuple[ForwardBatch, list[Request]]:
+        """Allocates slots for the new tokens and writes them into req_to_token.
+
+        Returns the batch and the requests that get a new token from this step (those whose pending tokens
+        all fit in it), in the order of the batch's logits rows."""
+        input_ids: list[int] = []
+        positions: list[int] = []
+        req_idx: list[int] = []
+        seq_len: list[int] = []
+        cu_q_len = [0]
+        has_state: list[bool] = []
+        logits_rows: list[int] = []
+        sampled: list[Request] = []
+        slots: list[torch.Tensor] = []
+        for s in scheduled:
+            req, n = s.request, s.num_new_tokens
+            if req.req_idx is None:
+                req.req_idx = self.req_manager.alloc()
+            start = req.num_computed
+            input_ids += [req.token_at(p) for p in range(start, start + n)]
+            positions += range(start, start + n)
+            req_idx.append(req.req_idx)
+            seq_len.append(start + n)
+            cu_q_len.append(cu_q_len[-1] + n)
+            has_state.append(start > 0)
+            new_slots = self.kv_pool.alloc(n)
+            req.kv_slots.append(new_slots)
+            slots.append(new_slots)
+            if start + n == req.num_tokens:
+                logits_rows.append(cu_q_len[-1] - 1)
+                sampled.append(req)
+        decode = all(s.num_new_tokens == 1 for s in scheduled) and all(has_state)
+        dev = self.device
+
+        def to_dev(values, dtype):
+            return torch.tensor(values, dtype=dtype).to(dev, non_blocking=True)
+
+        b_req_idx = to_dev(req_idx, torch.int32)
+        b1_cu_q_len = to_dev(cu_q_len, torch.int32)
+        positions_t = torch.tensor(positions, dtype=torch.int64)
+        mem_index = torch.cat(slots).to(dev, non_blocking=True)
+        q_lens = torch.tensor([b - a for a, b in zip(cu_q_len, cu_q_len[1:])])
+        rows = torch.tensor(req_idx, dtype=torch.int64).repeat_interleave(q_lens).to(dev, non_blocking=True)
+        positions_dev = positions_t.to(dev, non_blocking=True)
+        self.req_manager.req_to_token[rows, positions_dev] = mem_index
+        batch = ForwardBatch(
+            mode=ForwardMode.DECODE if decode else ForwardMode.EXTEND,
+            input_ids=to_dev(input_ids, torch.int64),
+            positions=positions_dev,
+            mem_index=mem_index,
+            b_req_idx=b_req_idx,
+            b_seq_len=to_dev(seq_len, torch.int32),
+            b1_cu_q_len=b1_cu_q_len,
+            b_has_initial_state=to_dev(has_state, torch.bool),
+            b_logits_index=to_dev(logits_rows, torch.int64),
+            max_q_len=max(b - a for a, b in zip(cu_q_len, cu_q_len[1:])),
+        )
+        return batch, sampled
+
+    @torch.inference_mode()
+    def step(self, scheduled: list[ScheduledRequest]) -> list[tuple[Request, int]]:
+        """One forward; returns (request, sampled token) for the requests that produced a token."""
+        batch, sampled = self.build_batch(scheduled)
+        out = self.model.forward(batch)
+        for s in scheduled:
+            s.request.num_computed += s.num_new_tokens
+        if not sampled:
+            return []
+        tokens = self._sample(out.logits, sampled)
+        return list(zip(sampled, tokens))
+
+    def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> list[int]:
+        dev = self.device
+        temps = torch.tensor([r.params.temperature for r in reqs], dtype=torch.float32).to(dev)
+        top_ps = torch.tensor([r.params.top_p for r in reqs], dtype=torch.float32).to(dev)
+        top_ks = torch.tensor([r.params.top_k for r in reqs], dtype=torch.int32).to(dev)
+        return sample(logits, temps, top_ps, top_ks, [r.generator for r in reqs]).tolist()
+
+    def release(self, req: Request) -> None:
+        """Returns the request's KV slots and request slot (its linear state slot goes with it)."""
+        if req.kv_slots:
+            self.kv_pool.free(torch.cat(req.kv_slots))
+            req.kv_slots = []
+        if req.req_idx is not None:
+            self.req_manager.free(req.req_idx)
+            req.req_idx = None

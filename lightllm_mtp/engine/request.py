@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+
+from lightllm_mtp.sampling_params import SamplingParams
+
+
+class RequestStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(Enum):
+    STOP = "stop"  # eos or a stop token
+    LENGTH = "length"  # max_new_tokens or max_model_len
+    ABORT = "abort"
+
+
+@dataclass
+class Request:
+    request_id: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator | None = None
+    output_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: FinishReason | None = None
+    req_idx: int | None = None  # request slot while running
+    kv_slots: list[torch.Tensor] = field(default_factory=list)  # host int32 KV slots, in position order
+    num_computed: int = 0  # tokens whose KV / linear state is stored
+    reserved_tokens: int = 0  # KV slots the scheduler set aside for this request
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.num_computed < len(self.prompt_ids)
+
+    def token_at(self, pos: int) -> int:
+        n = len(self.prompt_ids)
+        return self.prompt_ids[pos] if pos < n else self.output_ids[pos - n]
+
+    def pending_tokens(self) -> list[int]:
+        """Tokens whose KV is not stored yet (a prompt remainder, or the last sampled token)."""
+        return [self.token_at(p) for p in range(self.num_computed, self.num_tokens)]

@@ -1,0 +1,77 @@
+"""CPU-side batching policy: continuous batching with chunked prefill under a per-step token budget.
+
+Every step runs the decode row of each generating request and fills the rest of the budget with prompt
+chunks (running requests mid-prompt first, then newly admitted ones). A request is admitted only when a
+request slot is free and its worst-case KV need (prompt + max_new_tokens, capped at max_model_len) fits
+beside what running requests reserved, so a running request never runs out of KV slots.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from lightllm_mtp.engine.request import Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int
+
+
+class Scheduler:
+    def __init__(self, max_batch_size: int, token_budget: int, kv_capacity: int, max_model_len: int):
+        self.max_batch_size = max_batch_size
+        self.token_budget = token_budget
+        self.kv_capacity = kv_capacity
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.reserved = 0
+
+    def kv_need(self, req: Request) -> int:
+        return min(len(req.prompt_ids) + req.params.max_new_tokens, self.max_model_len)
+
+    def add(self, req: Request) -> None:
+        if self.kv_need(req) > self.kv_capacity:
+            raise ValueError(
+                f"request {req.request_id} needs {self.kv_need(req)} KV slots, the pool has {self.kv_capacity}"
+            )
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> list[ScheduledRequest]:
+        budget = self.token_budget
+        out: list[ScheduledRequest] = []
+        for req in self.running:  # decode rows first: one token each
+            if not req.in_prefill and budget > 0:
+                out.append(ScheduledRequest(req, 1))
+                budget -= 1
+        for req in self.running:  # unfinished prompts
+            if req.in_prefill and budget > 0:
+                n = min(len(req.prompt_ids) - req.num_computed, budget)
+                out.append(ScheduledRequest(req, n))
+                budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.max_batch_size:
+            req = self.waiting[0]
+            need = self.kv_need(req)
+            if self.reserved + need > self.kv_capacity:
+                break
+            self.waiting.popleft()
+            req.status = RequestStatus.RUNNING
+            req.reserved_tokens = need
+            self.reserved += need
+            self.running.append(req)
+            n = min(len(req.prompt_ids), budget)
+            out.append(ScheduledRequest(req, n))
+            budget -= n
+        return out
+
+    def finish(self, req: Request) -> None:
+        self.running.remove(req)
+        self.reserved -= req.reserved_tokens
+        req.reserved_tokens = 0
+        req.status = RequestStatus.FINISHED

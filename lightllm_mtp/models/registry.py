@@ -1,0 +1,19 @@
+"""Model type -> model class (lazy imports keep start-up cheap)."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from lightllm_mtp.common.basemodel.basemodel import RuntimeShape, TpPartBaseModel
+from lightllm_mtp.config.model_config import ModelConfig, ModelType
+
+SUPPORTED_MODELS: dict[ModelType, str] = {
+    ModelType.QWEN3_5: "lightllm_mtp.models.qwen3_5.model:Qwen3_5Model",
+    ModelType.QWEN3_5_MOE: "lightllm_mtp.models.qwen3_5_moe.model:Qwen3_5MoeModel",
+}
+
+
+def create_model(model_dir: str | Path, cfg: ModelConfig, rt: RuntimeShape) -> TpPartBaseModel:
+    module, cls = SUPPORTED_MODELS[cfg.model_type].split(":")
+    return getattr(importlib.import_module(module), cls)(model_dir, cfg, rt)

@@ -1,0 +1,22 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="lightllm_mtp",
+    version="0.1.0",
+    description="LightLLM-style inference engine for Qwen3.5 (dense and MoE) with MTP speculative decoding",
+    packages=find_packages(include=["lightllm_mtp", "lightllm_mtp.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "torch>=2.4",
+        "safetensors>=0.4",
+        "transformers>=5.17,<6",  # Qwen3.5 reference modeling code, tokenizers, chat templates
+        "tokenizers>=0.21",
+        "tqdm>=4.60",
+    ],
+    extras_require={
+        "test": ["pytest>=8"],
+        "server": ["fastapi>=0.110", "uvicorn>=0.29"],
+        "gpu": ["triton>=3.0", "fla-core>=0.6"],
+    },
+    entry_points={"console_scripts": ["lightllm-mtp=lightllm_mtp.__main__:main"]},
+)
