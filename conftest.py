@@ -15,3 +15,38 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _tiny(tmp_path_factory, name, **kwargs):
+    from lightllm_mtp.tools.make_tiny_checkpoint import build_tiny_checkpoint
+
+    return build_tiny_checkpoint(out_dir=tmp_path_factory.mktemp(name), mtp_layers=1, seed=0, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def tiny_dense_dir(tmp_path_factory):
+    return _tiny(tmp_path_factory, "tiny_dense", arch="qwen3_5")
+
+
+@pytest.fixture(scope="session")
+def tiny_moe_dir(tmp_path_factory):
+    return _tiny(tmp_path_factory, "tiny_moe", arch="qwen3_5_moe")
+
+
+@pytest.fixture(scope="session")
+def tiny_dense_tied_dir(tmp_path_factory):
+    return _tiny(tmp_path_factory, "tiny_dense_tied", arch="qwen3_5", tie_word_embeddings=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_dense_mtp3_dir(tmp_path_factory):
+    from lightllm_mtp.tools.make_tiny_checkpoint import build_tiny_checkpoint
+
+    return build_tiny_checkpoint(arch="qwen3_5", out_dir=tmp_path_factory.mktemp("dense_mtp3"), mtp_layers=3, seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_moe_mtp3_dir(tmp_path_factory):
+    from lightllm_mtp.tools.make_tiny_checkpoint import build_tiny_checkpoint
+
+    return build_tiny_checkpoint(arch="qwen3_5_moe", out_dir=tmp_path_factory.mktemp("moe_mtp3"), mtp_layers=3, seed=1)

@@ -1,4 +1,10 @@
-"""Per-request Gated DeltaNet state: causal-conv window and fp32 SSM state, one slot per request slot."""
+"""Per-request Gated DeltaNet state: causal-conv window and fp32 SSM state.
+
+Without speculation a request owns one conv slot of K-1 columns and one SSM row. With `spec_steps` = k
+draft tokens per step the conv slot is widened to K-1+k columns (see kernels/causal_conv1d_spec.py) and the
+request owns k+1 consecutive SSM rows, one per verify position (see kernels/gated_delta_rule_spec.py); the
+committed state is selected by the request's accept length (ReqManager.req_to_accept_len).
+"""
 
 from __future__ import annotations
 
@@ -17,16 +23,27 @@ class LinearAttState:
         value_head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
+        spec_steps: int = 0,
     ):
-        # conv[layer, slot]: [conv_dim, K-1] most recent inputs, oldest first (model dtype).
-        self.conv = torch.zeros(num_layers, num_slots, conv_dim, conv_kernel - 1, dtype=dtype, device=device)
-        # ssm[layer, slot]: [nv, dk, dv] recurrent state, always fp32.
+        self.rows_per_req = 1 + spec_steps
+        # conv[layer, slot]: [conv_dim, K-1+k] most recent inputs, oldest first (model dtype).
+        self.conv = torch.zeros(
+            num_layers, num_slots, conv_dim, conv_kernel - 1 + spec_steps, dtype=dtype, device=device
+        )
+        # ssm[layer, slot * rows_per_req + i]: [nv, dk, dv] recurrent state, always fp32.
         self.ssm = torch.zeros(
-            num_layers, num_slots, num_value_heads, key_head_dim, value_head_dim, dtype=torch.float32, device=device
+            num_layers,
+            num_slots * self.rows_per_req,
+            num_value_heads,
+            key_head_dim,
+            value_head_dim,
+            dtype=torch.float32,
+            device=device,
         )
 
     def layer(self, gdn_layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.conv[gdn_layer], self.ssm[gdn_layer]
 
     def bytes_per_slot(self) -> int:
-        return (self.conv[:, 0].numel() * self.conv.element_size()) + (self.ssm[:, 0].numel() * 4)
+        conv = self.conv[:, 0].numel() * self.conv.element_size()
+        return conv + self.ssm[:, : self.rows_per_req].numel() * 4

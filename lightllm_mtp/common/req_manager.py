@@ -17,6 +17,9 @@ class ReqManager:
         # req_to_token[req, pos] = KV pool slot of that request's token at position pos.
         self.req_to_token = torch.zeros(max_reqs + 1, max_model_len, dtype=torch.int32, device=device)
         self.linear_state = linear_state
+        # Tokens the last verify step emitted per request (accepted drafts + 1); 1 after prefill. GDN verify
+        # reads it on the device to pick the committed conv window and SSM row: no host round trip.
+        self.req_to_accept_len = torch.ones(max_reqs + 1, dtype=torch.int32, device=device)
         self.allocator = SlotAllocator(max_reqs, "request slots")
 
     @property
@@ -24,7 +27,9 @@ class ReqManager:
         return self.allocator.num_free
 
     def alloc(self) -> int:
-        return int(self.allocator.alloc(1)[0])
+        req_idx = int(self.allocator.alloc(1)[0])
+        self.req_to_accept_len[req_idx] = 1
+        return req_idx
 
     def free(self, req_idx: int) -> None:
         self.allocator.free(torch.tensor([req_idx], dtype=torch.int32))

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from lightllm_mtp.spec.config import SpecConfig
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -18,6 +20,9 @@ class EngineArgs:
     max_batch_size: int = 8  # concurrent requests (request slots)
     max_total_token_num: int | None = None  # KV pool token slots; None: max_batch_size * max_model_len
     chunked_prefill_size: int = 4096  # token budget of one forward (prefill chunks + decode rows)
+    mtp_mode: str | None = None  # None, "eagle_with_att" or "vanilla_with_att"
+    mtp_step: int = 0  # draft tokens per step when mtp_mode is set (1..7)
+    mtp_draft_model_dir: str | None = None  # where mtp.* live; None: model_dir
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -33,6 +38,13 @@ class EngineArgs:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.max_total_token_num is not None and self.max_total_token_num < 1:
             raise ValueError(f"max_total_token_num must be >= 1, got {self.max_total_token_num}")
+        if self.mtp_mode is None and self.mtp_step:
+            raise ValueError("mtp_step is set but mtp_mode is not")
+        self.spec_config  # validates mtp_mode / mtp_step / mtp_draft_model_dir
+
+    @property
+    def spec_config(self) -> SpecConfig | None:
+        return SpecConfig.from_args(self.mtp_mode, self.mtp_step, self.mtp_draft_model_dir)
 
     @property
     def torch_device(self) -> torch.device:

@@ -17,11 +17,22 @@ Prompt = str | list[int]
 
 
 @dataclass(frozen=True)
+class SpecOutputStats:
+    """MTP acceptance of one request (all zero without MTP)."""
+
+    num_steps: int  # verify steps
+    accepted_per_step: float  # mean accepted drafts per verify step
+    tokens_per_step: float  # mean emitted tokens per verify step (accepted + 1)
+    acceptance_per_position: list[float]  # [mtp_step] accepted / proposed at draft position j
+
+
+@dataclass(frozen=True)
 class RequestOutput:
     prompt_token_ids: list[int]
     token_ids: list[int]  # generated tokens, a final stop/eos token included
     text: str  # detokenized generated tokens (special tokens skipped)
     finish_reason: str  # "stop" | "length"
+    spec: SpecOutputStats
 
 
 class LLM:
@@ -34,6 +45,9 @@ class LLM:
         max_batch_size: int = 8,
         max_total_token_num: int | None = None,
         chunked_prefill_size: int = 4096,
+        mtp_mode: str | None = None,
+        mtp_step: int = 0,
+        mtp_draft_model_dir: str | Path | None = None,
     ):
         args = EngineArgs(
             model_dir=str(model_dir),
@@ -43,6 +57,9 @@ class LLM:
             max_batch_size=max_batch_size,
             max_total_token_num=max_total_token_num,
             chunked_prefill_size=chunked_prefill_size,
+            mtp_mode=mtp_mode,
+            mtp_step=mtp_step,
+            mtp_draft_model_dir=None if mtp_draft_model_dir is None else str(mtp_draft_model_dir),
         )
         self.engine = LLMEngine(args)
         self.tokenizer = _load_tokenizer(model_dir)
@@ -76,6 +93,7 @@ class LLM:
                 token_ids=list(r.output_ids),
                 text=self._decode(r.output_ids),
                 finish_reason=r.finish_reason.value if r.finish_reason else "abort",
+                spec=_spec_stats(r),
             )
             for r in reqs
         ]
@@ -93,6 +111,16 @@ class LLM:
         if self.tokenizer is None:
             return ""
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+def _spec_stats(req) -> SpecOutputStats:
+    s = req.spec_stats
+    return SpecOutputStats(
+        num_steps=s.num_steps,
+        accepted_per_step=s.num_accepted / s.num_steps if s.num_steps else 0.0,
+        tokens_per_step=s.mean_accepted_tokens_per_step,
+        acceptance_per_position=s.acceptance_per_position,
+    )
 
 
 def _load_tokenizer(model_dir: str | Path):

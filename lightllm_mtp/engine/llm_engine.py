@@ -16,6 +16,8 @@ from lightllm_mtp.engine.request import FinishReason, Request
 from lightllm_mtp.engine.scheduler import Scheduler
 from lightllm_mtp.models.registry import create_model
 from lightllm_mtp.sampling_params import SamplingParams
+from lightllm_mtp.spec.draft_factory import create_drafts
+from lightllm_mtp.spec.spec_runner import SpecRunner
 
 
 class LLMEngine:
@@ -24,16 +26,30 @@ class LLMEngine:
         self.model_config = cfg = ModelConfig.from_model_dir(args.model_dir)
         self.max_model_len = args.resolved_max_model_len(cfg.max_position_embeddings)
         kv_pool_size = args.resolved_kv_pool_size(self.max_model_len)
+        self.spec = spec = args.spec_config
         rt = RuntimeShape(
             dtype=args.torch_dtype,
             device=args.torch_device,
             max_reqs=args.max_batch_size,
             max_model_len=self.max_model_len,
             kv_pool_size=kv_pool_size,
+            spec_steps=spec.num_steps if spec else 0,
+            draft_kv_layers=spec.num_draft_modules if spec else 0,
         )
         self.model = create_model(args.model_dir, cfg, rt)
-        self.runner = ModelRunner(self.model)
-        self.scheduler = Scheduler(args.max_batch_size, args.chunked_prefill_size, kv_pool_size, self.max_model_len)
+        model_runner = ModelRunner(self.model)
+        self.runner: ModelRunner | SpecRunner = model_runner
+        if spec is not None:
+            drafts = create_drafts(self.model, spec, args.model_dir)
+            self.runner = SpecRunner(model_runner, drafts, spec, self.max_model_len)
+        self.model_runner = model_runner
+        self.scheduler = Scheduler(
+            args.max_batch_size,
+            args.chunked_prefill_size,
+            kv_pool_size,
+            self.max_model_len,
+            decode_tokens=1 + (spec.num_steps if spec else 0),
+        )
         self.eos_token_ids = frozenset(cfg.eos_token_ids) | _generation_config_eos(Path(args.model_dir))
         self._ids = itertools.count()
 
@@ -70,12 +86,14 @@ class LLMEngine:
                 raise RuntimeError("scheduler made no progress: no request fits the KV pool or the token budget")
             return []
         finished = []
-        for req, token in self.runner.step(scheduled):
-            req.output_ids.append(token)
-            reason = self._finish_reason(req, token)
-            if reason is not None:
-                self._finish(req, reason)
-                finished.append(req)
+        for req, tokens in self.runner.step(scheduled):
+            for token in tokens:  # an accepted MTP block may end early at a stop token or a length limit
+                req.output_ids.append(token)
+                reason = self._finish_reason(req, token)
+                if reason is not None:
+                    self._finish(req, reason)
+                    finished.append(req)
+                    break
         return finished
 
     def abort(self, req: Request) -> None:
@@ -95,7 +113,7 @@ class LLMEngine:
 
     def _finish(self, req: Request, reason: FinishReason) -> None:
         req.finish_reason = reason
-        self.runner.release(req)
+        self.model_runner.release(req)
         self.scheduler.finish(req)
 
 

@@ -78,8 +78,8 @@ class ModelRunner:
         return batch, sampled
 
     @torch.inference_mode()
-    def step(self, scheduled: list[ScheduledRequest]) -> list[tuple[Request, int]]:
-        """One forward; returns (request, sampled token) for the requests that produced a token."""
+    def step(self, scheduled: list[ScheduledRequest]) -> list[tuple[Request, list[int]]]:
+        """One forward; returns (request, [sampled token]) for the requests that produced a token."""
         batch, sampled = self.build_batch(scheduled)
         out = self.model.forward(batch)
         for s in scheduled:
@@ -87,13 +87,18 @@ class ModelRunner:
         if not sampled:
             return []
         tokens = self._sample(out.logits, sampled)
-        return list(zip(sampled, tokens))
+        return [(r, [t]) for r, t in zip(sampled, tokens)]
 
-    def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> list[int]:
+    def sampling_tensors(self, reqs: list[Request]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(temperatures [B] fp32, top_ps [B] fp32, top_ks [B] int32) on the device."""
         dev = self.device
         temps = torch.tensor([r.params.temperature for r in reqs], dtype=torch.float32).to(dev)
         top_ps = torch.tensor([r.params.top_p for r in reqs], dtype=torch.float32).to(dev)
         top_ks = torch.tensor([r.params.top_k for r in reqs], dtype=torch.int32).to(dev)
+        return temps, top_ps, top_ks
+
+    def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> list[int]:
+        temps, top_ps, top_ks = self.sampling_tensors(reqs)
         return sample(logits, temps, top_ps, top_ks, [r.generator for r in reqs]).tolist()
 
     def release(self, req: Request) -> None:
@@ -101,6 +106,9 @@ class ModelRunner:
         if req.kv_slots:
             self.kv_pool.free(torch.cat(req.kv_slots))
             req.kv_slots = []
+        if req.draft is not None:
+            self.kv_pool.free(req.draft.slots)
+            req.draft = None
         if req.req_idx is not None:
             self.req_manager.free(req.req_idx)
             req.req_idx = None

@@ -21,8 +21,11 @@ class ScheduledRequest:
 
 
 class Scheduler:
-    def __init__(self, max_batch_size: int, token_budget: int, kv_capacity: int, max_model_len: int):
+    def __init__(
+        self, max_batch_size: int, token_budget: int, kv_capacity: int, max_model_len: int, decode_tokens: int = 1
+    ):
         self.max_batch_size = max_batch_size
+        self.decode_tokens = decode_tokens  # budget one generating request costs per step (1 + mtp_step)
         self.token_budget = token_budget
         self.kv_capacity = kv_capacity
         self.max_model_len = max_model_len
@@ -46,10 +49,10 @@ class Scheduler:
     def schedule(self) -> list[ScheduledRequest]:
         budget = self.token_budget
         out: list[ScheduledRequest] = []
-        for req in self.running:  # decode rows first: one token each
+        for req in self.running:  # decode rows first (a verify block each under MTP)
             if not req.in_prefill and budget > 0:
                 out.append(ScheduledRequest(req, 1))
-                budget -= 1
+                budget -= self.decode_tokens
         for req in self.running:  # unfinished prompts
             if req.in_prefill and budget > 0:
                 n = min(len(req.prompt_ids) - req.num_computed, budget)

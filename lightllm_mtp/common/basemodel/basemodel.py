@@ -36,6 +36,8 @@ class RuntimeShape:
     max_reqs: int  # concurrent request slots
     max_model_len: int  # prompt + generated tokens per request
     kv_pool_size: int  # token slots in the KV pool
+    spec_steps: int = 0  # MTP draft tokens per step: widens the conv slot, adds per-position SSM rows
+    draft_kv_layers: int = 0  # extra KV pool layers owned by MTP draft modules
 
 
 class TpPartBaseModel:
@@ -82,11 +84,12 @@ class TpPartBaseModel:
     def _init_caches(self) -> ModelCaches:
         cfg, rt = self.cfg, self.rt
         kv_pool = KvPool(
-            len(cfg.full_attention_layers), rt.kv_pool_size, cfg.num_key_value_heads, cfg.head_dim, rt.dtype, rt.device
+            len(cfg.full_attention_layers) + rt.draft_kv_layers, rt.kv_pool_size, cfg.num_key_value_heads, cfg.head_dim, rt.dtype, rt.device
         )
         linear_state = LinearAttState(
             num_layers=len(cfg.linear_attention_layers),
             num_slots=rt.max_reqs + 1,
+            spec_steps=rt.spec_steps,
             conv_dim=cfg.linear_conv_dim,
             conv_kernel=cfg.linear_conv_kernel_dim,
             num_value_heads=cfg.linear_num_value_heads,
@@ -105,6 +108,9 @@ class TpPartBaseModel:
         x = self.embed(batch.input_ids)
         for layer in self.layers:
             x = layer.forward(x, batch, self.caches)
+        if batch.keep_all_hidden:
+            hidden = self.final_norm(x)
+            return ModelOutput(logits=self.lm_head(hidden[batch.b_logits_index]), hidden=hidden)
         hidden = self.final_norm(x[batch.b_logits_index])
         return ModelOutput(logits=self.lm_head(hidden), hidden=hidden)
 

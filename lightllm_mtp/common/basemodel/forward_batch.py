@@ -14,6 +14,9 @@ class ForwardMode(Enum):
     EXTEND = "extend"
     # Every request brings exactly one token.
     DECODE = "decode"
+    # Speculative verify: each request brings a block [last committed token, draft_1..draft_k] (k may
+    # differ per request); GDN layers keep per-position state so that any accepted prefix can continue.
+    VERIFY = "verify"
 
 
 @dataclass
@@ -28,6 +31,7 @@ class ForwardBatch:
     b_has_initial_state: torch.Tensor  # [B] bool: linear state carries a cached prefix
     b_logits_index: torch.Tensor  # [N] int64 rows of the T tokens whose logits are wanted
     max_q_len: int  # host copy, for kernels that size their grid by it
+    keep_all_hidden: bool = False  # ModelOutput.hidden covers all T rows (MTP drafting) instead of the logits rows
 
     @property
     def num_tokens(self) -> int:
@@ -41,4 +45,4 @@ class ForwardBatch:
 @dataclass
 class ModelOutput:
     logits: torch.Tensor  # [N, V] fp32, rows of b_logits_index
-    hidden: torch.Tensor  # [N, H] final-norm hidden states of the same rows (the MTP draft input)
+    hidden: torch.Tensor  # [N, H] final-norm hidden of the same rows ([T, H] with keep_all_hidden): MTP input

@@ -65,7 +65,7 @@ class GatedAttention(Layer):
         k_buffer, v_buffer = caches.kv_pool.layer(self.kv_layer)
         store_kv(k_buffer, v_buffer, batch.mem_index, k, v)
         req_to_token = caches.req_manager.req_to_token
-        if batch.mode is ForwardMode.DECODE:
+        if batch.mode is ForwardMode.DECODE:  # EXTEND and VERIFY are both ragged causal blocks
             o = decode_attention(q, k_buffer, v_buffer, req_to_token, batch.b_req_idx, batch.b_seq_len, self.scale)
         else:
             o = prefill_attention(

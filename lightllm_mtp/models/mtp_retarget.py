@@ -1,0 +1,73 @@
+"""The shared weight-retarget mixin of the MTP draft packages.
+
+A Qwen3.5 MTP head is one full-attention decoder layer stored under `mtp.` in the main checkpoint (or in
+`--mtp_draft_model_dir`). The mixin retargets those names (`mtp.fc`, `mtp.pre_fc_norm_*`,
+`mtp.layers.{j}.*`, `mtp.norm`) onto the engine's shared layer classes, shares embedding, lm_head, request
+and KV managers and rope caches with the main model by reference, and owns one KV layer of the pool.
+
+Forward for the pair (h_t, x_{t+1}) at position t:
+    u = fc(concat[norm_e(embed(x_{t+1})), norm_h(h_t)]);  u = decoder_layer(u);  h' = mtp.norm(u)
+    logits = lm_head(h')  -> predicts x_{t+2}; h' is the hidden fed to the next eagle step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from lightllm_mtp.common.basemodel.basemodel import TpPartBaseModel
+from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ModelOutput
+from lightllm_mtp.common.layers.base import Layer
+from lightllm_mtp.common.layers.decoder_layer import DecoderLayer
+from lightllm_mtp.common.layers.gated_attention import GatedAttention
+from lightllm_mtp.common.layers.norm import RMSNorm
+from lightllm_mtp.common.weight_loader import TensorSpec, WeightLoadError, load_tensors, shard_index
+
+
+class MtpWeightRetargetMixin:
+    ffn_class: type[Layer]  # declared by each draft package
+
+    def __init__(self, main: TpPartBaseModel, model_dir: str | Path, mtp_layer: int, kv_layer: int):
+        cfg = self.cfg = main.cfg
+        if cfg.mtp_num_hidden_layers <= mtp_layer:
+            raise ValueError(
+                f"MTP needs mtp.layers.{mtp_layer} but the config declares mtp_num_hidden_layers="
+                f"{cfg.mtp_num_hidden_layers}"
+            )
+        if "mtp.fc.weight" not in shard_index(Path(model_dir)):
+            raise WeightLoadError(
+                f"{model_dir}: checkpoint has no MTP weights (mtp.fc.weight and the other mtp.* tensors); "
+                "MTP speculative decoding needs a checkpoint that ships its MTP head"
+            )
+        weights = load_tensors(model_dir, self.weight_specs(mtp_layer), main.rt.dtype, main.rt.device)
+        self.embed, self.lm_head, self.caches = main.embed, main.lm_head, main.caches
+        self.fc = weights["mtp.fc.weight"]  # [H, 2H]: input is [embedding part | hidden part]
+        self.norm_embedding = RMSNorm(cfg, "mtp.pre_fc_norm_embedding.weight", weights)
+        self.norm_hidden = RMSNorm(cfg, "mtp.pre_fc_norm_hidden.weight", weights)
+        self.final_norm = RMSNorm(cfg, "mtp.norm.weight", weights)
+        prefix = f"mtp.layers.{mtp_layer}."
+        attention = GatedAttention(cfg, f"{prefix}self_attn.", weights, kv_layer=kv_layer)
+        self.layer = DecoderLayer(cfg, prefix, weights, attention, self.ffn_class(cfg, f"{prefix}mlp.", weights))
+
+    def weight_specs(self, mtp_layer: int) -> list[TensorSpec]:
+        cfg, prefix = self.cfg, f"mtp.layers.{mtp_layer}."
+        h = cfg.hidden_size
+        return [
+            TensorSpec("mtp.fc.weight", (h, 2 * h)),
+            *RMSNorm.specs(cfg, "mtp.pre_fc_norm_embedding.weight"),
+            *RMSNorm.specs(cfg, "mtp.pre_fc_norm_hidden.weight"),
+            *RMSNorm.specs(cfg, "mtp.norm.weight"),
+            *DecoderLayer.norm_specs(cfg, prefix),
+            *GatedAttention.specs(cfg, f"{prefix}self_attn."),
+            *self.ffn_class.specs(cfg, f"{prefix}mlp."),
+        ]
+
+    def forward(self, batch: ForwardBatch, main_hidden: torch.Tensor) -> ModelOutput:
+        """main_hidden [T, H]: the target's final-norm hidden (or the previous eagle step's h') per row.
+        Returns logits of batch.b_logits_index rows and h' of ALL rows."""
+        e = self.norm_embedding(self.embed(batch.input_ids))
+        u = F.linear(torch.cat([e, self.norm_hidden(main_hidden)], dim=-1), self.fc)
+        hidden = self.final_norm(self.layer.forward(u, batch, self.caches))
+        return ModelOutput(logits=self.lm_head(hidden[batch.b_logits_index]), hidden=hidden)

@@ -1,0 +1,46 @@
+"""Speculative-decoding settings. `mtp_mode` is a string only at the CLI/API boundary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+MAX_MTP_STEP = 7
+
+
+class MtpMode(Enum):
+    # One MTP layer run `mtp_step` times autoregressively on its own outputs (one draft KV layer).
+    EAGLE_WITH_ATT = "eagle_with_att"
+    # A separate MTP layer per draft step (mtp.layers.{j} drafts token j+1; one draft KV layer each).
+    VANILLA_WITH_ATT = "vanilla_with_att"
+
+    @classmethod
+    def parse(cls, value: str) -> "MtpMode":
+        try:
+            return cls(value)
+        except ValueError:
+            allowed = ", ".join(m.value for m in cls)
+            raise ValueError(f"unknown mtp_mode {value!r}; choose one of: {allowed}") from None
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    mode: MtpMode
+    num_steps: int  # draft tokens per step (mtp_step), 1..MAX_MTP_STEP
+    draft_model_dir: str | None = None  # None: the mtp.* tensors of the main checkpoint
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.num_steps, int) or not 1 <= self.num_steps <= MAX_MTP_STEP:
+            raise ValueError(f"mtp_step must be an int in [1, {MAX_MTP_STEP}], got {self.num_steps!r}")
+
+    @property
+    def num_draft_modules(self) -> int:
+        return 1 if self.mode is MtpMode.EAGLE_WITH_ATT else self.num_steps
+
+    @classmethod
+    def from_args(cls, mtp_mode: str | None, mtp_step: int, draft_model_dir: str | None) -> "SpecConfig | None":
+        if mtp_mode is None or mtp_mode == "none":
+            if draft_model_dir is not None:
+                raise ValueError("mtp_draft_model_dir is set but mtp_mode is not")
+            return None
+        return cls(MtpMode.parse(mtp_mode), mtp_step, draft_model_dir)

@@ -1,0 +1,206 @@
+"""MTP speculative decoding, written once and called by every backend (offline engine, server workers).
+
+One step = [prefill forward for prompt chunks] + [verify forward for generating requests], each followed by
+drafting. The life of a generating request per step:
+  1. verify: its block [x_p0, d_1..d_k] runs through the target (ForwardMode.VERIFY); spec/verify.py
+     accepts a prefix and emits accept_len = m + 1 tokens; req_to_accept_len is scattered on the device so
+     the next verify's GDN layers pick the committed conv window / SSM row by index.
+  2. draft pass: each MTP module runs over the same rows with (target hidden of row i, token after row i)
+     and writes its KV at the same slots; the row of the last accepted token gives draft d'_1 (vanilla
+     mode: module j gives d'_j from the same row).
+  3. commit: accepted rows' KV slots join the request, rejected ones go back to the pool.
+  4. next block: slots for [last emitted token, d'_1..d'_k'] are allocated and written into req_to_token;
+     eagle mode runs its single MTP module k'-1 more times, one row per request, inside that block.
+Drafts are capped so that a block never passes max_model_len or max_new_tokens (k' <= k).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch
+from lightllm_mtp.engine.model_runner import ModelRunner
+from lightllm_mtp.engine.request import DraftBlock, Request
+from lightllm_mtp.engine.scheduler import ScheduledRequest
+from lightllm_mtp.spec.batches import chain_step_batch, draft_pass_batch, verify_batch
+from lightllm_mtp.spec.config import MtpMode, SpecConfig
+from lightllm_mtp.spec.verify import verify_block
+
+
+@dataclass
+class RowGroup:
+    """The rows of one request inside a main forward, and what that forward emitted for it."""
+
+    req: Request
+    first_row: int
+    num_rows: int
+    emitted: list[int]
+
+    @property
+    def last_position(self) -> int:  # position of the newest committed token once `emitted` is appended
+        return self.req.num_tokens - 1 + len(self.emitted)
+
+
+class SpecRunner:
+    def __init__(self, runner: ModelRunner, drafts: list, spec: SpecConfig, max_model_len: int):
+        self.runner = runner
+        self.model = runner.model
+        self.drafts = drafts
+        self.k = spec.num_steps
+        self.eagle = spec.mode is MtpMode.EAGLE_WITH_ATT
+        self.max_model_len = max_model_len
+        self.device = runner.device
+
+    @torch.inference_mode()
+    def step(self, scheduled: list[ScheduledRequest]) -> list[tuple[Request, list[int]]]:
+        prefill = [s for s in scheduled if s.request.in_prefill]
+        generating = [s.request for s in scheduled if not s.request.in_prefill]
+        out = self._prefill(prefill) if prefill else []
+        return out + (self._verify(generating) if generating else [])
+
+    # ---- prefill -----------------------------------------------------------------------------------
+    def _prefill(self, scheduled: list[ScheduledRequest]) -> list[tuple[Request, list[int]]]:
+        batch, sampled = self.runner.build_batch(scheduled)
+        batch = dataclasses.replace(batch, keep_all_hidden=True)
+        out = self.model.forward(batch)
+        tokens = self.runner._sample(out.logits, sampled) if sampled else []
+        new_token = dict(zip(map(id, sampled), tokens))
+        groups, row_next, first = [], [], 0
+        for s in scheduled:
+            req, n = s.request, s.num_new_tokens
+            emitted = [new_token[id(req)]] if id(req) in new_token else []
+            start = req.num_computed
+            for pos in range(start + 1, start + n + 1):  # token after each row
+                row_next.append(req.token_at(pos) if pos < req.num_tokens else emitted[0])
+            groups.append(RowGroup(req, first, n, emitted))
+            first += n
+            req.num_computed += n
+        self._draft(batch, out.hidden, row_next, groups, commit=None)
+        return [(g.req, g.emitted) for g in groups if g.emitted]
+
+    # ---- verify ------------------------------------------------------------------------------------
+    def _verify(self, reqs: list[Request]) -> list[tuple[Request, list[int]]]:
+        batch = verify_batch(reqs, self.device)
+        out = self.model.forward(batch)
+        q_lens = [1 + len(r.draft.tokens) for r in reqs]
+        max_q = max(q_lens)
+        logits = out.logits.new_zeros(len(reqs), max_q, out.logits.shape[-1])
+        drafts = torch.full((len(reqs), max_q - 1), -1, dtype=torch.int64)
+        first = 0
+        for b, (r, q) in enumerate(zip(reqs, q_lens)):
+            logits[b, :q] = out.logits[first : first + q]
+            drafts[b, : q - 1] = torch.tensor(r.draft.tokens, dtype=torch.int64)
+            first += q
+        temps, top_ps, top_ks = self.runner.sampling_tensors(reqs)
+        result = verify_block(
+            logits,
+            drafts.to(self.device),
+            torch.tensor([q - 1 for q in q_lens]).to(self.device),
+            temps,
+            top_ps,
+            top_ks,
+            [r.generator for r in reqs],
+        )
+        self.runner.req_manager.req_to_accept_len[batch.b_req_idx] = result.b_accept_len
+        accept_len = result.b_accept_len.tolist()
+        emitted_rows = result.emitted.tolist()
+        groups, row_next, first = [], [], 0
+        for b, (r, q) in enumerate(zip(reqs, q_lens)):
+            emitted = emitted_rows[b][: accept_len[b]]
+            # rows past the accepted prefix are rejected; their draft inputs do not matter
+            row_next += emitted + [0] * (q - len(emitted))
+            groups.append(RowGroup(r, first, q, emitted))
+            first += q
+        self._draft(batch, out.hidden, row_next, groups, commit=self._commit_verified)
+        return [(g.req, g.emitted) for g in groups]
+
+    def _commit_verified(self, groups: list[RowGroup]) -> None:
+        for g in groups:
+            r, a = g.req, len(g.emitted)
+            assert r.draft is not None
+            r.kv_slots.append(r.draft.slots[:a])
+            self.runner.kv_pool.free(r.draft.slots[a:])
+            r.spec_stats.record(len(r.draft.tokens), a - 1, self.k)
+            r.num_computed += a
+            r.draft = None
+
+    # ---- drafting ----------------------------------------------------------------------------------
+    def _draft(self, batch: ForwardBatch, hidden: torch.Tensor, row_next: list[int], groups: list[RowGroup], commit):
+        """Draft passes over the main rows, then `commit`, then the next verify blocks (+ eagle chain)."""
+        positions = batch.positions.tolist()
+        # logits are needed where a module's next input token is not committed yet: the last k+1 positions
+        logits_rows = [
+            i
+            for g in groups
+            for i in range(g.first_row, g.first_row + g.num_rows)
+            if positions[i] >= g.last_position - self.k
+        ]
+        # anchor: the row whose next token is the newest emitted one; its predictions become the drafts
+        anchors = {
+            id(g.req): g.first_row + g.last_position - 1 - positions[g.first_row] for g in groups if g.emitted
+        }
+        proposals: dict[int, list[int]] = {key: [] for key in anchors}
+        last_hidden: dict[int, torch.Tensor] = {}
+        tokens = torch.tensor(row_next, dtype=torch.int64)
+        for j, draft in enumerate(self.drafts):
+            out = draft.forward(draft_pass_batch(batch, tokens.to(self.device), logits_rows), hidden)
+            pred = dict(zip(logits_rows, out.logits.argmax(dim=-1).tolist()))
+            for g in groups:
+                if id(g.req) in anchors:
+                    proposals[id(g.req)].append(pred[anchors[id(g.req)]])
+                    last_hidden[id(g.req)] = out.hidden[anchors[id(g.req)]]
+            if j + 1 < len(self.drafts):  # vanilla: module j+1 sees the token j+2 ahead of each row
+                hidden = out.hidden
+                tokens = torch.tensor(
+                    [self._token_ahead(g, positions[i], j + 2, pred.get(i)) for g in groups
+                     for i in range(g.first_row, g.first_row + g.num_rows)],
+                    dtype=torch.int64,
+                )
+        if commit is not None:
+            commit(groups)
+        chain = []
+        for g in groups:
+            if not g.emitted or not self._continues(g):
+                continue
+            k_next = self._num_drafts(g)
+            start = g.last_position
+            slots = self.runner.kv_pool.alloc(1 + k_next)
+            row = torch.full((1 + k_next,), g.req.req_idx, dtype=torch.int64)
+            cols = torch.arange(start, start + 1 + k_next)
+            self.runner.req_manager.req_to_token[row.to(self.device), cols.to(self.device)] = slots.to(self.device)
+            g.req.draft = DraftBlock(start=start, slots=slots, tokens=proposals[id(g.req)][:k_next])
+            if self.eagle and k_next > 1:
+                chain.append((g.req, k_next, last_hidden[id(g.req)]))
+        self._eagle_chain(chain)
+
+    def _eagle_chain(self, chain: list[tuple[Request, int, torch.Tensor]]) -> None:
+        step = 2
+        while chain:
+            reqs = [r for r, _, _ in chain]
+            batch = chain_step_batch(
+                reqs, [r.draft.tokens[-1] for r in reqs], [r.draft.start + step - 2 for r in reqs], self.device
+            )
+            out = self.drafts[0].forward(batch, torch.stack([h for _, _, h in chain]))
+            for (r, _, _), tok in zip(chain, out.logits.argmax(dim=-1).tolist()):
+                r.draft.tokens.append(tok)
+            chain = [(r, k, out.hidden[i]) for i, (r, k, _) in enumerate(chain) if k > step]
+            step += 1
+
+    def _token_ahead(self, g: RowGroup, position: int, ahead: int, predicted: int | None) -> int:
+        pos = position + ahead
+        if pos <= g.last_position:
+            n = g.req.num_tokens
+            return g.req.token_at(pos) if pos < n else g.emitted[pos - n]
+        return predicted if predicted is not None else 0
+
+    def _continues(self, g: RowGroup) -> bool:
+        produced = len(g.req.output_ids) + len(g.emitted)
+        return produced < g.req.params.max_new_tokens and g.last_position + 1 < self.max_model_len
+
+    def _num_drafts(self, g: RowGroup) -> int:
+        remaining = g.req.params.max_new_tokens - len(g.req.output_ids) - len(g.emitted)
+        room = self.max_model_len - (g.last_position + 1)
+        return max(0, min(self.k, remaining - 1, room - 1))
