@@ -1,0 +1,113 @@
+"""Depthwise causal conv1d (kernel K, no bias) + SiLU with a per-request conv state.
+
+Conv state buffer: conv_state [S, C, W], W >= K-1. These kernels use columns [0, K-1) only, holding the last
+K-1 inputs (pre-conv) of the request, oldest first; wider slots serve speculative decoding (causal_conv1d_spec).
+Weight column K-1 multiplies the current token."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from lightllm_mtp.kernels._validate import check_device, check_dtype, check_float, check_index, check_shape
+
+
+def causal_conv1d_prefill_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    conv_state: torch.Tensor,
+    b_state_idx: torch.Tensor,
+    b1_cu_q_len: torch.Tensor,
+    b_has_initial_state: torch.Tensor,
+) -> torch.Tensor:
+    t, c = x.shape
+    hist_len = weight.shape[1] - 1
+    bsz = b_state_idx.shape[0]
+    dev = x.device
+    idx = b_state_idx.long()
+    cu = b1_cu_q_len.long()
+    batch = torch.arange(bsz, device=dev)
+    hist_cols = torch.arange(hist_len, device=dev)
+    history = conv_state[idx, :, :hist_len].float()  # [B, C, K-1]
+    history = torch.where(b_has_initial_state[:, None, None], history, torch.zeros_like(history))
+    # One extended sequence, per request [history_b, x_b]; every conv window then stays inside one request.
+    req_of_token = torch.repeat_interleave(batch, cu[1:] - cu[:-1], output_size=t)
+    token_pos = torch.arange(t, device=dev) + (req_of_token + 1) * hist_len  # [T]
+    hist_pos = (cu[:-1] + batch * hist_len)[:, None] + hist_cols[None, :]  # [B, K-1]
+    ext = torch.empty(t + bsz * hist_len, c, dtype=torch.float32, device=dev)
+    ext[token_pos] = x.float()
+    ext[hist_pos.reshape(-1)] = history.transpose(1, 2).reshape(-1, c)
+    # y[:, i] is the conv of the window ext[i : i + K], i.e. the output of ext row i + K - 1.
+    y = F.conv1d(ext.t().unsqueeze(0), weight.float().unsqueeze(1), groups=c)[0]
+    out = F.silu(y[:, token_pos - hist_len]).t().contiguous().to(x.dtype)
+    last_pos = (cu[1:] + batch * hist_len)[:, None] + hist_cols[None, :]  # last K-1 rows of each segment
+    conv_state[idx, :, :hist_len] = ext[last_pos].transpose(1, 2).to(conv_state.dtype)
+    return out
+
+
+def causal_conv1d_update_ref(
+    x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, b_state_idx: torch.Tensor
+) -> torch.Tensor:
+    hist_len = weight.shape[1] - 1
+    idx = b_state_idx.long()
+    window = torch.cat([conv_state[idx, :, :hist_len].float(), x.float().unsqueeze(-1)], dim=-1)  # [B, C, K]
+    y = (window * weight.float()).sum(-1)
+    conv_state[idx, :, :hist_len] = window[:, :, 1:].to(conv_state.dtype)
+    return F.silu(y).to(x.dtype)
+
+
+def _check_common(op: str, x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, b_state_idx) -> None:
+    check_shape(op, "x", x, (None, None), "[T, C]")
+    check_float(op, "x", x)
+    check_shape(op, "weight", weight, (x.shape[1], None), "[C, K]")
+    check_float(op, "weight", weight)
+    if weight.shape[1] < 1:
+        raise ValueError(f"{op}: weight kernel size K must be >= 1, got shape {list(weight.shape)}")
+    check_shape(op, "conv_state", conv_state, (None, x.shape[1], None), "[S, C, W]")
+    check_float(op, "conv_state", conv_state)
+    if conv_state.shape[2] < weight.shape[1] - 1:
+        raise ValueError(f"{op}: conv_state width W={conv_state.shape[2]} < K-1={weight.shape[1] - 1}")
+    check_shape(op, "b_state_idx", b_state_idx, (None,), "[B]")
+    check_index(op, "b_state_idx", b_state_idx)
+
+
+def causal_conv1d_prefill(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    conv_state: torch.Tensor,
+    b_state_idx: torch.Tensor,
+    b1_cu_q_len: torch.Tensor,
+    b_has_initial_state: torch.Tensor,
+) -> torch.Tensor:
+    """Ragged prefill -> y [T, C] in x.dtype; updates conv_state in place.
+
+    x [T, C]; weight [C, K]; conv_state [S, C, W >= K-1]; b_state_idx [B] state slots; b1_cu_q_len [B+1];
+    b_has_initial_state [B] bool. Request b's history is conv_state[slot, :, :K-1] when it has an initial
+    state, else zeros; y = silu(causal conv over [history, x_b]) for its new rows, and afterwards
+    conv_state[slot, :, :K-1] = the last K-1 inputs of [history, x_b] (also when x_b has < K-1 rows).
+    fp32 compute; the state is stored in conv_state.dtype."""
+    op = "causal_conv1d_prefill"
+    _check_common(op, x, weight, conv_state, b_state_idx)
+    bsz = b_state_idx.shape[0]
+    check_shape(op, "b1_cu_q_len", b1_cu_q_len, (bsz + 1,), "[B+1]")
+    check_index(op, "b1_cu_q_len", b1_cu_q_len)
+    check_shape(op, "b_has_initial_state", b_has_initial_state, (bsz,), "[B]")
+    check_dtype(op, "b_has_initial_state", b_has_initial_state, (torch.bool,))
+    check_device(
+        op, x=x, weight=weight, conv_state=conv_state, b_state_idx=b_state_idx, b1_cu_q_len=b1_cu_q_len,
+        b_has_initial_state=b_has_initial_state,
+    )
+    return causal_conv1d_prefill_ref(x, weight, conv_state, b_state_idx, b1_cu_q_len, b_has_initial_state)
+
+
+def causal_conv1d_update(
+    x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, b_state_idx: torch.Tensor
+) -> torch.Tensor:
+    """One new token per request -> y [B, C] in x.dtype; shifts conv_state[slot, :, :K-1] left by one, in place.
+
+    x [B, C]; weight [C, K]; conv_state [S, C, W >= K-1]; b_state_idx [B] state slots."""
+    op = "causal_conv1d_update"
+    _check_common(op, x, weight, conv_state, b_state_idx)
+    check_shape(op, "b_state_idx", b_state_idx, (x.shape[0],), "[B] (one row of x per request)")
+    check_device(op, x=x, weight=weight, conv_state=conv_state, b_state_idx=b_state_idx)
+    return causal_conv1d_update_ref(x, weight, conv_state, b_state_idx)
