@@ -24,6 +24,10 @@ def main(argv: list[str] | None = None) -> None:
     from lightllm_mtp import LLM, SamplingParams
 
     model_dir = args.model_dir
+    if model_dir is None and args.device == "cpu":
+        import torch
+
+        torch.set_num_threads(1)  # the tiny default model is latency-bound: extra threads only add overhead
     if model_dir is None:
         from lightllm_mtp.tools.default_checkpoint import ensure_tiny_checkpoint
 

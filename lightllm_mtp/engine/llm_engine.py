@@ -14,6 +14,7 @@ from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.engine.model_runner import ModelRunner
 from lightllm_mtp.engine.request import FinishReason, Request
 from lightllm_mtp.engine.scheduler import Scheduler
+from lightllm_mtp.env import ENV
 from lightllm_mtp.models.registry import create_model
 from lightllm_mtp.sampling_params import SamplingParams
 from lightllm_mtp.spec.draft_factory import create_drafts
@@ -23,6 +24,8 @@ from lightllm_mtp.spec.spec_runner import SpecRunner
 class LLMEngine:
     def __init__(self, args: EngineArgs):
         self.args = args
+        if args.torch_device.type == "cpu" and ENV.cpu_threads:
+            torch.set_num_threads(ENV.cpu_threads)
         self.model_config = cfg = ModelConfig.from_model_dir(args.model_dir)
         self.max_model_len = args.resolved_max_model_len(cfg.max_position_embeddings)
         kv_pool_size = args.resolved_kv_pool_size(self.max_model_len)
