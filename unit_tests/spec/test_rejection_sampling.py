@@ -41,14 +41,13 @@ def test_speculative_sampling_preserves_target_distribution(greedy_draft):
     vocab, k, trials = 8, 2, 12000
     gen = torch.Generator().manual_seed(0)
     target_logits = torch.randn(1, k + 1, vocab, generator=gen) * 1.5
-    draft_logits = -target_logits + torch.randn(1, k, vocab, generator=gen)  # deliberately far from target
+    draft_logits = -target_logits[:, :k] + torch.randn(1, k, vocab, generator=gen)  # deliberately far from target
     temp = torch.tensor([0.8])
     p = processed_probs(target_logits[0], temp.expand(k + 1), torch.ones(k + 1), torch.full((k + 1,), -1))
     q = torch.softmax(draft_logits / 0.8, dim=-1)
     first = torch.zeros(vocab)
     second_given = torch.zeros(vocab)
     second_trials = 0
-    fixed_prefix = None
     for t in range(trials):
         if greedy_draft:
             drafts = torch.tensor([[3, 5]])
@@ -61,15 +60,13 @@ def test_speculative_sampling_preserves_target_distribution(greedy_draft):
                            draft_probs=draft_probs)
         emitted = res.emitted[0]
         first[emitted[0]] += 1
-        # the second token is distributed as target row 1 whenever the first emitted token was draft 1
-        if res.b_accept_len[0] >= 2:
-            fixed_prefix = int(drafts[0, 0]) if greedy_draft else None
-            if greedy_draft:
-                second_given[emitted[1]] += 1
-                second_trials += 1
+        # with a fixed draft, the second token follows target row 1 whenever draft 1 was accepted
+        if greedy_draft and res.b_accept_len[0] >= 2:
+            second_given[emitted[1]] += 1
+            second_trials += 1
     assert _chi_square_p_value(first, p[0], trials) > 1e-3
     if greedy_draft:
-        assert fixed_prefix == 3 and second_trials > 500
+        assert second_trials > 500
         assert _chi_square_p_value(second_given, p[1], second_trials) > 1e-3
 
 
