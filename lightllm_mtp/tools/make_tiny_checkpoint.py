@@ -1,0 +1,311 @@
+"""Build a tiny, seeded Qwen3.5 (dense or MoE) checkpoint in the published multimodal layout.
+
+    python -m lightllm_mtp.tools.make_tiny_checkpoint --arch qwen3_5_moe --out /tmp/tiny_moe --mtp_layers 2
+
+Writes config.json (text fields under text_config, tiny vision tower), generation_config.json, float32 safetensors
+shards + index (model.language_model.*, lm_head.weight unless tied, model.visual.*, mtp.*) and a byte-level BPE
+tokenizer trained on the Python standard library. The main model is made and saved by transformers' own classes;
+mtp.* follows the same naming (and MoE expert layout). Same seed, byte-identical files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sysconfig
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+ARCHS = ("qwen3_5", "qwen3_5_moe")
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+TOKENIZER_VOCAB = 2000  # BPE merges + byte alphabet; the special tokens come after
+CORPUS_BYTES = 1_500_000
+SHARD_BYTES = 512 * 1024
+INIT_STD = 0.1  # HF initializer_range: a gain of about 1 per projection, so the stack is not chaotic
+HEAD_STD = 0.25  # lm_head (or tied embedding) std, large enough for clear greedy logit margins
+ROUTER_STD = 0.3  # MoE router: spread-out expert scores, so top-k near-ties (selection flips on rounding) are rare
+NORM_STD = 0.1  # noise on the zero-centred (1 + w) RMSNorm weights and on the GDN gated norm around 1
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def _corpus() -> list[str]:
+    """A fixed slice of the standard library's top-level modules: present on every machine, offline."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    texts, total = [], 0
+    for path in sorted(stdlib.glob("*.py")):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        texts.append(text)
+        total += len(text)
+        if total >= CORPUS_BYTES:
+            break
+    return texts
+
+
+def train_tokenizer(out_dir: Path):
+    """Train a byte-level BPE, save it with a ChatML template; returns the transformers tokenizer."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.qwen3_5.tokenization_qwen3_5 import PRETOKENIZE_REGEX
+
+    # Same pipeline as HF's Qwen3_5Tokenizer (which AutoTokenizer picks for this model type).
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(
+        vocab_size=TOKENIZER_VOCAB, min_frequency=2, initial_alphabet=alphabet, show_progress=False
+    )
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    eos = SPECIAL_TOKENS[0]
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=eos, eos_token=eos, pad_token=eos, chat_template=CHAT_TEMPLATE,
+        additional_special_tokens=list(SPECIAL_TOKENS[1:]), model_max_length=4096,
+    )  # fmt: skip
+    fast.save_pretrained(out_dir)
+    return fast
+
+
+def make_config(arch: str, vocab_size: int, eos_id: int, mtp_layers: int, tie_word_embeddings: bool):
+    """The HF multimodal-wrapper config of the tiny model (6 GDN + 2 full-attention layers)."""
+    from transformers import Qwen3_5Config, Qwen3_5MoeConfig
+
+    moe = arch == "qwen3_5_moe"
+    ids = dict(bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id)
+    mrope = dict(mrope_section=[2, 1, 1], mrope_interleaved=True)
+    text = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        num_hidden_layers=8,
+        full_attention_interval=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        # rotary_dim = 32 * 0.25 = 8 -> 4 frequencies, split [2, 1, 1] over the (t, h, w) mRoPE sections
+        rope_parameters=dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25, **mrope),
+        attn_output_gate=True,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-6,
+        initializer_range=INIT_STD,
+        tie_word_embeddings=tie_word_embeddings,
+        mtp_num_hidden_layers=mtp_layers,
+        mtp_use_dedicated_embeddings=False,
+        mamba_ssm_dtype="float32",
+        **ids,
+    )
+    if moe:
+        text.update(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)
+    else:
+        text.update(intermediate_size=128)
+    vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, patch_size=4, num_position_embeddings=16)
+    vision["out_hidden_size"] = text["hidden_size"]
+    cls = Qwen3_5MoeConfig if moe else Qwen3_5Config
+    cfg = cls(text_config=text, vision_config=vision, tie_word_embeddings=tie_word_embeddings)
+    for key, value in ids.items():
+        setattr(cfg, key, value)
+    return cfg
+
+
+@torch.no_grad()
+def _perturb(model: torch.nn.Module) -> None:
+    """Move norms and GDN decay parameters off their trivial init (uses the global, seeded RNG)."""
+    for module in model.modules():
+        kind = type(module).__name__
+        if kind.endswith("RMSNorm") and "Vision" not in kind:
+            module.weight.normal_(0.0, NORM_STD)  # zero-centred: scale is 1 + w
+        elif kind.endswith("RMSNormGated"):
+            module.weight.normal_(1.0, NORM_STD)  # plain weight
+        elif kind.endswith("TopKRouter"):
+            module.weight.normal_(0.0, ROUTER_STD)
+        elif isinstance(module, torch.nn.Embedding) and module.padding_idx is not None:
+            module.weight[module.padding_idx].normal_(0.0, INIT_STD)  # HF zeroes the pad (= eos) row
+        elif kind.endswith("GatedDeltaNet"):
+            # Mild decay (g = -A * softplus(a + dt_bias) mostly in [-1.5, 0)): memory over tens of tokens, and
+            # small in-chunk cumulative sums of g, which keeps chunked and recurrent forms within ~1e-4 in fp32.
+            module.A_log.copy_(torch.empty_like(module.A_log).uniform_(0.1, 1.0).log())
+            module.dt_bias.uniform_(-1.0, 1.0)
+            module.in_proj_a.weight.mul_(0.25)
+
+
+def _mtp_tensors(cfg, mtp_layers: int) -> dict[str, torch.Tensor]:
+    """mtp.* weights: fc, the three norms, and N full-attention decoder layers built by HF's text model.
+
+    No mtp.* at all when mtp_layers == 0 (a checkpoint without a draft head)."""
+    import transformers
+
+    if mtp_layers == 0:
+        return {}
+    h = cfg.text_config.hidden_size
+    out: dict[str, torch.Tensor] = {"mtp.fc.weight": torch.randn(h, 2 * h) * INIT_STD}
+    for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        out[f"mtp.{name}.weight"] = torch.randn(h) * NORM_STD
+    text = cfg.text_config.to_dict()
+    text.update(num_hidden_layers=mtp_layers, layer_types=["full_attention"] * mtp_layers, vocab_size=8)
+    text.update(pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    text_cfg = type(cfg.text_config)(**{k: v for k, v in text.items() if k != "model_type"})
+    stack = getattr(transformers, type(cfg.text_config).__name__.replace("TextConfig", "TextModel"))(text_cfg)
+    _perturb(stack)
+    for name, tensor in stack.state_dict().items():
+        if name.startswith("layers."):
+            out[f"mtp.{name}"] = tensor.clone()
+    return out
+
+
+def _split_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Fused `experts.gate_up_proj` [E,2I,H] / `experts.down_proj` [E,H,I] -> per-expert `.weight` tensors."""
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith("experts.gate_up_proj"):
+            base = name[: -len("gate_up_proj")]
+            for e, (gate, up) in enumerate(zip(*t.chunk(2, dim=1))):
+                out[f"{base}{e}.gate_proj.weight"], out[f"{base}{e}.up_proj.weight"] = gate.clone(), up.clone()
+        elif name.endswith("experts.down_proj"):
+            base = name[: -len("down_proj")]
+            for e, down in enumerate(t):
+                out[f"{base}{e}.down_proj.weight"] = down.clone()
+        else:
+            out[name] = t
+    return out
+
+
+def _fuse_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Per-expert `experts.{e}.{gate,up,down}_proj.weight` -> fused 3-D `experts.gate_up_proj` / `experts.down_proj`."""
+    pat = re.compile(r"^(.*\.experts\.)(\d+)\.(gate|up|down)_proj\.weight$")
+    groups: dict[str, dict[tuple[str, int], torch.Tensor]] = {}
+    out = {}
+    for name, t in tensors.items():
+        m = pat.match(name)
+        if m is None:
+            out[name] = t
+        else:
+            groups.setdefault(m[1], {})[(m[3], int(m[2]))] = t
+    for base, parts in groups.items():
+        n = 1 + max(e for _, e in parts)
+        out[f"{base}gate_up_proj"] = torch.stack([torch.cat([parts["gate", e], parts["up", e]]) for e in range(n)])
+        out[f"{base}down_proj"] = torch.stack([parts["down", e] for e in range(n)])
+    return out
+
+
+def _write_shards(out_dir: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Replace HF's shards with `model-0000i-of-0000n.safetensors` of about SHARD_BYTES each, plus the index."""
+    for old in out_dir.glob("model*.safetensors*"):
+        old.unlink()
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name in sorted(tensors):
+        t = tensors[name].contiguous()
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > SHARD_BYTES:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    weight_map, total = {}, 0
+    for i, shard in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(out_dir / fname), metadata={"format": "pt"})
+        for name, t in shard.items():
+            weight_map[name] = fname
+            total += t.numel() * t.element_size()
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def build_tiny_checkpoint(
+    arch: str,
+    out_dir,
+    mtp_layers: int = 1,
+    seed: int = 0,
+    tie_word_embeddings: bool = False,
+    fused_experts: bool | None = None,
+) -> Path:
+    """Write the tiny checkpoint into `out_dir` (created if needed) and return it as a Path.
+
+    `fused_experts` (MoE only): None keeps the layout HF's save_pretrained writes (per-expert names in
+    transformers 5.23); True/False force fused 3-D / per-expert tensors for both the main model and mtp.*.
+    """
+    if arch not in ARCHS:
+        raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
+    if mtp_layers < 0:
+        raise ValueError("mtp_layers must be >= 0")
+    import transformers
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tokenizer(out)
+    eos_id = tokenizer.convert_tokens_to_ids(SPECIAL_TOKENS[0])
+    vocab_size = -(-len(tokenizer) // 64) * 64
+    cfg = make_config(arch, vocab_size, eos_id, mtp_layers, tie_word_embeddings)
+
+    torch.manual_seed(seed)
+    model_cls = type(cfg).__name__.replace("Config", "ForConditionalGeneration")
+    model = getattr(transformers, model_cls)(cfg).float().eval()
+    _perturb(model)
+    with torch.no_grad():
+        head = model.get_output_embeddings().weight  # the embedding itself when tied
+        head *= HEAD_STD / INIT_STD  # wide logits for clear greedy margins
+        head[len(tokenizer) :] *= 0.1  # ids past the tokenizer (vocab padding): small logits, never greedy picks
+    ids = dict(bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id)
+    model.generation_config = transformers.GenerationConfig(**ids)
+    bars = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        model.save_pretrained(out, max_shard_size=f"{SHARD_BYTES // 1024}KB")
+    finally:
+        if bars:
+            transformers.utils.logging.enable_progress_bar()
+    mtp = _mtp_tensors(cfg, mtp_layers)
+    del model
+
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    tensors: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        tensors.update(load_file(str(out / shard)))
+    hf_fused = any(name.endswith("experts.gate_up_proj") for name in tensors)
+    fused = hf_fused if fused_experts is None else fused_experts
+    tensors.update(mtp)
+    tensors = _fuse_experts(tensors) if fused else _split_experts(tensors)
+    _write_shards(out, tensors)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arch", choices=ARCHS, required=True)
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--mtp_layers", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tie_word_embeddings", action="store_true")
+    layout = parser.add_mutually_exclusive_group()
+    layout.add_argument("--fused_experts", dest="fused_experts", action="store_true", default=None)
+    layout.add_argument("--per_expert", dest="fused_experts", action="store_false")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    a = args
+    out = build_tiny_checkpoint(a.arch, a.out, a.mtp_layers, a.seed, a.tie_word_embeddings, a.fused_experts)
+    size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
+    print(f"wrote {out} ({size / 1e6:.2f} MB) in {time.perf_counter() - start:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
