@@ -69,3 +69,29 @@ def hf_greedy(model_dir, token_ids: list[int], max_new_tokens: int) -> tuple[lis
     if len(new_tokens) != max_new_tokens or step_logits.shape[0] != max_new_tokens:
         raise RuntimeError(f"HF generate stopped early: {len(new_tokens)} of {max_new_tokens} tokens")
     return new_tokens, step_logits
+
+
+@torch.no_grad()
+def hf_greedy_chunked(
+    model_dir, token_ids: list[int], max_new_tokens: int, chunk_sizes: list[int]
+) -> tuple[list[int], torch.Tensor]:
+    """Like hf_greedy, but HF reads the prompt in the given chunks through its cache (its chunked GDN path with
+    an initial state), then decodes greedily one token at a time: the like-for-like oracle of chunked prefill.
+    fp32 rounding depends on the chunking (HF's own chunked and whole-prompt logits differ by ~1e-4 at
+    sensitive steps), so chunked prefill is compared with HF chunked the same way."""
+    if sum(chunk_sizes) != len(token_ids):
+        raise ValueError(f"chunks {chunk_sizes} do not cover a prompt of {len(token_ids)} tokens")
+    model = load_hf_causal_lm(model_dir)
+    ids = torch.tensor([token_ids], dtype=torch.long)
+    cache, start = None, 0
+    for n in chunk_sizes:
+        out = model(input_ids=ids[:, start : start + n], past_key_values=cache, use_cache=True)
+        cache, start = out.past_key_values, start + n
+    logits, tokens = [out.logits[0, -1].float()], []
+    for _ in range(max_new_tokens - 1):
+        tokens.append(int(logits[-1].argmax()))
+        out = model(input_ids=torch.tensor([[tokens[-1]]]), past_key_values=cache, use_cache=True)
+        cache = out.past_key_values
+        logits.append(out.logits[0, -1].float())
+    tokens.append(int(logits[-1].argmax()))
+    return tokens, torch.stack(logits)

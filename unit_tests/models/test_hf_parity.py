@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lightllm_mtp import LLM, SamplingParams
-from unit_tests.hf_reference import hf_greedy, hf_prefill_logits
+from unit_tests.hf_reference import hf_greedy, hf_greedy_chunked, hf_prefill_logits
 
 ATOL = 1e-4
 PROMPTS = [[5, 17, 300, 42, 9, 77, 1024, 3, 58, 600, 11], [900, 4, 4, 250], [31, 8, 222, 1500, 64, 2, 7]]
@@ -50,16 +50,45 @@ def test_prefill_logits_match_hf_at_every_position(model_dir):
         engine.abort(r)
 
 
+def record_prompt_chunks(llm):
+    """Wraps build_batch to keep each request's prompt chunk sizes."""
+    chunks: dict[int, list[int]] = {}
+    build = llm.engine.model_runner.build_batch
+
+    def wrapped(scheduled):
+        for s in scheduled:
+            if s.request.in_prefill:
+                chunks.setdefault(s.request.request_id, []).append(s.num_new_tokens)
+        return build(scheduled)
+
+    llm.engine.model_runner.build_batch = wrapped
+    return chunks
+
+
 @pytest.mark.parametrize("chunked_prefill_size", [4096, 3])
 def test_greedy_decode_matches_hf_mixed_batch(model_dir, chunked_prefill_size):
+    """A batch of mixed prompt lengths: 16 greedy steps, tokens and every step's logits equal HF's."""
     llm = LLM(model_dir, dtype="float32", max_model_len=64, chunked_prefill_size=chunked_prefill_size)
     seen = record_step_logits(llm)
+    chunks = record_prompt_chunks(llm)
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=STEPS, ignore_eos=True))
     for i, (prompt, out) in enumerate(zip(PROMPTS, outs)):
-        ref_tokens, ref_logits = hf_greedy(model_dir, prompt, STEPS)
+        if chunked_prefill_size < len(prompt):
+            assert len(chunks[i]) > 1
+            ref_tokens, ref_logits = hf_greedy_chunked(model_dir, prompt, STEPS, chunks[i])
+        else:
+            ref_tokens, ref_logits = hf_greedy(model_dir, prompt, STEPS)
         assert out.token_ids == ref_tokens, f"prompt {i}"
         assert out.finish_reason == "length"
         torch.testing.assert_close(torch.stack(seen[i]), ref_logits, atol=ATOL, rtol=0)
+
+
+def test_chunked_prefill_gives_the_same_tokens(model_dir):
+    params = SamplingParams(temperature=0.0, max_new_tokens=STEPS, ignore_eos=True)
+    whole = LLM(model_dir, max_model_len=64).generate(PROMPTS, params)
+    for size in (1, 2, 5):
+        chunked = LLM(model_dir, max_model_len=64, chunked_prefill_size=size).generate(PROMPTS, params)
+        assert [o.token_ids for o in chunked] == [o.token_ids for o in whole]
 
 
 def test_all_slots_free_after_generate(tiny_dense_dir):
