@@ -14,6 +14,10 @@ SUPPORTED_MODELS: dict[ModelType, str] = {
 }
 
 
-def create_model(model_dir: str | Path, cfg: ModelConfig, rt: RuntimeShape) -> TpPartBaseModel:
+def model_class(cfg: ModelConfig) -> type[TpPartBaseModel]:
     module, cls = SUPPORTED_MODELS[cfg.model_type].split(":")
-    return getattr(importlib.import_module(module), cls)(model_dir, cfg, rt)
+    return getattr(importlib.import_module(module), cls)
+
+
+def create_model(model_dir: str | Path, cfg: ModelConfig, rt: RuntimeShape) -> TpPartBaseModel:
+    return model_class(cfg)(model_dir, cfg, rt)

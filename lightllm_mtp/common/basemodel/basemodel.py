@@ -43,23 +43,28 @@ class RuntimeShape:
 class TpPartBaseModel:
     ffn_class: type[Layer]  # declared by each model package
 
-    def __init__(self, model_dir: str | Path, cfg: ModelConfig, rt: RuntimeShape):
+    def __init__(self, model_dir: str | Path | None, cfg: ModelConfig, rt: RuntimeShape, weights: Weights | None = None):
+        """Loads `model_dir` through the one loader, or takes already-made `weights` (random-weight benchmarks)."""
         self.cfg = cfg
         self.rt = rt
-        weights = load_tensors(model_dir, self.weight_specs(), rt.dtype, rt.device)
+        if weights is None:
+            if model_dir is None:
+                raise ValueError("TpPartBaseModel needs a model_dir or weights")
+            weights = load_tensors(model_dir, self.weight_specs(cfg), rt.dtype, rt.device)
         self._build(weights)
         self.caches = self._init_caches()
 
     # ---- declaration -------------------------------------------------------------------------------
-    def weight_specs(self) -> list[TensorSpec]:
-        cfg, p = self.cfg, self.cfg.weight_prefix
+    @classmethod
+    def weight_specs(cls, cfg: ModelConfig) -> list[TensorSpec]:
+        p = cfg.weight_prefix
         specs = VocabEmbedding.specs(cfg, f"{p}embed_tokens.weight")
         specs += RMSNorm.specs(cfg, f"{p}norm.weight") + LMHead.specs(cfg)
         for i, layer_type in enumerate(cfg.layer_types):
             prefix = f"{p}layers.{i}."
             mixer_cls, scope = _mixer(layer_type)
             specs += DecoderLayer.norm_specs(cfg, prefix)
-            specs += mixer_cls.specs(cfg, f"{prefix}{scope}") + self.ffn_class.specs(cfg, f"{prefix}mlp.")
+            specs += mixer_cls.specs(cfg, f"{prefix}{scope}") + cls.ffn_class.specs(cfg, f"{prefix}mlp.")
         return specs
 
     def _build(self, weights: Weights) -> None:
