@@ -20,6 +20,7 @@ class EngineArgs:
     max_batch_size: int = 8  # concurrent requests (request slots)
     max_total_token_num: int | None = None  # KV pool token slots; None: max_batch_size * max_model_len
     chunked_prefill_size: int = 4096  # token budget of one forward (prefill chunks + decode rows)
+    graph_max_batch_size: int = 64  # largest decode batch replayed from a CUDA graph (0: no graphs)
     mtp_mode: str | None = None  # None, "eagle_with_att" or "vanilla_with_att"
     mtp_step: int = 0  # draft tokens per step when mtp_mode is set (1..7)
     mtp_draft_model_dir: str | None = None  # where mtp.* live; None: model_dir
@@ -34,6 +35,8 @@ class EngineArgs:
         for name in ("max_batch_size", "chunked_prefill_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.graph_max_batch_size < 0:
+            raise ValueError(f"graph_max_batch_size must be >= 0, got {self.graph_max_batch_size}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.max_total_token_num is not None and self.max_total_token_num < 1:

@@ -40,7 +40,8 @@ class LLMEngine:
             draft_kv_layers=spec.num_draft_modules if spec else 0,
         )
         self.model = create_model(args.model_dir, cfg, rt)
-        model_runner = ModelRunner(self.model)
+        graph_max = min(args.graph_max_batch_size, args.max_batch_size) if spec is None else 0
+        model_runner = ModelRunner(self.model, graph_max)
         self.runner: ModelRunner | SpecRunner = model_runner
         if spec is not None:
             drafts = create_drafts(self.model, spec, args.model_dir)

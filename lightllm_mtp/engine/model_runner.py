@@ -5,18 +5,28 @@ from __future__ import annotations
 import torch
 
 from lightllm_mtp.common.basemodel.basemodel import TpPartBaseModel
-from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode
+from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode, ModelOutput
+from lightllm_mtp.engine.cuda_graph import DecodeCudaGraphs
 from lightllm_mtp.engine.request import Request
 from lightllm_mtp.engine.scheduler import ScheduledRequest
 from lightllm_mtp.kernels.sampling import sample
 
 
 class ModelRunner:
-    def __init__(self, model: TpPartBaseModel):
+    def __init__(self, model: TpPartBaseModel, graph_max_batch_size: int = 0):
         self.model = model
         self.device = model.rt.device
         self.kv_pool = model.caches.kv_pool
         self.req_manager = model.caches.req_manager
+        self.graphs: DecodeCudaGraphs | None = None
+        if graph_max_batch_size > 0 and self.device.type == "cuda":
+            self.graphs = DecodeCudaGraphs(model, graph_max_batch_size)
+
+    def forward(self, batch: ForwardBatch) -> ModelOutput:
+        """The model forward, replayed from a CUDA graph when one fits the batch."""
+        if self.graphs is not None and self.graphs.can_run(batch):
+            return self.graphs.run(batch)
+        return self.model.forward(batch)
 
     def build_batch(self, scheduled: list[ScheduledRequest]) -> tuple[ForwardBatch, list[Request]]:
         """Allocates slots for the new tokens and writes them into req_to_token.
@@ -81,7 +91,7 @@ class ModelRunner:
     def step(self, scheduled: list[ScheduledRequest]) -> list[tuple[Request, list[int]]]:
         """One forward; returns (request, [sampled token]) for the requests that produced a token."""
         batch, sampled = self.build_batch(scheduled)
-        out = self.model.forward(batch)
+        out = self.forward(batch)
         for s in scheduled:
             s.request.num_computed += s.num_new_tokens
         if not sampled:

@@ -6,8 +6,12 @@ import torch
 import torch.nn.functional as F
 
 from lightllm_mtp.kernels._validate import check_device, check_float, check_index, check_same_dtype, check_shape
+from lightllm_mtp.kernels.triton_utils import triton_available, use_triton
 
 _OP = "fused_moe"
+# Up to this many (token, expert) rows the Triton path runs one GEMV per row: each selected expert's weights are
+# read once per row, which is the whole cost at decode batch sizes and needs no host sync (CUDA-graph safe).
+_GEMV_MAX_ROWS = 1024
 
 
 def fused_moe_ref(
@@ -52,4 +56,54 @@ def fused_moe(
     check_shape(_OP, "topk_weights", topk_weights, tuple(topk_ids.shape), "[T, k]")
     check_float(_OP, "topk_weights", topk_weights)
     check_device(_OP, x=x, w_gate_up=w_gate_up, w_down=w_down, topk_weights=topk_weights, topk_ids=topk_ids)
+    if use_triton(x) and topk_ids.numel() <= _GEMV_MAX_ROWS:
+        return fused_moe_gemv(x, w_gate_up, w_down, topk_weights, topk_ids)
     return fused_moe_ref(x, w_gate_up, w_down, topk_weights, topk_ids)
+
+
+def fused_moe_gemv(x, w_gate_up, w_down, topk_weights, topk_ids) -> torch.Tensor:
+    """Triton path: per (token, expert) row GEMVs through the expert id, no weight copies, no host sync."""
+    t, top_k = topk_ids.shape
+    inter, hidden = w_down.shape[2], x.shape[1]
+    ids = topk_ids.reshape(-1).to(torch.int32)
+    gate_up = torch.empty(t * top_k, 2 * inter, dtype=x.dtype, device=x.device)
+    _launch_gemv(x, w_gate_up, ids, gate_up, top_k, x_per_row=False)
+    act = (F.silu(gate_up[:, :inter].float()) * gate_up[:, inter:].float()).to(x.dtype)
+    down = torch.empty(t * top_k, hidden, dtype=x.dtype, device=x.device)
+    _launch_gemv(act, w_down, ids, down, top_k, x_per_row=True)
+    return (down.view(t, top_k, hidden).float() * topk_weights.float()[..., None]).sum(1).to(x.dtype)
+
+
+def _launch_gemv(x, w, ids, out, top_k: int, x_per_row: bool) -> None:
+    n, k = w.shape[1], w.shape[2]
+    block_n, block_k = 16, 256
+    grid = (ids.numel(), triton.cdiv(n, block_n))
+    _moe_gemv_kernel[grid](
+        x, w, ids, out, n, k, x.stride(0), w.stride(0), w.stride(1), out.stride(0),
+        TOP_K=top_k, X_PER_ROW=x_per_row, BLOCK_N=block_n, BLOCK_K=block_k,
+    )
+
+
+if triton_available():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _moe_gemv_kernel(
+        x_ptr, w_ptr, ids_ptr, out_ptr, N, K, stride_x, stride_we, stride_wn, stride_out,
+        TOP_K: tl.constexpr, X_PER_ROW: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):
+        # out[r, n] = sum_k x[row(r), k] * w[ids[r], n, k]; row(r) = r (per-row input) or r // TOP_K (token).
+        r = tl.program_id(0)
+        nb = tl.program_id(1)
+        expert = tl.load(ids_ptr + r).to(tl.int64)
+        x_row = r if X_PER_ROW else r // TOP_K
+        offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            xk = tl.load(x_ptr + x_row * stride_x + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
+            w_ptrs = w_ptr + expert * stride_we + offs_n[:, None] * stride_wn + offs_k[None, :]
+            w = tl.load(w_ptrs, mask=(offs_n[:, None] < N) & (offs_k[None, :] < K), other=0.0)
+            acc += tl.sum(w.to(tl.float32) * xk[None, :], axis=1)
+        tl.store(out_ptr + r * stride_out + offs_n, acc.to(out_ptr.dtype.element_ty), mask=offs_n < N)

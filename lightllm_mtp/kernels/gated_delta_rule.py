@@ -6,7 +6,11 @@ GVA: value head h reads query/key head h // (nv // nk)."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
+
+from lightllm_mtp.env import ENV
 
 from lightllm_mtp.kernels._validate import (
     check_device,
@@ -146,7 +150,45 @@ def gated_delta_rule_prefill(
         op, q=q, k=k, v=v, g=g, beta=beta, ssm_state=ssm_state, b_state_idx=b_state_idx, b1_cu_q_len=b1_cu_q_len,
         b_has_initial_state=b_has_initial_state,
     )
+    if q.is_cuda and fla_chunk_kernel() is not None:
+        return _prefill_fla(q, k, v, g, beta, ssm_state, b_state_idx, b1_cu_q_len, b_has_initial_state)
     return gated_delta_rule_prefill_ref(q, k, v, g, beta, ssm_state, b_state_idx, b1_cu_q_len, b_has_initial_state)
+
+
+@functools.cache
+def fla_chunk_kernel():
+    """fla-core's chunked gated-delta-rule kernel (the field's GPU kernel for this prefill), or None."""
+    if ENV.force_reference_kernels:
+        return None
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except ImportError:
+        return None
+    return chunk_gated_delta_rule
+
+
+def _prefill_fla(q, k, v, g, beta, ssm_state, b_state_idx, b1_cu_q_len, b_has_initial_state) -> torch.Tensor:
+    """Varlen fla chunk kernel; GVA by repeating key heads (fla wants q/k heads == v heads)."""
+    rep = v.shape[1] // q.shape[1]
+    if rep > 1:
+        q = q.repeat_interleave(rep, dim=1)
+        k = k.repeat_interleave(rep, dim=1)
+    slots = b_state_idx.long()
+    init = torch.where(b_has_initial_state[:, None, None, None], ssm_state[slots], torch.zeros_like(ssm_state[slots]))
+    o, final = fla_chunk_kernel()(
+        q=q.unsqueeze(0),
+        k=k.unsqueeze(0),
+        v=v.unsqueeze(0),
+        g=g.unsqueeze(0),
+        beta=beta.to(v.dtype).unsqueeze(0),
+        scale=q.shape[-1] ** -0.5,
+        initial_state=init,
+        output_final_state=True,
+        cu_seqlens=b1_cu_q_len.long(),
+        use_qk_l2norm_in_kernel=True,
+    )
+    ssm_state[slots] = final.float()
+    return o.squeeze(0).to(v.dtype)
 
 
 def gated_delta_rule_decode(
