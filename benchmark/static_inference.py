@@ -1,0 +1,743 @@
+"""Static-batch inference benchmark: prefill and decode-step timing through the engine, against the HBM floor.
+
+    python benchmark/static_inference.py --model_shape qwen3.5-27b --batch_sizes 1,8,32 --input_len 1024 \
+        --output_len 64 --device cuda [--mtp_mode eagle_with_att --mtp_step 1 --mtp_accept_rate 0.95] \
+        [--hf_peer] [--out benchmark/results/NAME.json] [--plot]
+
+For each batch size, bs requests of input_len random token ids go through LLMEngine.step (greedy, ignore_eos,
+max_new_tokens=output_len): one warm-up generation, then a timed one. Prefill = every step until the last
+prompt is complete; decode = the steps in which all bs requests run one decode row (synchronize +
+perf_counter around each LLMEngine.step, so host work and CUDA-graph replay are in). See benchmark/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import gc
+import json
+import math
+import platform
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `benchmark` and `lightllm_mtp` importable from the repo
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+from tqdm import tqdm
+
+from benchmark.floor import floor_ms, spec_bytes, step_bytes
+from benchmark.hf_peer import build_hf_model, time_hf_generate
+from benchmark.model_shapes import MODEL_SHAPES
+from lightllm_mtp.common.random_weights import random_tensors
+from lightllm_mtp.common.weight_loader import load_tensors
+from lightllm_mtp.config.engine_args import EngineArgs
+from lightllm_mtp.config.model_config import ModelConfig
+from lightllm_mtp.engine import llm_engine
+from lightllm_mtp.engine.llm_engine import LLMEngine
+from lightllm_mtp.env import ENV
+from lightllm_mtp.models.registry import model_class
+from lightllm_mtp.sampling_params import SamplingParams
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+KV_SLACK = 8  # extra token slots per request beyond input_len + output_len (+ mtp_step)
+
+
+# ---- model source ----------------------------------------------------------------------------------------
+@dataclass
+class ModelSource:
+    name: str
+    hf_config: dict
+    model_dir: str | None  # a checkpoint, or None for random weights at a named shape
+    seed: int
+
+    @property
+    def cfg(self) -> ModelConfig:
+        return ModelConfig.from_hf(self.hf_config)
+
+    def weights(self, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
+        """Checkpoint-named main-model tensors; random ones are made on the device and are the same each call."""
+        cfg = self.cfg
+        specs = model_class(cfg).weight_specs(cfg)
+        if self.model_dir is None:
+            return random_tensors(specs, dtype, device, self.seed)
+        return load_tensors(self.model_dir, specs, dtype, device)
+
+
+def resolve_source(args) -> ModelSource:
+    if args.model_dir:
+        path = Path(args.model_dir)
+        hf = json.loads((path / "config.json").read_text())
+        return ModelSource(path.resolve().name, hf, str(path), args.seed)
+    return ModelSource(args.model_shape, json.loads(json.dumps(MODEL_SHAPES[args.model_shape])), None, args.seed)
+
+
+@contextlib.contextmanager
+def random_weight_hooks(source: ModelSource):
+    """Let LLMEngine build a random-weight model: its create_model (and the MTP draft loader) get tensors from
+    random_tensors instead of a checkpoint. Everything else in LLMEngine.__init__ runs unchanged."""
+    from lightllm_mtp.models import mtp_retarget
+
+    calls = {"main": 0}
+    saved = (llm_engine.create_model, mtp_retarget.shard_index, mtp_retarget.load_tensors)
+    draft_seed = iter(range(source.seed + 1, source.seed + 1000))
+
+    def create_model(model_dir, cfg, rt):
+        calls["main"] += 1
+        weights = random_tensors(model_class(cfg).weight_specs(cfg), rt.dtype, rt.device, source.seed)
+        return model_class(cfg)(None, cfg, rt, weights=weights)
+
+    llm_engine.create_model = create_model
+    mtp_retarget.shard_index = lambda model_dir: {"mtp.fc.weight": "random"}
+    mtp_retarget.load_tensors = lambda model_dir, specs, dtype, device: random_tensors(
+        specs, dtype, device, next(draft_seed)
+    )
+    try:
+        yield calls
+    finally:
+        llm_engine.create_model, mtp_retarget.shard_index, mtp_retarget.load_tensors = saved
+
+
+def engine_field_names() -> set[str]:
+    return {f.name for f in dataclasses.fields(EngineArgs)}
+
+
+def build_engine(source: ModelSource, args, max_model_len: int, mtp: bool) -> LLMEngine:
+    fields = engine_field_names()
+    max_bs = max(args.batch_sizes)
+    kw = dict(
+        device=args.device,
+        dtype=args.dtype,
+        max_model_len=max_model_len,
+        max_batch_size=max_bs,
+        max_total_token_num=max_bs * max_model_len,
+    )
+    if args.chunked_prefill_size is not None:
+        kw["chunked_prefill_size"] = args.chunked_prefill_size
+    if args.graph_max_batch_size is not None:
+        if "graph_max_batch_size" not in fields:
+            raise SystemExit("--graph_max_batch_size: this engine's EngineArgs has no graph_max_batch_size")
+        kw["graph_max_batch_size"] = args.graph_max_batch_size
+    if mtp:
+        kw.update(mtp_mode=args.mtp_mode, mtp_step=args.mtp_step)
+    if source.model_dir is not None:
+        return LLMEngine(EngineArgs(model_dir=source.model_dir, **kw))
+    with tempfile.TemporaryDirectory(prefix="lightllm_mtp_shape_") as tmp:
+        (Path(tmp) / "config.json").write_text(json.dumps(source.hf_config))
+        with random_weight_hooks(source) as calls:
+            engine = LLMEngine(EngineArgs(model_dir=tmp, **kw))
+        if calls["main"] != 1:
+            raise RuntimeError("LLMEngine no longer builds its model through llm_engine.create_model; "
+                               "the random-weight hook in benchmark/static_inference.py needs updating")
+    return engine
+
+
+# ---- timing helpers --------------------------------------------------------------------------------------
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def percentile(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    if len(s) == 1:
+        return s[0]
+    pos = (len(s) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def summary(xs: list[float]) -> dict | None:
+    if not xs:
+        return None
+    return {
+        "n": len(xs),
+        "median_ms": percentile(xs, 50),
+        "p10_ms": percentile(xs, 10),
+        "p90_ms": percentile(xs, 90),
+        "mean_ms": sum(xs) / len(xs),
+        "min_ms": min(xs),
+    }
+
+
+def measure_copy_bandwidth(device: torch.device, repeats: int) -> dict:
+    """Device copy bandwidth: (bytes read + bytes written) / time of dst.copy_(src), median of `repeats`."""
+    if device.type == "cuda":
+        nbytes = 1 << 30
+        src = torch.randn(nbytes // 4, device=device)
+        dst = torch.empty_like(src)
+        for _ in range(3):
+            dst.copy_(src)
+        times = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        method = "CUDA device-to-device copy (torch copy_), timed with CUDA events"
+    else:
+        nbytes = 64 << 20
+        src = torch.randn(nbytes // 4)
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            dst.copy_(src)
+            times.append((time.perf_counter() - t) * 1e3)
+        method = "CPU memcpy (torch copy_ of host tensors), perf_counter: NOT an HBM figure"
+    ok = torch.equal(dst, src)
+    del src, dst
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    if not ok:
+        raise RuntimeError("bandwidth copy produced a wrong result")
+    med = percentile(times, 50)
+    return {
+        "bytes_per_s": 2 * nbytes / (med / 1e3),
+        "GB_per_s": 2 * nbytes / (med / 1e3) / 1e9,
+        "buffer_bytes": nbytes,
+        "counted_bytes": 2 * nbytes,
+        "median_ms": med,
+        "repeats": repeats,
+        "method": method,
+    }
+
+
+class ForwardTimer:
+    """Times every call of obj.forward (CUDA events on GPU, perf_counter on CPU) by shadowing the bound method."""
+
+    def __init__(self, obj, device: torch.device):
+        self.obj, self.device = obj, device
+        self.calls: list = []
+        inner = obj.forward
+
+        def timed(*a, **kw):
+            if device.type == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                out = inner(*a, **kw)
+                end.record()
+                self.calls.append((start, end))
+            else:
+                t = time.perf_counter()
+                out = inner(*a, **kw)
+                self.calls.append((time.perf_counter() - t) * 1e3)
+            return out
+
+        obj.forward = timed
+
+    def take_ms(self) -> tuple[float, int]:
+        """Total ms and number of calls since the last take (call after a synchronize)."""
+        total = sum(c[0].elapsed_time(c[1]) if isinstance(c, tuple) else c for c in self.calls)
+        n = len(self.calls)
+        self.calls = []
+        return total, n
+
+    def remove(self) -> None:
+        del self.obj.forward
+
+
+# ---- one generation --------------------------------------------------------------------------------------
+@dataclass
+class GenRecord:
+    batch_size: int
+    prefill_ms: float = 0.0
+    prefill_forwards: int = 0
+    e2e_ms: float = 0.0
+    step_ms: list[float] = field(default_factory=list)  # full-batch decode (or verify) steps
+    step_context: list[float] = field(default_factory=list)  # mean KV length per request after each such step
+    verify_ms: list[float] = field(default_factory=list)
+    draft_ms: list[float] = field(default_factory=list)
+    draft_calls: list[int] = field(default_factory=list)
+    outputs: list[list[int]] = field(default_factory=list)
+    accepted_per_step: float | None = None
+
+
+def generate(engine: LLMEngine, prompts: list[list[int]], output_len: int, timers=None, k: int = 0) -> GenRecord:
+    dev = engine.args.torch_device
+    params = SamplingParams(temperature=0.0, max_new_tokens=output_len, ignore_eos=True)
+    reqs = [engine.add_request(p, params) for p in prompts]
+    bs = len(prompts)
+    rec = GenRecord(bs)
+    sched = engine.scheduler
+    sync(dev)
+    t0 = time.perf_counter()
+    while engine.has_unfinished():
+        running = sched.running
+        in_prefill = bool(sched.waiting) or any(r.in_prefill for r in running)
+        full = not in_prefill and len(running) == bs
+        if full and k:  # a full verify block now, and room for a full next block whatever gets accepted
+            full = all(
+                r.draft is not None
+                and len(r.draft.tokens) == k
+                and r.params.max_new_tokens - len(r.output_ids) >= 2 * k + 2
+                for r in running
+            )
+        if full:
+            extra = k  # KV length after a verify step: num_tokens - 1 + (k + 1)
+            context = sum(r.num_tokens + extra for r in running) / bs
+        sync(dev)
+        start = time.perf_counter()
+        engine.step()
+        sync(dev)
+        end = time.perf_counter()
+        if timers is not None:
+            (v_ms, _), (d_ms, d_calls) = timers[0].take_ms(), timers[1].take_ms()
+        if in_prefill:
+            rec.prefill_forwards += 1
+            rec.prefill_ms = (end - t0) * 1e3
+        elif full:
+            rec.step_ms.append((end - start) * 1e3)
+            rec.step_context.append(context)
+            if timers is not None:
+                rec.verify_ms.append(v_ms)
+                rec.draft_ms.append(d_ms)
+                rec.draft_calls.append(d_calls)
+    rec.e2e_ms = (time.perf_counter() - t0) * 1e3
+    rec.outputs = [list(r.output_ids) for r in reqs]
+    if k:
+        steps = sum(r.spec_stats.num_steps for r in reqs)
+        rec.accepted_per_step = sum(r.spec_stats.num_accepted for r in reqs) / steps if steps else None
+    return rec
+
+
+class MultiTimer:
+    """One ForwardTimer over several draft modules, read as one."""
+
+    def __init__(self, timers: list[ForwardTimer]):
+        self.timers = timers
+
+    def take_ms(self) -> tuple[float, int]:
+        parts = [t.take_ms() for t in self.timers]
+        return sum(p[0] for p in parts), sum(p[1] for p in parts)
+
+    def remove(self) -> None:
+        for t in self.timers:
+            t.remove()
+
+
+# ---- the benchmark ---------------------------------------------------------------------------------------
+def no_spec_result(rec: GenRecord, args, cfg, specs, dtype, bw: dict) -> dict:
+    bs = rec.batch_size
+    prompt_tokens = bs * args.input_len
+    res = {
+        "batch_size": bs,
+        "prefill": {
+            "ms": rec.prefill_ms,
+            "tokens_per_s": prompt_tokens / (rec.prefill_ms / 1e3) if rec.prefill_ms else None,
+            "forwards": rec.prefill_forwards,
+            "prompt_tokens": prompt_tokens,
+        },
+        "decode": None,
+        "e2e": {"ms": rec.e2e_ms, "output_tokens_per_s": bs * args.output_len / (rec.e2e_ms / 1e3)},
+        "floor": None,
+    }
+    stats = summary(rec.step_ms)
+    if stats is None:
+        res["decode_note"] = "no full-batch decode step (output_len too short after chunked prefill)"
+        return res
+    stats["tokens_per_s"] = bs / (stats["median_ms"] / 1e3)
+    res["decode"] = stats
+    context = sum(rec.step_context) / len(rec.step_context)
+    b = step_bytes(cfg, specs, dtype, bs, context)
+    fl = floor_ms(b.total, bw["bytes_per_s"])
+    res["floor"] = {
+        "mean_context": context,
+        "bytes_per_step": b.total,
+        "breakdown": b.to_dict(),
+        "floor_ms": fl,
+        "pct_of_floor": fl / stats["median_ms"] * 100.0,
+        "achieved_GB_per_s": b.total / (stats["median_ms"] / 1e3) / 1e9,
+    }
+    return res
+
+
+def tokens_per_step(rate: float, k: int) -> float:
+    return sum(rate**i for i in range(k + 1))
+
+
+def break_even_rate(cost_ratio: float, k: int) -> float | None:
+    """Acceptance rate at which sum_{i<=k} rate^i equals the spec step's cost in no-spec steps."""
+    if cost_ratio <= 1.0:
+        return 0.0
+    if cost_ratio > k + 1:
+        return None  # not reachable even at rate 1
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if tokens_per_step(mid, k) < cost_ratio else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+def spec_result(rec: GenRecord, base: dict | None, args, cfg, specs, dtype, bw: dict) -> dict:
+    bs, k = rec.batch_size, args.mtp_step
+    res = {
+        "batch_size": bs,
+        "mode": args.mtp_mode,
+        "mtp_step": k,
+        "prefill": {"ms": rec.prefill_ms, "forwards": rec.prefill_forwards},
+        "e2e_ms_with_these_weights": rec.e2e_ms,
+        "observed_accepted_drafts_per_step": rec.accepted_per_step,
+    }
+    stats = summary(rec.step_ms)
+    if stats is None:
+        res["note"] = "no full-batch verify step with k drafts per request (output_len too short)"
+        return res
+    verify = percentile(rec.verify_ms, 50)
+    draft = percentile(rec.draft_ms, 50)
+    other = percentile([s - v - d for s, v, d in zip(rec.step_ms, rec.verify_ms, rec.draft_ms)], 50)
+    res.update(
+        spec_step=stats,
+        verify_ms=verify,
+        draft_ms=draft,
+        draft_forwards_per_step=percentile(rec.draft_calls, 50),
+        host_and_other_ms=other,
+    )
+    context = sum(rec.step_context) / len(rec.step_context)
+    vb = step_bytes(cfg, specs, dtype, bs, context, rows_per_req=k + 1)
+    vfl = floor_ms(vb.total, bw["bytes_per_s"])
+    res["verify_floor"] = {"bytes": vb.total, "floor_ms": vfl, "pct_of_floor": vfl / verify * 100.0 if verify else None}
+    base_ms = base["decode"]["median_ms"] if base and base.get("decode") else None
+    if base_ms:
+        res["step_cost_vs_decode"] = stats["median_ms"] / base_ms
+        res["break_even_accept_rate"] = break_even_rate(stats["median_ms"] / base_ms, k)
+    sims = []
+    for rate in args.mtp_accept_rate:
+        tps = tokens_per_step(rate, k)
+        eff = bs * tps / (stats["median_ms"] / 1e3)
+        comp = bs * tps / ((draft + verify) / 1e3) if draft + verify > 0 else None
+        sims.append({
+            "accept_rate": rate,
+            "tokens_per_step": tps,
+            "effective_tokens_per_s": eff,
+            "effective_tokens_per_s_draft_plus_verify": comp,
+            "speedup_vs_no_spec": eff / base["decode"]["tokens_per_s"] if base_ms else None,
+        })  # fmt: skip
+    res["simulated"] = sims
+    return res
+
+
+def run_batches(engine, prompts_all, args, bar, label, timers=None, k=0) -> dict[int, GenRecord]:
+    out = {}
+    for bs in args.batch_sizes:
+        prompts = prompts_all[:bs]
+        bar.set_description(f"{label} bs={bs} warm-up")
+        generate(engine, prompts, min(args.output_len, args.warmup_steps + 1 + k), timers, k)
+        if timers is not None:
+            for t in timers:
+                t.take_ms()
+        bar.set_description(f"{label} bs={bs}")
+        out[bs] = generate(engine, prompts, args.output_len, timers, k)
+        bar.update(1)
+    return out
+
+
+def free_device_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def run_hf_peer(source: ModelSource, args, dtype, device, prompts_all, ours: dict, records, bar) -> dict:
+    out: dict = {"batch_sizes": args.hf_batch_sizes, "runs": []}
+    try:
+        import transformers
+        from transformers.utils import import_utils
+
+        out["transformers"] = transformers.__version__
+        for flag in ("is_flash_linear_attention_available", "is_causal_conv1d_available"):
+            fn = getattr(import_utils, flag, None)
+            out[flag] = bool(fn()) if fn is not None else None
+        bar.set_description("HF peer: building")
+        weights = source.weights(dtype, device)
+        model = build_hf_model(source.hf_config, source.cfg, weights, device)
+        del weights
+    except Exception as e:  # noqa: BLE001 - reported in the JSON instead of ending the run
+        out["error"] = f"building the HF model failed: {type(e).__name__}: {e}"
+        bar.update(len(args.hf_batch_sizes))
+        free_device_memory(device)
+        return out
+    for bs in args.hf_batch_sizes:
+        bar.set_description(f"HF peer bs={bs}")
+        try:
+            prompts = torch.tensor(prompts_all[:bs], dtype=torch.long, device=device)
+            r = time_hf_generate(model, prompts, args.output_len, args.hf_repeats)
+            hf_tokens = r.pop("tokens")
+            mine = ours.get(bs)
+            if mine is not None:
+                r["speedup_e2e"] = mine["e2e"]["output_tokens_per_s"] / r["e2e_output_tokens_per_s"]
+                if mine.get("decode") and r.get("decode_tokens_per_s"):
+                    r["speedup_decode"] = mine["decode"]["tokens_per_s"] / r["decode_tokens_per_s"]
+                ours_tokens = records[bs].outputs
+                prefix = [_common_prefix(a, b) for a, b in zip(ours_tokens, hf_tokens)]
+                r["greedy_tokens_equal_frac"] = sum(p == args.output_len for p in prefix) / bs
+                r["greedy_mean_common_prefix"] = sum(prefix) / bs
+            else:
+                r["speedup_note"] = f"batch size {bs} not in --batch_sizes: no engine figure to compare"
+            out["runs"].append(r)
+        except Exception as e:  # noqa: BLE001
+            out["runs"].append({"batch_size": bs, "error": f"{type(e).__name__}: {e}"})
+            free_device_memory(device)
+        bar.update(1)
+    del model
+    free_device_memory(device)
+    return out
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version(), "torch": torch.__version__}
+    for mod in ("triton", "transformers"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001
+            out[mod] = None
+    return out
+
+
+def device_info(device: torch.device) -> dict:
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        return {"type": "cuda", "name": p.name, "memory_GiB": p.total_memory / 2**30, "cuda": torch.version.cuda}
+    return {"type": "cpu", "name": platform.processor() or platform.machine(), "threads": torch.get_num_threads()}
+
+
+# ---- output ----------------------------------------------------------------------------------------------
+def _fmt(x, spec=".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def print_tables(report: dict) -> None:
+    print(f"\n{report['model']['name']}  in={report['settings']['input_len']} out={report['settings']['output_len']}"
+          f"  {report['device']['name']}  copy bw {report['bandwidth']['GB_per_s']:.0f} GB/s")  # fmt: skip
+    head = (f"{'bs':>4} {'prefill ms':>11} {'prefill tok/s':>14} {'step ms':>9} {'p10-p90 ms':>15} "
+            f"{'tok/s':>10} {'GB/step':>8} {'floor ms':>9} {'% floor':>8}")  # fmt: skip
+    print(head)
+    for r in report["results"]:
+        d, f = r["decode"] or {}, r["floor"] or {}
+        spread = f"{_fmt(d.get('p10_ms'))}-{_fmt(d.get('p90_ms'))}" if d else "-"
+        gb = f.get("bytes_per_step")
+        print(f"{r['batch_size']:>4} {_fmt(r['prefill']['ms'], '.1f'):>11} {_fmt(r['prefill']['tokens_per_s'], '.0f'):>14} "
+              f"{_fmt(d.get('median_ms')):>9} {spread:>15} {_fmt(d.get('tokens_per_s'), '.1f'):>10} "
+              f"{_fmt(gb / 1e9 if gb else None, '.3f'):>8} {_fmt(f.get('floor_ms')):>9} {_fmt(f.get('pct_of_floor'), '.1f'):>8}")  # fmt: skip
+    mtp = report.get("mtp")
+    if mtp and mtp.get("results"):
+        print(f"\nMTP {mtp['mode']} k={mtp['mtp_step']} (simulated acceptance)")
+        print(f"{'bs':>4} {'step ms':>9} {'verify ms':>10} {'draft ms':>9} {'cost x':>7} {'rate':>5} "
+              f"{'tok/step':>9} {'eff tok/s':>10} {'speedup':>8}")  # fmt: skip
+        for r in mtp["results"]:
+            step = (r.get("spec_step") or {}).get("median_ms")
+            for s in r.get("simulated", [{}]):
+                print(f"{r['batch_size']:>4} {_fmt(step):>9} {_fmt(r.get('verify_ms')):>10} {_fmt(r.get('draft_ms')):>9} "
+                      f"{_fmt(r.get('step_cost_vs_decode')):>7} {_fmt(s.get('accept_rate')):>5} "
+                      f"{_fmt(s.get('tokens_per_step')):>9} {_fmt(s.get('effective_tokens_per_s'), '.1f'):>10} "
+                      f"{_fmt(s.get('speedup_vs_no_spec')):>8}")  # fmt: skip
+    hf = report.get("hf_peer")
+    if hf:
+        print("\nHF transformers generate (same weights)")
+        if "error" in hf:
+            print(f"  {hf['error']}")
+        for r in hf.get("runs", []):
+            if "error" in r:
+                print(f"{r['batch_size']:>4}  error: {r['error']}")
+                continue
+            print(f"{r['batch_size']:>4} e2e {r['e2e_output_tokens_per_s']:.1f} tok/s, decode step "
+                  f"{_fmt(r.get('decode_step_ms'))} ms; ours x{_fmt(r.get('speedup_e2e'))} e2e, "
+                  f"x{_fmt(r.get('speedup_decode'))} decode; greedy match {_fmt(r.get('greedy_tokens_equal_frac'))}")  # fmt: skip
+
+
+def write_plot(report: dict, path: Path) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as e:  # noqa: BLE001
+        return f"not written: matplotlib not importable ({type(e).__name__})"
+    rows = [r for r in report["results"] if r["decode"]]
+    bss = [r["batch_size"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    med = [r["decode"]["median_ms"] for r in rows]
+    err = [[m - r["decode"]["p10_ms"] for m, r in zip(med, rows)], [r["decode"]["p90_ms"] - m for m, r in zip(med, rows)]]
+    ax.errorbar(bss, med, yerr=err, marker="o", capsize=3, label="decode step (median, p10-p90)")
+    ax.plot(bss, [r["floor"]["floor_ms"] for r in rows], "k--", marker=".", label="HBM floor")
+    mtp = (report.get("mtp") or {}).get("results") or []
+    spec = [(r["batch_size"], r["spec_step"]["median_ms"]) for r in mtp if r.get("spec_step")]
+    if spec:
+        ax.plot(*zip(*spec), marker="s", label=f"MTP step (k={report['mtp']['mtp_step']})")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("ms per step")
+    ax.set_title(f"{report['model']['name']} in={report['settings']['input_len']} {report['device']['name']}")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return str(path)
+
+
+# ---- CLI -------------------------------------------------------------------------------------------------
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+def _floats(s: str) -> list[float]:
+    return [float(x) for x in s.split(",") if x.strip()]
+
+
+def parse_args(argv: list[str] | None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model_dir", help="checkpoint directory (the engine's normal loader)")
+    src.add_argument("--model_shape", choices=sorted(MODEL_SHAPES), help="published shape, random weights")
+    p.add_argument("--batch_sizes", type=_ints, default=[1, 8, 32])
+    p.add_argument("--input_len", type=int, default=1024)
+    p.add_argument("--output_len", type=int, default=64)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", default="auto", help="auto (bfloat16 on CUDA, float32 on CPU), bfloat16, float16, float32")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warmup_steps", type=int, default=3, help="decode steps of the warm-up generation per batch size")
+    p.add_argument("--chunked_prefill_size", type=int, default=None, help="token budget per forward (engine default)")
+    p.add_argument("--graph_max_batch_size", type=int, default=None, help="CUDA-graph decode buckets (engine default; 0: eager)")
+    p.add_argument("--bw_repeats", type=int, default=20)
+    p.add_argument("--mtp_mode", default=None, help="eagle_with_att or vanilla_with_att")
+    p.add_argument("--mtp_step", type=int, default=1)
+    p.add_argument("--mtp_accept_rate", type=_floats, default=[0.8], help="simulated per-position acceptance (comma list)")
+    p.add_argument("--hf_peer", action="store_true", help="also time HF transformers generate on the same weights")
+    p.add_argument("--hf_batch_sizes", type=_ints, default=[1, 8])
+    p.add_argument("--hf_repeats", type=int, default=1)
+    p.add_argument("--out", default=None, help="JSON path (default benchmark/results/<name>.json)")
+    p.add_argument("--plot", action="store_true", help="PNG of decode step time vs batch size next to the JSON")
+    args = p.parse_args(argv)
+    if not args.batch_sizes or min(args.batch_sizes) < 1:
+        p.error("--batch_sizes must be positive integers")
+    if args.input_len < 1 or args.output_len < 1:
+        p.error("--input_len and --output_len must be >= 1")
+    if any(not 0.0 <= r <= 1.0 for r in args.mtp_accept_rate):
+        p.error("--mtp_accept_rate values must be in [0, 1]")
+    args.batch_sizes = sorted(set(args.batch_sizes))
+    return args
+
+
+def default_out(args, source: ModelSource) -> Path:
+    name = f"{source.name}_in{args.input_len}_out{args.output_len}_bs{'-'.join(map(str, args.batch_sizes))}"
+    if args.mtp_mode:
+        name += f"_{args.mtp_mode}_k{args.mtp_step}"
+    return RESULTS_DIR / f"{name}_{args.device.split(':')[0]}.json"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    command = "python " + " ".join(sys.argv if argv is None else ["benchmark/static_inference.py", *argv])
+    source = resolve_source(args)
+    cfg = source.cfg
+    device = torch.device(args.device)
+    if device.type == "cpu" and ENV.cpu_threads:
+        torch.set_num_threads(ENV.cpu_threads)
+    dtype = EngineArgs(model_dir="-", device=args.device, dtype=args.dtype).torch_dtype
+    out_path = Path(args.out) if args.out else default_out(args, source)
+    max_bs = max(args.batch_sizes)
+    max_model_len = args.input_len + args.output_len + (args.mtp_step if args.mtp_mode else 0) + KV_SLACK
+    gen = torch.Generator().manual_seed(args.seed)
+    num_prompts = max([max_bs, *(args.hf_batch_sizes if args.hf_peer else [])])
+    prompts_all = torch.randint(0, cfg.vocab_size, (num_prompts, args.input_len), generator=gen).tolist()
+    specs = model_class(cfg).weight_specs(cfg)
+
+    mtp_supported = "mtp_mode" in engine_field_names()
+    jobs = len(args.batch_sizes) * (1 + bool(args.mtp_mode and mtp_supported)) + 1
+    jobs += len(args.hf_batch_sizes) if args.hf_peer else 0
+    bar = tqdm(total=jobs, desc="copy bandwidth", disable=ENV.disable_progress_bars)
+    bw = measure_copy_bandwidth(device, args.bw_repeats)
+    bar.update(1)
+
+    report: dict = {
+        "command": command,
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "device": device_info(device),
+        "versions": versions(),
+        "bandwidth": bw,
+        "model": {
+            "name": source.name,
+            "source": source.model_dir or "random weights (benchmark/model_shapes.py)",
+            "hf_config": source.hf_config,
+            "weight_bytes": sum(spec_bytes(s, dtype) for s in specs),
+            "num_params": sum(math.prod(s.shape) for s in specs),
+        },
+        "settings": {
+            "batch_sizes": args.batch_sizes,
+            "input_len": args.input_len,
+            "output_len": args.output_len,
+            "dtype": str(dtype).replace("torch.", ""),
+            "seed": args.seed,
+            "warmup_steps": args.warmup_steps,
+            "max_model_len": max_model_len,
+            "kv_pool_tokens": max_bs * max_model_len,
+            "sampling": "greedy, ignore_eos, max_new_tokens=output_len",
+        },
+    }
+
+    bar.set_description("building engine")
+    engine = build_engine(source, args, max_model_len, mtp=False)
+    report["settings"]["engine_args"] = {k: str(v) for k, v in dataclasses.asdict(engine.args).items()}
+    records = run_batches(engine, prompts_all, args, bar, "decode")
+    del engine
+    free_device_memory(device)
+    report["results"] = [no_spec_result(records[bs], args, cfg, specs, dtype, bw) for bs in args.batch_sizes]
+    by_bs = {r["batch_size"]: r for r in report["results"]}
+
+    if args.mtp_mode and not mtp_supported:
+        report["mtp"] = {"skipped": "EngineArgs has no mtp_mode"}
+    elif args.mtp_mode:
+        bar.set_description("building MTP engine")
+        engine = build_engine(source, args, max_model_len, mtp=True)
+        timers = (ForwardTimer(engine.model, device), MultiTimer([ForwardTimer(d, device) for d in engine.runner.drafts]))
+        spec_records = run_batches(engine, prompts_all, args, bar, "MTP", timers, k=args.mtp_step)
+        del engine, timers
+        free_device_memory(device)
+        report["mtp"] = {
+            "mode": args.mtp_mode,
+            "mtp_step": args.mtp_step,
+            "accept_rates": args.mtp_accept_rate,
+            "method": (
+                "real SpecRunner steps (verify + draft passes + eagle chain + host work) timed per step; "
+                "verify/draft split from CUDA events around model.forward / draft.forward; acceptance is "
+                "simulated: tokens/step = sum_{i=0..k} rate^i (drafts of random weights are rarely accepted, "
+                "so observed acceptance is reported separately and does not change the step cost)"
+            ),
+            "results": [
+                spec_result(spec_records[bs], by_bs[bs], args, cfg, specs, dtype, bw) for bs in args.batch_sizes
+            ],
+        }
+
+    if args.hf_peer:
+        report["hf_peer"] = run_hf_peer(source, args, dtype, device, prompts_all, by_bs, records, bar)
+    bar.close()
+
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    if args.plot:
+        report["plot"] = write_plot(report, out_path.with_suffix(".png"))
+    out_path.write_text(json.dumps(report, indent=1) + "\n")
+    print_tables(report)
+    print(f"\nwrote {out_path}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""HBM-floor byte counts (benchmark/floor.py) against hand counts for tiny configs and the engine's own caches."""
+
+import pytest
+import torch
+
+from benchmark.floor import expected_distinct_experts, step_bytes
+from lightllm_mtp.common.kv_pool import KvPool
+from lightllm_mtp.common.linear_att_state import LinearAttState
+from lightllm_mtp.config.model_config import ModelConfig
+from lightllm_mtp.models.registry import model_class
+
+# 4 layers: GDN, GDN, GDN, full attention. Hand-count constants below follow these numbers.
+V, H, HEADS, HKV, D, NK, NV, DK, DV, K, INTER = 100, 16, 2, 1, 8, 1, 2, 4, 4, 4, 24
+BASE = {
+    "vocab_size": V, "hidden_size": H, "num_hidden_layers": 4, "full_attention_interval": 4,
+    "num_attention_heads": HEADS, "num_key_value_heads": HKV, "head_dim": D,
+    "linear_num_key_heads": NK, "linear_num_value_heads": NV, "linear_key_head_dim": DK,
+    "linear_value_head_dim": DV, "linear_conv_kernel_dim": K, "attn_output_gate": True,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25},
+    "tie_word_embeddings": False,
+}  # fmt: skip
+DENSE = {**BASE, "architectures": ["Qwen3_5ForCausalLM"], "intermediate_size": INTER}
+E, TOPK, MOE_I, SHARED_I = 8, 2, 6, 10
+MOE = {
+    **BASE, "architectures": ["Qwen3_5MoeForCausalLM"], "num_experts": E, "num_experts_per_tok": TOPK,
+    "moe_intermediate_size": MOE_I, "shared_expert_intermediate_size": SHARED_I,
+}  # fmt: skip
+BF16 = 2
+CONV_DIM = 2 * NK * DK + NV * DV  # 16
+GDN_BF16 = CONV_DIM * H + NV * DV * H + 2 * NV * H + CONV_DIM * K + DV + H * NV * DV  # qkv, z, b+a, conv, norm, out
+GDN_FP32 = 2 * NV  # A_log, dt_bias
+ATTN = HEADS * D * 2 * H + 2 * HKV * D * H + H * HEADS * D + 2 * D  # q(+gate), k, v, o, q/k norms
+NORMS = 2 * H  # per layer
+
+
+def _specs(cfg):
+    return model_class(cfg).weight_specs(cfg)
+
+
+def _numel(spec):
+    n = 1
+    for d in spec.shape:
+        n *= d
+    return n
+
+
+def test_dense_weight_bytes_hand_count():
+    cfg = ModelConfig.from_hf(DENSE)
+    mlp = 3 * H * INTER
+    per_layer = NORMS + mlp
+    hand = BF16 * (H + V * H + 4 * per_layer + 3 * GDN_BF16 + ATTN) + 4 * 3 * GDN_FP32  # final norm, lm_head
+    b = step_bytes(cfg, _specs(cfg), torch.bfloat16, batch_size=3, context_len=10)
+    assert b.weights == hand
+    assert b.embedding_rows == 3 * H * BF16
+    assert b.routed_experts == 0 and b.experts_per_layer is None
+    # equals the declared TensorSpecs, with the embedding matrix replaced by the rows read
+    specs = _specs(cfg)
+    declared = sum(_numel(s) * (4 if s.keep_fp32 else BF16) for s in specs)
+    assert b.weights + b.embedding_rows == declared - V * H * BF16 + 3 * H * BF16
+
+
+def test_tied_embedding_is_read_once_as_lm_head():
+    cfg = ModelConfig.from_hf({**DENSE, "tie_word_embeddings": True})
+    untied = ModelConfig.from_hf(DENSE)
+    tied_b = step_bytes(cfg, _specs(cfg), torch.bfloat16, 2, 10)
+    untied_b = step_bytes(untied, _specs(untied), torch.bfloat16, 2, 10)
+    assert tied_b.embedding_rows == 0
+    assert tied_b.weights == untied_b.weights  # the shared matrix replaces lm_head.weight
+
+
+def test_kv_and_linear_state_bytes():
+    cfg = ModelConfig.from_hf(DENSE)
+    bs, ctx = 5, 37
+    b = step_bytes(cfg, _specs(cfg), torch.bfloat16, bs, ctx)
+    assert b.kv_cache == 1 * 2 * HKV * D * BF16 * ctx * bs  # one full-attention layer
+    ssm = NV * DK * DV * 4
+    conv = CONV_DIM * (K - 1) * BF16
+    assert b.linear_state == 3 * bs * (2 * ssm + 2 * conv)  # three GDN layers, read + write
+    # the same numbers from the engine's own cache objects
+    state = LinearAttState(3, 1, CONV_DIM, K, NV, DK, DV, torch.bfloat16, torch.device("cpu"))
+    assert b.linear_state == 2 * state.bytes_per_slot() * bs
+    pool = KvPool(1, 4, HKV, D, torch.bfloat16, torch.device("cpu"))
+    per_token = (pool.k_buffer[0, 0].numel() + pool.v_buffer[0, 0].numel()) * pool.k_buffer.element_size()
+    assert b.kv_cache == per_token * ctx * bs
+
+
+def test_verify_rows_widen_state_and_expert_count():
+    cfg = ModelConfig.from_hf(MOE)
+    k = 2
+    b = step_bytes(cfg, _specs(cfg), torch.bfloat16, batch_size=3, context_len=20, rows_per_req=k + 1)
+    ssm = NV * DK * DV * 4
+    conv = CONV_DIM * (K - 1 + k) * BF16
+    assert b.linear_state == 3 * 3 * (ssm * (k + 2) + 2 * conv)  # one row read, k+1 rows written
+    state = LinearAttState(3, 1, CONV_DIM, K, NV, DK, DV, torch.bfloat16, torch.device("cpu"), spec_steps=k)
+    assert state.conv[:, 0].numel() * BF16 == 3 * conv
+    assert b.experts_per_layer == pytest.approx(expected_distinct_experts(E, TOPK, 9))
+
+
+def test_moe_routed_experts():
+    cfg = ModelConfig.from_hf(MOE)
+    per_expert = (2 * MOE_I * H + H * MOE_I) * BF16
+    one = step_bytes(cfg, _specs(cfg), torch.bfloat16, 1, 10)
+    assert one.experts_per_layer == pytest.approx(TOPK)
+    assert one.routed_experts == pytest.approx(4 * TOPK * per_expert)
+    many = step_bytes(cfg, _specs(cfg), torch.bfloat16, 1000, 10)
+    assert many.routed_experts == pytest.approx(4 * E * per_expert)
+    shared = 3 * H * SHARED_I + H + E * H  # shared expert, its gate, router
+    hand = BF16 * (H + V * H + 4 * (NORMS + shared) + 3 * GDN_BF16 + ATTN) + 4 * 3 * GDN_FP32
+    assert one.weights == hand
+
+
+def test_expected_distinct_experts():
+    assert expected_distinct_experts(256, 8, 1) == pytest.approx(8)
+    assert expected_distinct_experts(8, 2, 2) == pytest.approx(8 * (1 - 0.75**2))
+    values = [expected_distinct_experts(256, 8, n) for n in (1, 2, 8, 32, 128, 1024)]
+    assert values == sorted(values) and values[-1] < 256
+    # Monte Carlo: N tokens, each picking k distinct experts uniformly
+    gen = torch.Generator().manual_seed(0)
+    n_tokens, trials = 4, 4000
+    picks = torch.rand(trials, n_tokens, E, generator=gen).argsort(dim=-1)[..., :TOPK]
+    hit = torch.zeros(trials, E, dtype=torch.bool).scatter_(1, picks.reshape(trials, -1), True)
+    assert hit.sum(1).float().mean().item() == pytest.approx(expected_distinct_experts(E, TOPK, n_tokens), rel=0.02)

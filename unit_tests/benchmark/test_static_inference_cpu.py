@@ -1,0 +1,122 @@
+"""CPU smoke test of benchmark/static_inference.py on tiny models: every figure lands in the JSON."""
+
+import json
+import math
+
+import pytest
+
+from benchmark import static_inference
+from benchmark.floor import spec_bytes
+from lightllm_mtp.config.model_config import ModelConfig
+from lightllm_mtp.models.registry import model_class
+
+TINY_MOE_SHAPE = {
+    "architectures": ["Qwen3_5MoeForCausalLM"], "model_type": "qwen3_5_moe_text",
+    "vocab_size": 512, "hidden_size": 32, "num_hidden_layers": 4, "full_attention_interval": 4,
+    "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
+    "linear_num_key_heads": 1, "linear_num_value_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+    "linear_conv_kernel_dim": 4, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6,
+    "partial_rotary_factor": 0.25}, "attn_output_gate": True, "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 4096, "mtp_num_hidden_layers": 1, "hidden_act": "silu",
+    "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 16, "shared_expert_intermediate_size": 16,
+    "tie_word_embeddings": False,
+}  # fmt: skip
+
+
+def _run(tmp_path, *argv):
+    out = tmp_path / "x.json"
+    report = static_inference.main([*argv, "--device", "cpu", "--out", str(out), "--bw_repeats", "3"])
+    on_disk = json.loads(out.read_text())
+    assert on_disk["command"] == report["command"]
+    return on_disk
+
+
+def _check_common(r, batch_sizes, output_len):
+    assert r["command"].startswith("python benchmark/static_inference.py ")
+    assert r["device"]["type"] == "cpu"
+    assert "CPU memcpy" in r["bandwidth"]["method"] and r["bandwidth"]["bytes_per_s"] > 0
+    assert set(r["versions"]) >= {"torch", "triton", "transformers"}
+    assert [x["batch_size"] for x in r["results"]] == batch_sizes
+    cfg = ModelConfig.from_hf(r["model"]["hf_config"])
+    specs = model_class(cfg).weight_specs(cfg)
+    assert r["model"]["weight_bytes"] == sum(spec_bytes(s, __import__("torch").float32) for s in specs)
+    for x in r["results"]:
+        bs = x["batch_size"]
+        assert x["prefill"]["ms"] > 0 and x["prefill"]["forwards"] >= 1
+        assert x["prefill"]["tokens_per_s"] == pytest.approx(x["prefill"]["prompt_tokens"] / x["prefill"]["ms"] * 1e3)
+        d = x["decode"]
+        assert d["n"] >= 1 and d["p10_ms"] <= d["median_ms"] <= d["p90_ms"]
+        assert d["tokens_per_s"] == pytest.approx(bs / d["median_ms"] * 1e3)
+        f = x["floor"]
+        assert f["bytes_per_step"] == pytest.approx(f["breakdown"]["total"])
+        assert f["floor_ms"] == pytest.approx(f["bytes_per_step"] / r["bandwidth"]["bytes_per_s"] * 1e3)
+        assert f["pct_of_floor"] == pytest.approx(f["floor_ms"] / d["median_ms"] * 100)
+        assert x["e2e"]["output_tokens_per_s"] == pytest.approx(bs * output_len / x["e2e"]["ms"] * 1e3)
+    return cfg
+
+
+def test_checkpoint_dir_with_hf_peer(tiny_dense_dir, tmp_path):
+    r = _run(tmp_path, "--model_dir", str(tiny_dense_dir), "--batch_sizes", "1,2", "--input_len", "8",
+             "--output_len", "4", "--hf_peer", "--hf_batch_sizes", "1,2", "--plot")  # fmt: skip
+    _check_common(r, [1, 2], 4)
+    assert "mtp" not in r
+    runs = r["hf_peer"]["runs"]
+    assert [x["batch_size"] for x in runs] == [1, 2]
+    for x in runs:
+        assert "error" not in x, x
+        assert x["e2e_output_tokens_per_s"] > 0 and x["speedup_e2e"] > 0 and x["speedup_decode"] > 0
+        assert x["greedy_tokens_equal_frac"] == 1.0  # same fp32 weights, same greedy tokens as HF
+    assert "plot" in r and (r["plot"].endswith(".png") or r["plot"].startswith("not written"))
+
+
+def test_mtp_simulation(tiny_dense_dir, tmp_path):
+    r = _run(tmp_path, "--model_dir", str(tiny_dense_dir), "--batch_sizes", "1,2", "--input_len", "8",
+             "--output_len", "10", "--mtp_mode", "eagle_with_att", "--mtp_step", "2",
+             "--mtp_accept_rate", "0.5,1.0")  # fmt: skip
+    _check_common(r, [1, 2], 10)
+    m = r["mtp"]
+    assert m["mode"] == "eagle_with_att" and m["mtp_step"] == 2
+    for x in m["results"]:
+        assert x["spec_step"]["n"] >= 1
+        assert x["verify_ms"] > 0 and x["draft_ms"] > 0
+        assert x["draft_forwards_per_step"] == 2  # one draft pass + one eagle chain step
+        assert x["step_cost_vs_decode"] > 0
+        sims = {s["accept_rate"]: s for s in x["simulated"]}
+        assert sims[0.5]["tokens_per_step"] == pytest.approx(1.75) and sims[1.0]["tokens_per_step"] == 3
+        base = next(b for b in r["results"] if b["batch_size"] == x["batch_size"])
+        s = sims[1.0]
+        assert s["effective_tokens_per_s"] == pytest.approx(x["batch_size"] * 3 / x["spec_step"]["median_ms"] * 1e3)
+        assert s["speedup_vs_no_spec"] == pytest.approx(s["effective_tokens_per_s"] / base["decode"]["tokens_per_s"])
+
+
+def test_random_weight_shape_moe(monkeypatch, tmp_path):
+    monkeypatch.setitem(static_inference.MODEL_SHAPES, "tiny-moe-test", TINY_MOE_SHAPE)
+    r = _run(tmp_path, "--model_shape", "tiny-moe-test", "--batch_sizes", "1,2", "--input_len", "8",
+             "--output_len", "4", "--hf_peer", "--hf_batch_sizes", "2,3")  # fmt: skip
+    _check_common(r, [1, 2], 4)
+    assert r["model"]["source"].startswith("random weights")
+    one, two = (x["floor"]["breakdown"]["experts_per_layer"] for x in r["results"])
+    assert one == pytest.approx(2) and two == pytest.approx(8 * (1 - (1 - 2 / 8) ** 2))
+    runs = {x["batch_size"]: x for x in r["hf_peer"]["runs"]}
+    assert "error" not in runs[2] and runs[2]["speedup_e2e"] > 0
+    assert "speedup_note" in runs[3]  # no engine run at bs=3 to compare with
+
+
+def test_hf_failure_is_reported_not_raised(monkeypatch, tiny_dense_dir, tmp_path):
+    def broken(*a, **k):
+        raise RuntimeError("no HF today")
+
+    monkeypatch.setattr(static_inference, "build_hf_model", broken)
+    r = _run(tmp_path, "--model_dir", str(tiny_dense_dir), "--batch_sizes", "1", "--input_len", "4",
+             "--output_len", "3", "--hf_peer")  # fmt: skip
+    assert "no HF today" in r["hf_peer"]["error"]
+    assert r["results"][0]["decode"]["median_ms"] > 0
+
+
+def test_break_even_rate():
+    k = 3
+    assert static_inference.break_even_rate(0.9, k) == 0.0
+    assert static_inference.break_even_rate(k + 1.5, k) is None
+    rate = static_inference.break_even_rate(2.0, k)
+    assert static_inference.tokens_per_step(rate, k) == pytest.approx(2.0)
+    assert math.isclose(static_inference.tokens_per_step(0.5, 2), 1.75)
