@@ -582,6 +582,9 @@ def write_plot(report: dict, path: Path) -> str:
     if spec:
         ax.plot(*zip(*spec), marker="s", label=f"MTP step (k={report['mtp']['mtp_step']})")
     ax.set_xscale("log", base=2)
+    ys = med + [ms for _, ms in spec]
+    if max(ys) > 20 * min(ys):
+        ax.set_yscale("log")
     ax.set_xlabel("batch size")
     ax.set_ylabel("ms per step")
     ax.set_title(f"{report['model']['name']} in={report['settings']['input_len']} {report['device']['name']}")
