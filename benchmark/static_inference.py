@@ -13,7 +13,6 @@ perf_counter around each LLMEngine.step, so host work and CUDA-graph replay are 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import gc
 import json
@@ -38,7 +37,6 @@ from lightllm_mtp.common.random_weights import random_tensors
 from lightllm_mtp.common.weight_loader import load_tensors
 from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.config.model_config import ModelConfig
-from lightllm_mtp.engine import llm_engine
 from lightllm_mtp.engine.llm_engine import LLMEngine
 from lightllm_mtp.env import ENV
 from lightllm_mtp.models.registry import model_class
@@ -65,7 +63,7 @@ class ModelSource:
         cfg = self.cfg
         specs = model_class(cfg).weight_specs(cfg)
         if self.model_dir is None:
-            return random_tensors(specs, dtype, device, self.seed)
+            return random_tensors(specs, dtype, device, seed=0)  # the engine's load_format="dummy" weights
         return load_tensors(self.model_dir, specs, dtype, device)
 
 
@@ -75,32 +73,6 @@ def resolve_source(args) -> ModelSource:
         hf = json.loads((path / "config.json").read_text())
         return ModelSource(path.resolve().name, hf, str(path), args.seed)
     return ModelSource(args.model_shape, json.loads(json.dumps(MODEL_SHAPES[args.model_shape])), None, args.seed)
-
-
-@contextlib.contextmanager
-def random_weight_hooks(source: ModelSource):
-    """Let LLMEngine build a random-weight model: its create_model (and the MTP draft loader) get tensors from
-    random_tensors instead of a checkpoint. Everything else in LLMEngine.__init__ runs unchanged."""
-    from lightllm_mtp.models import mtp_retarget
-
-    calls = {"main": 0}
-    saved = (llm_engine.create_model, mtp_retarget.shard_index, mtp_retarget.load_tensors)
-    draft_seed = iter(range(source.seed + 1, source.seed + 1000))
-
-    def create_model(model_dir, cfg, rt):
-        calls["main"] += 1
-        weights = random_tensors(model_class(cfg).weight_specs(cfg), rt.dtype, rt.device, source.seed)
-        return model_class(cfg)(None, cfg, rt, weights=weights)
-
-    llm_engine.create_model = create_model
-    mtp_retarget.shard_index = lambda model_dir: {"mtp.fc.weight": "random"}
-    mtp_retarget.load_tensors = lambda model_dir, specs, dtype, device: random_tensors(
-        specs, dtype, device, next(draft_seed)
-    )
-    try:
-        yield calls
-    finally:
-        llm_engine.create_model, mtp_retarget.shard_index, mtp_retarget.load_tensors = saved
 
 
 def engine_field_names() -> set[str]:
@@ -129,12 +101,7 @@ def build_engine(source: ModelSource, args, max_model_len: int, mtp: bool) -> LL
         return LLMEngine(EngineArgs(model_dir=source.model_dir, **kw))
     with tempfile.TemporaryDirectory(prefix="lightllm_mtp_shape_") as tmp:
         (Path(tmp) / "config.json").write_text(json.dumps(source.hf_config))
-        with random_weight_hooks(source) as calls:
-            engine = LLMEngine(EngineArgs(model_dir=tmp, **kw))
-        if calls["main"] != 1:
-            raise RuntimeError("LLMEngine no longer builds its model through llm_engine.create_model; "
-                               "the random-weight hook in benchmark/static_inference.py needs updating")
-    return engine
+        return LLMEngine(EngineArgs(model_dir=tmp, load_format="dummy", **kw))
 
 
 # ---- timing helpers --------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 import torch
@@ -16,6 +17,11 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from lightllm_mtp.env import ENV
+
+
+class LoadFormat(Enum):
+    AUTO = "auto"  # safetensors shards of the model directory
+    DUMMY = "dummy"  # random tensors of the declared shapes, made on the device (benchmarks at real shapes)
 
 
 class WeightLoadError(ValueError):
@@ -99,3 +105,14 @@ def _sources(spec: TensorSpec, where: dict[str, str]) -> list[str] | None:
 def _stack(spec: TensorSpec, raw: dict[str, torch.Tensor]) -> torch.Tensor:
     assert spec.stacked_from is not None
     return torch.stack([torch.cat([raw[n] for n in group], dim=0) for group in spec.stacked_from])
+
+
+def load_weights(
+    model_dir: str | Path, specs: list[TensorSpec], dtype: torch.dtype, device, load_format: LoadFormat, seed: int = 0
+) -> dict[str, torch.Tensor]:
+    """The loading entry point of models and drafts: checkpoint tensors, or random ones for LoadFormat.DUMMY."""
+    if load_format is LoadFormat.DUMMY:
+        from lightllm_mtp.common.random_weights import random_tensors
+
+        return random_tensors(specs, dtype, device, seed)
+    return load_tensors(model_dir, specs, dtype, device)

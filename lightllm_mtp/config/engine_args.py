@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from lightllm_mtp.common.weight_loader import LoadFormat
 from lightllm_mtp.spec.config import SpecConfig
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -20,6 +21,7 @@ class EngineArgs:
     max_batch_size: int = 8  # concurrent requests (request slots)
     max_total_token_num: int | None = None  # KV pool token slots; None: max_batch_size * max_model_len
     chunked_prefill_size: int = 4096  # token budget of one forward (prefill chunks + decode rows)
+    load_format: str = "auto"  # auto: the checkpoint's safetensors; dummy: random weights (benchmarks)
     graph_max_batch_size: int = 64  # largest decode batch replayed from a CUDA graph (0: no graphs)
     mtp_mode: str | None = None  # None, "eagle_with_att" or "vanilla_with_att"
     mtp_step: int = 0  # draft tokens per step when mtp_mode is set (1..7)
@@ -35,6 +37,7 @@ class EngineArgs:
         for name in ("max_batch_size", "chunked_prefill_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        LoadFormat(self.load_format)  # raises on an unknown format
         if self.graph_max_batch_size < 0:
             raise ValueError(f"graph_max_batch_size must be >= 0, got {self.graph_max_batch_size}")
         if self.max_model_len is not None and self.max_model_len < 2:

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from lightllm_mtp.common.basemodel.basemodel import RuntimeShape
+from lightllm_mtp.common.weight_loader import LoadFormat
 from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.engine.model_runner import ModelRunner
@@ -38,6 +39,7 @@ class LLMEngine:
             kv_pool_size=kv_pool_size,
             spec_steps=spec.num_steps if spec else 0,
             draft_kv_layers=spec.num_draft_modules if spec else 0,
+            load_format=LoadFormat(args.load_format),
         )
         self.model = create_model(args.model_dir, cfg, rt)
         graph_max = min(args.graph_max_batch_size, args.max_batch_size) if spec is None else 0

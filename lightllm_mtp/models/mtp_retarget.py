@@ -23,7 +23,7 @@ from lightllm_mtp.common.layers.base import Layer
 from lightllm_mtp.common.layers.decoder_layer import DecoderLayer
 from lightllm_mtp.common.layers.gated_attention import GatedAttention
 from lightllm_mtp.common.layers.norm import RMSNorm
-from lightllm_mtp.common.weight_loader import TensorSpec, WeightLoadError, load_tensors, shard_index
+from lightllm_mtp.common.weight_loader import LoadFormat, TensorSpec, WeightLoadError, load_weights, shard_index
 
 
 class MtpWeightRetargetMixin:
@@ -36,12 +36,15 @@ class MtpWeightRetargetMixin:
                 f"MTP needs mtp.layers.{mtp_layer} but the config declares mtp_num_hidden_layers="
                 f"{cfg.mtp_num_hidden_layers}"
             )
-        if "mtp.fc.weight" not in shard_index(Path(model_dir)):
+        dummy = main.rt.load_format is LoadFormat.DUMMY
+        if not dummy and "mtp.fc.weight" not in shard_index(Path(model_dir)):
             raise WeightLoadError(
                 f"{model_dir}: checkpoint has no MTP weights (mtp.fc.weight and the other mtp.* tensors); "
                 "MTP speculative decoding needs a checkpoint that ships its MTP head"
             )
-        weights = load_tensors(model_dir, self.weight_specs(mtp_layer), main.rt.dtype, main.rt.device)
+        weights = load_weights(
+            model_dir, self.weight_specs(mtp_layer), main.rt.dtype, main.rt.device, main.rt.load_format, 1 + mtp_layer
+        )
         self.embed, self.lm_head, self.caches = main.embed, main.lm_head, main.caches
         self.fc = weights["mtp.fc.weight"]  # [H, 2H]: input is [embedding part | hidden part]
         self.norm_embedding = RMSNorm(cfg, "mtp.pre_fc_norm_embedding.weight", weights)

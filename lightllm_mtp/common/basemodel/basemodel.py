@@ -22,7 +22,7 @@ from lightllm_mtp.common.layers.gated_deltanet import GatedDeltaNet
 from lightllm_mtp.common.layers.norm import RMSNorm
 from lightllm_mtp.common.linear_att_state import LinearAttState
 from lightllm_mtp.common.req_manager import ReqManager
-from lightllm_mtp.common.weight_loader import TensorSpec, load_tensors
+from lightllm_mtp.common.weight_loader import LoadFormat, TensorSpec, load_weights
 from lightllm_mtp.config.model_config import LayerType, ModelConfig
 from lightllm_mtp.kernels.rotary import build_rope_cache
 
@@ -38,6 +38,7 @@ class RuntimeShape:
     kv_pool_size: int  # token slots in the KV pool
     spec_steps: int = 0  # MTP draft tokens per step: widens the conv slot, adds per-position SSM rows
     draft_kv_layers: int = 0  # extra KV pool layers owned by MTP draft modules
+    load_format: LoadFormat = LoadFormat.AUTO
 
 
 class TpPartBaseModel:
@@ -50,7 +51,7 @@ class TpPartBaseModel:
         if weights is None:
             if model_dir is None:
                 raise ValueError("TpPartBaseModel needs a model_dir or weights")
-            weights = load_tensors(model_dir, self.weight_specs(cfg), rt.dtype, rt.device)
+            weights = load_weights(model_dir, self.weight_specs(cfg), rt.dtype, rt.device, rt.load_format)
         self._build(weights)
         self.caches = self._init_caches()
 
