@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from lightllm_mtp.kernels.triton_utils import triton_available, use_triton
+
 
 def causal_conv1d_verify(
     x: torch.Tensor,
@@ -24,9 +26,11 @@ def causal_conv1d_verify(
     b_state_idx: torch.Tensor,
     b1_cu_q_len: torch.Tensor,
     b_num_accepted: torch.Tensor,
+    max_q_len: int | None = None,
 ) -> torch.Tensor:
     """x [T, C]; weight [C, K]; conv_state [S, C, W] with W >= K-2+max q; b_state_idx, b_num_accepted [B];
-    b1_cu_q_len [B+1]. Returns silu(conv) [T, C] in x.dtype; updates conv_state in place."""
+    b1_cu_q_len [B+1]; max_q_len: host bound on block length (None: W-K+2). Returns silu(conv) [T, C] in
+    x.dtype; updates conv_state in place."""
     if x.ndim != 2 or weight.ndim != 2 or conv_state.ndim != 3:
         raise ValueError("causal_conv1d_verify: x must be [T, C], weight [C, K], conv_state [S, C, W]")
     if weight.shape[0] != x.shape[1] or conv_state.shape[1] != x.shape[1]:
@@ -34,7 +38,69 @@ def causal_conv1d_verify(
                          f"conv_state {tuple(conv_state.shape)}")
     if b_state_idx.shape != b_num_accepted.shape or b1_cu_q_len.shape[0] != b_state_idx.shape[0] + 1:
         raise ValueError("causal_conv1d_verify: b_state_idx, b_num_accepted must be [B] and b1_cu_q_len [B+1]")
+    if use_triton(x):
+        return _verify_triton(x, weight, conv_state, b_state_idx, b1_cu_q_len, b_num_accepted, max_q_len)
     return causal_conv1d_verify_ref(x, weight, conv_state, b_state_idx, b1_cu_q_len, b_num_accepted)
+
+
+def _verify_triton(x, weight, conv_state, b_state_idx, b1_cu_q_len, b_num_accepted, max_q_len) -> torch.Tensor:
+    if max_q_len is None:
+        max_q_len = conv_state.shape[2] - weight.shape[1] + 2
+    out = torch.empty_like(x)
+    channels, kernel = weight.shape
+    block_c = 128
+    grid = (b_state_idx.shape[0], triton.cdiv(channels, block_c))
+    _conv_verify_kernel[grid](
+        x, weight, conv_state, b_state_idx, b1_cu_q_len, b_num_accepted, out, channels,
+        x.stride(0), weight.stride(0), conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
+        K=kernel, MAX_Q=max_q_len, BLOCK_C=block_c,
+    )
+    return out
+
+
+if triton_available():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _conv_verify_kernel(
+        x_ptr, w_ptr, state_ptr, slot_ptr, cu_ptr, acc_ptr, out_ptr, C,
+        stride_x, stride_w, stride_ss, stride_sc, stride_sw,
+        K: tl.constexpr, MAX_Q: tl.constexpr, BLOCK_C: tl.constexpr,
+    ):
+        # One program per (request, channel block): the K-1 history columns sit in registers while the block's
+        # outputs are produced, then the slot is rewritten as [history[1:], x_0..x_{q-1}].
+        b = tl.program_id(0)
+        offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        mask_c = offs_c < C
+        slot = tl.load(slot_ptr + b).to(tl.int64)
+        start = tl.load(cu_ptr + b)
+        q_len = tl.load(cu_ptr + b + 1) - start
+        off = tl.load(acc_ptr + b) - 1
+        row = state_ptr + slot * stride_ss + offs_c * stride_sc
+        # window of K inputs ending at the current token: w_j multiplies input t-(K-1)+j
+        for i in range(MAX_Q):
+            if i < q_len:
+                acc = tl.zeros([BLOCK_C], dtype=tl.float32)
+                for j in range(K):
+                    src = i - (K - 1) + j  # < 0: history column off + K-1 + src
+                    if src < 0:
+                        val = tl.load(row + (off + K - 1 + src) * stride_sw, mask=mask_c, other=0.0)
+                    else:
+                        val = tl.load(x_ptr + (start + src) * stride_x + offs_c, mask=mask_c, other=0.0)
+                    wj = tl.load(w_ptr + offs_c * stride_w + j, mask=mask_c, other=0.0)
+                    acc += val.to(tl.float32) * wj.to(tl.float32)
+                y = acc / (1.0 + tl.exp(-acc))
+                tl.store(out_ptr + (start + i) * stride_x + offs_c, y.to(out_ptr.dtype.element_ty), mask=mask_c)
+        # slot <- [window[1:], x_0..x_{q-1}]: column c takes window[c+1] (c < K-2) or x_{c-(K-2)}.
+        # Columns are written in increasing order and column c reads column off+1+c >= c: no overwrite hazard.
+        for c in range(K - 2 + MAX_Q):
+            if c < K - 2 + q_len:
+                if c < K - 2:
+                    val = tl.load(row + (off + 1 + c) * stride_sw, mask=mask_c, other=0.0)
+                else:
+                    val = tl.load(x_ptr + (start + c - (K - 2)) * stride_x + offs_c, mask=mask_c, other=0.0)
+                tl.store(row + c * stride_sw, val.to(state_ptr.dtype.element_ty), mask=mask_c)
 
 
 def causal_conv1d_verify_ref(x, weight, conv_state, b_state_idx, b1_cu_q_len, b_num_accepted):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from lightllm_mtp.kernels.gated_delta_rule import gated_delta_rule_decode_ref
+from lightllm_mtp.kernels.triton_utils import triton_available, use_triton
 
 
 def gated_delta_rule_verify(
@@ -23,9 +24,11 @@ def gated_delta_rule_verify(
     b_state_base: torch.Tensor,
     b1_cu_q_len: torch.Tensor,
     b_num_accepted: torch.Tensor,
+    max_q_len: int | None = None,
 ) -> torch.Tensor:
     """q, k [T, nk, dk]; v [T, nv, dv]; g, beta [T, nv] fp32; ssm_state [R, nv, dk, dv] fp32;
-    b_state_base, b_num_accepted [B]; b1_cu_q_len [B+1]. Returns o [T, nv, dv] in v.dtype."""
+    b_state_base, b_num_accepted [B]; b1_cu_q_len [B+1]; max_q_len: host bound on block length (None: 8).
+    Returns o [T, nv, dv] in v.dtype."""
     if q.shape != k.shape or q.ndim != 3 or v.ndim != 3 or q.shape[0] != v.shape[0]:
         raise ValueError(f"gated_delta_rule_verify: bad q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     if g.shape != v.shape[:2] or beta.shape != v.shape[:2]:
@@ -35,7 +38,70 @@ def gated_delta_rule_verify(
                          f"{ssm_state.dtype} {tuple(ssm_state.shape)}")
     if b_state_base.shape != b_num_accepted.shape or b1_cu_q_len.shape[0] != b_state_base.shape[0] + 1:
         raise ValueError("gated_delta_rule_verify: b_state_base, b_num_accepted must be [B], b1_cu_q_len [B+1]")
+    if use_triton(q):
+        return _verify_triton(q, k, v, g, beta, ssm_state, b_state_base, b1_cu_q_len, b_num_accepted, max_q_len or 8)
     return gated_delta_rule_verify_ref(q, k, v, g, beta, ssm_state, b_state_base, b1_cu_q_len, b_num_accepted)
+
+
+def _verify_triton(q, k, v, g, beta, ssm_state, b_state_base, b1_cu_q_len, b_num_accepted, max_q_len):
+    nk, dk = q.shape[1], q.shape[2]
+    nv, dv = v.shape[1], v.shape[2]
+    out = torch.empty_like(v)
+    block_v = min(32, triton.next_power_of_2(dv))
+    grid = (b_state_base.shape[0], nv, triton.cdiv(dv, block_v))
+    _gdn_verify_kernel[grid](
+        q, k, v, g, beta, ssm_state, b_state_base, b1_cu_q_len, b_num_accepted, out,
+        q.stride(0), q.stride(1), v.stride(0), v.stride(1), g.stride(0),
+        ssm_state.stride(0), ssm_state.stride(1), ssm_state.stride(2),
+        dk ** -0.5, GROUP=nv // nk, DK=dk, DV=dv, BLOCK_K=triton.next_power_of_2(dk), BLOCK_V=block_v,
+        MAX_Q=max_q_len,
+    )
+    return out
+
+
+if triton_available():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _gdn_verify_kernel(
+        q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, base_ptr, cu_ptr, acc_ptr, out_ptr,
+        stride_qt, stride_qh, stride_vt, stride_vh, stride_gt, stride_sr, stride_sh, stride_sk,
+        scale, GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr,
+        BLOCK_V: tl.constexpr, MAX_Q: tl.constexpr,
+    ):
+        # One program per (request, value head, V tile): the [dk, V tile] state slice lives in registers from the
+        # committed row (num_accepted - 1) through the block; the state after token i is stored in row base + i.
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        offs_v = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+        offs_k = tl.arange(0, BLOCK_K)
+        mask_k = offs_k < DK
+        mask_v = offs_v < DV
+        mask_s = mask_k[:, None] & mask_v[None, :]
+        kh = h // GROUP
+        base = tl.load(base_ptr + b).to(tl.int64)
+        start = tl.load(cu_ptr + b)
+        q_len = tl.load(cu_ptr + b + 1) - start
+        read_row = base + tl.load(acc_ptr + b) - 1
+        s_off = h * stride_sh + offs_k[:, None] * stride_sk + offs_v[None, :]
+        state = tl.load(state_ptr + read_row * stride_sr + s_off, mask=mask_s, other=0.0)
+        for i in range(MAX_Q):
+            if i < q_len:
+                t = start + i
+                qv = tl.load(q_ptr + t * stride_qt + kh * stride_qh + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+                kv = tl.load(k_ptr + t * stride_qt + kh * stride_qh + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+                qv = qv * tl.rsqrt(tl.sum(qv * qv) + 1e-6) * scale
+                kv = kv * tl.rsqrt(tl.sum(kv * kv) + 1e-6)
+                vv = tl.load(v_ptr + t * stride_vt + h * stride_vh + offs_v, mask=mask_v, other=0.0).to(tl.float32)
+                decay = tl.exp(tl.load(g_ptr + t * stride_gt + h))
+                beta = tl.load(beta_ptr + t * stride_gt + h)
+                state = state * decay
+                delta = beta * (vv - tl.sum(state * kv[:, None], axis=0))
+                state = state + kv[:, None] * delta[None, :]
+                o = tl.sum(state * qv[:, None], axis=0)
+                tl.store(out_ptr + t * stride_vt + h * stride_vh + offs_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
+                tl.store(state_ptr + (base + i) * stride_sr + s_off, state, mask=mask_s)
 
 
 def gated_delta_rule_verify_ref(q, k, v, g, beta, ssm_state, b_state_base, b1_cu_q_len, b_num_accepted):

@@ -63,7 +63,8 @@ class GatedDeltaNet(Layer):
         if mode is ForwardMode.VERIFY:
             b_num_accepted = req_manager.req_to_accept_len[batch.b_req_idx]
             qkv = causal_conv1d_verify(
-                qkv, self.conv_weight, conv_state, batch.b_req_idx, batch.b1_cu_q_len, b_num_accepted
+                qkv, self.conv_weight, conv_state, batch.b_req_idx, batch.b1_cu_q_len, b_num_accepted,
+                max_q_len=batch.max_q_len,
             )
         elif mode is ForwardMode.DECODE:
             qkv = causal_conv1d_update(qkv, self.conv_weight, conv_state, batch.b_req_idx)
@@ -78,7 +79,7 @@ class GatedDeltaNet(Layer):
         g, beta = gdn_gating(a, b, self.A_log, self.dt_bias)
         if mode is ForwardMode.VERIFY:
             o = gated_delta_rule_verify(
-                q, k, v, g, beta, ssm_state, b_ssm_row, batch.b1_cu_q_len, b_num_accepted
+                q, k, v, g, beta, ssm_state, b_ssm_row, batch.b1_cu_q_len, b_num_accepted, max_q_len=batch.max_q_len
             )
         elif mode is ForwardMode.DECODE:
             o = gated_delta_rule_decode(q, k, v, g, beta, ssm_state, b_ssm_row)
