@@ -2,7 +2,10 @@
 
 Conv state buffer: conv_state [S, C, W], W >= K-1. These kernels use columns [0, K-1) only, holding the last
 K-1 inputs (pre-conv) of the request, oldest first; wider slots serve speculative decoding (causal_conv1d_spec).
-Weight column K-1 multiplies the current token."""
+Weight column K-1 multiplies the current token.
+
+Triton path (decode update only): one program per (request, channel block) reads its window (state columns
+[0, K-1) plus the new input), writes silu(conv) and the shifted state; also used by the fused GDN decode."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from lightllm_mtp.kernels._validate import check_device, check_dtype, check_float, check_index, check_shape
+from lightllm_mtp.kernels.triton_utils import triton_available, use_triton
 
 
 def causal_conv1d_prefill_ref(
@@ -110,4 +114,60 @@ def causal_conv1d_update(
     _check_common(op, x, weight, conv_state, b_state_idx)
     check_shape(op, "b_state_idx", b_state_idx, (x.shape[0],), "[B] (one row of x per request)")
     check_device(op, x=x, weight=weight, conv_state=conv_state, b_state_idx=b_state_idx)
+    if use_triton(x):
+        return causal_conv1d_update_triton(x, weight, conv_state, b_state_idx)
     return causal_conv1d_update_ref(x, weight, conv_state, b_state_idx)
+
+
+def causal_conv1d_update_triton(
+    x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, b_state_idx: torch.Tensor
+) -> torch.Tensor:
+    """Arguments as causal_conv1d_update (validated by the caller); x rows may be strided (unit column stride)."""
+    bsz, c = x.shape
+    out = torch.empty(bsz, c, dtype=x.dtype, device=x.device)
+    if out.numel() == 0:
+        return out
+    x = x if x.stride(1) == 1 else x.contiguous()
+    kw = weight.shape[1]
+    block_c = 256 if bsz >= 8 else 128
+    _conv1d_update_kernel[(bsz, triton.cdiv(c, block_c))](
+        x, weight, conv_state, b_state_idx, out,
+        x.stride(0), weight.stride(0), weight.stride(1), *conv_state.stride(), out.stride(0), c,
+        KW=kw, BLOCK_C=block_c, num_warps=4,
+    )
+    return out
+
+
+if triton_available():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _conv1d_update_kernel(
+        x_ptr, w_ptr, state_ptr, idx_ptr, out_ptr,
+        stride_x, stride_wc, stride_wk, stride_ss, stride_sc, stride_sw, stride_o, C,
+        KW: tl.constexpr, BLOCK_C: tl.constexpr,
+    ):
+        b = tl.program_id(0).to(tl.int64)
+        offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        mask_c = offs_c < C
+        slot = tl.load(idx_ptr + b).to(tl.int64)
+        st = state_ptr + slot * stride_ss + offs_c * stride_sc
+        w = w_ptr + offs_c * stride_wc
+        x = tl.load(x_ptr + b * stride_x + offs_c, mask=mask_c, other=0.0).to(tl.float32)
+        # Window [state col 0, ..., state col KW-2, x]. Column j is overwritten only after the same thread has read
+        # columns j and j+1 (one 1-D layout throughout), so the in-place shift needs no barrier.
+        acc = tl.zeros([BLOCK_C], dtype=tl.float32)
+        if KW > 1:
+            cur = tl.load(st, mask=mask_c, other=0.0).to(tl.float32)
+            for j in tl.static_range(KW - 1):
+                acc += cur * tl.load(w + j * stride_wk, mask=mask_c, other=0.0).to(tl.float32)
+                if j + 1 < KW - 1:
+                    nxt = tl.load(st + (j + 1) * stride_sw, mask=mask_c, other=0.0).to(tl.float32)
+                else:
+                    nxt = x
+                tl.store(st + j * stride_sw, nxt.to(state_ptr.dtype.element_ty), mask=mask_c)
+                cur = nxt
+        acc += x * tl.load(w + (KW - 1) * stride_wk, mask=mask_c, other=0.0).to(tl.float32)
+        y = acc / (1.0 + tl.exp(-acc))
+        tl.store(out_ptr + b * stride_o + offs_c, y.to(out_ptr.dtype.element_ty), mask=mask_c)

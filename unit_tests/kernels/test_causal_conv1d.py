@@ -99,3 +99,22 @@ def test_validation():
         causal_conv1d_prefill(x, w, state, idx, cu, torch.tensor([0]))
     with pytest.raises(ValueError, match=": b_state_idx must"):
         causal_conv1d_update(x, w, state, idx)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bsz", [1, 8, 32])
+@pytest.mark.parametrize("width", [3, 5])
+def test_update_triton_matches_reference_gpu(bsz, width):
+    from lightllm_mtp.kernels.causal_conv1d import causal_conv1d_update_ref, causal_conv1d_update_triton
+
+    torch.manual_seed(bsz + width)
+    dev, dt, c, kernel = "cuda", torch.bfloat16, 10240, 4
+    weight = (torch.randn(c, kernel, device=dev) * 0.5).to(dt)
+    state = torch.randn(bsz + 3, c, width, device=dev).to(dt)
+    ref_state = state.clone()
+    idx = torch.randperm(bsz + 3, device=dev)[:bsz].to(torch.int32)
+    for _ in range(3):
+        x = torch.randn(bsz, c + 6144 + 96, device=dev).to(dt)[:, :c]  # strided rows, as in the layer
+        out = causal_conv1d_update_triton(x, weight, state, idx)
+        torch.testing.assert_close(out, causal_conv1d_update_ref(x, weight, ref_state, idx), rtol=1.6e-2, atol=1e-2)
+        assert torch.equal(state, ref_state)

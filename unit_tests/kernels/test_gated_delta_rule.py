@@ -120,3 +120,134 @@ def test_validation():
                                  torch.zeros(2, 3, 8, 8), idx, cu, init)
     with pytest.raises(ValueError, match=": b_state_idx must"):
         gated_delta_rule_decode(q, q, v, g, beta, ssm, idx)
+
+
+# Real Qwen3.5-27B GDN shapes: bf16 activations, fp32 state.
+NK, NV, DK, DV, CONV_K = 16, 48, 128, 128, 4
+CONV_DIM = 2 * NK * DK + NV * DV
+
+
+def _fused_decode_setup(bsz, width, seed):
+    """Weights, both state pools (bsz + 2 slots, requests at scattered slots) for the fused GDN decode on CUDA."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    dev, dt = "cuda", torch.bfloat16
+    weight = (torch.randn(CONV_DIM, CONV_K, device=dev, generator=gen) * 0.5).to(dt)
+    conv_state = torch.randn(bsz + 2, CONV_DIM, width, device=dev, generator=gen).to(dt)
+    ssm_state = torch.randn(bsz + 2, NV, DK, DV, device=dev, generator=gen) * 0.05
+    A_log = torch.log(torch.empty(NV, device=dev).uniform_(1, 16, generator=gen))
+    dt_bias = torch.randn(NV, device=dev, generator=gen)
+    conv_idx = torch.randperm(bsz + 2, device=dev, generator=gen)[:bsz].to(torch.int32)
+    ssm_idx = torch.randperm(bsz + 2, device=dev, generator=gen)[:bsz].to(torch.int32)
+    return weight, conv_state, ssm_state, A_log, dt_bias, conv_idx, ssm_idx
+
+
+def _fused_decode_inputs(bsz, gen):
+    """(qkv, a, b) sliced out of one [B, qkv | z | b | a] projection, like the layer's split."""
+    proj = torch.randn(bsz, CONV_DIM + NV * DV + 2 * NV, device="cuda", generator=gen).to(torch.bfloat16)
+    qkv = proj[:, :CONV_DIM]
+    b = proj[:, CONV_DIM + NV * DV : CONV_DIM + NV * DV + NV]
+    a = proj[:, CONV_DIM + NV * DV + NV :]
+    return qkv, a, b
+
+
+GDN_OUT_TOL = dict(rtol=2e-2, atol=2e-2)
+GDN_STATE_TOL = dict(rtol=1e-3, atol=1e-3)
+
+
+def _assert_state_close(state, ref_state):
+    """The fused path rounds its conv outputs to bf16 like the reference, but a different summation order (FMA)
+    can flip one rounding of a q/k/v element by an ulp, which moves a few state entries by ~1e-3..1e-2; a real
+    error moves most of them, which the mean catches."""
+    torch.testing.assert_close(state, ref_state, rtol=2e-2, atol=2e-2)
+    assert (state - ref_state).abs().mean().item() < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bsz", [1, 8, 32])
+@pytest.mark.parametrize("width", [CONV_K - 1, CONV_K + 1])
+def test_fused_decode_triton_matches_reference_gpu(bsz, width):
+    from lightllm_mtp.kernels.gated_delta_rule import (
+        gated_delta_rule_decode_fused,
+        gated_delta_rule_decode_fused_ref,
+    )
+
+    weight, conv_state, ssm_state, A_log, dt_bias, conv_idx, ssm_idx = _fused_decode_setup(bsz, width, bsz + width)
+    ref_conv, ref_ssm = conv_state.clone(), ssm_state.clone()
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    for _ in range(3):  # consecutive steps, states carried
+        qkv, a, b = _fused_decode_inputs(bsz, gen)
+        out = gated_delta_rule_decode_fused(
+            qkv, weight, conv_state, conv_idx, a, b, A_log, dt_bias, ssm_state, ssm_idx, NK, DK, DV
+        )
+        expected = gated_delta_rule_decode_fused_ref(
+            qkv, weight, ref_conv, conv_idx, a, b, A_log, dt_bias, ref_ssm, ssm_idx, NK, DK, DV
+        )
+        assert out.shape == (bsz, NV, DV) and out.dtype == torch.bfloat16
+        torch.testing.assert_close(out, expected, **GDN_OUT_TOL)
+        assert torch.equal(conv_state, ref_conv)
+        _assert_state_close(ssm_state, ref_ssm)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bsz", [1, 8, 32])
+def test_decode_triton_matches_reference_gpu(bsz):
+    from lightllm_mtp.kernels.gated_delta_rule import gated_delta_rule_decode_ref, gated_delta_rule_decode_triton
+
+    gen = torch.Generator(device="cuda").manual_seed(bsz)
+    dev = "cuda"
+    x = torch.randn(bsz, CONV_DIM, device=dev, generator=gen).to(torch.bfloat16)
+    q = x[:, : NK * DK].view(bsz, NK, DK)
+    k = x[:, NK * DK : 2 * NK * DK].view(bsz, NK, DK)
+    v = x[:, 2 * NK * DK :].view(bsz, NV, DV)
+    g = -torch.rand(bsz, NV, device=dev, generator=gen)
+    beta = torch.rand(bsz, NV, device=dev, generator=gen)
+    state = torch.randn(bsz + 2, NV, DK, DV, device=dev, generator=gen) * 0.05
+    ref_state = state.clone()
+    idx = torch.randperm(bsz + 2, device=dev, generator=gen)[:bsz]
+    out = gated_delta_rule_decode_triton(q, k, v, g, beta, state, idx)
+    expected = gated_delta_rule_decode_ref(q, k, v, g, beta, ref_state, idx)
+    torch.testing.assert_close(out, expected, **GDN_OUT_TOL)
+    torch.testing.assert_close(state, ref_state, **GDN_STATE_TOL)
+
+
+@pytest.mark.gpu
+def test_fused_decode_cuda_graph_gpu():
+    """Capture the fused decode once, replay it on new inputs copied into the static buffers."""
+    from lightllm_mtp.kernels.gated_delta_rule import (
+        gated_delta_rule_decode_fused,
+        gated_delta_rule_decode_fused_ref,
+    )
+
+    bsz = 8
+    weight, conv_state, ssm_state, A_log, dt_bias, conv_idx, ssm_idx = _fused_decode_setup(bsz, CONV_K - 1, 3)
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    qkv_in, a_in, b_in = _fused_decode_inputs(bsz, gen)
+    static_proj = torch.empty(bsz, CONV_DIM + 2 * NV, device="cuda", dtype=torch.bfloat16)
+    qkv, a, b = static_proj[:, :CONV_DIM], static_proj[:, CONV_DIM : CONV_DIM + NV], static_proj[:, CONV_DIM + NV :]
+    qkv.copy_(qkv_in), a.copy_(a_in), b.copy_(b_in)
+
+    def step():
+        return gated_delta_rule_decode_fused(
+            qkv, weight, conv_state, conv_idx, a, b, A_log, dt_bias, ssm_state, ssm_idx, NK, DK, DV
+        )
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # compiles the kernels (and advances the states once)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    ref_conv, ref_ssm = conv_state.clone(), ssm_state.clone()
+    for _ in range(3):
+        qkv_in, a_in, b_in = _fused_decode_inputs(bsz, gen)
+        qkv.copy_(qkv_in), a.copy_(a_in), b.copy_(b_in)
+        expected = gated_delta_rule_decode_fused_ref(
+            qkv_in, weight, ref_conv, conv_idx, a_in, b_in, A_log, dt_bias, ref_ssm, ssm_idx, NK, DK, DV
+        )
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, expected, **GDN_OUT_TOL)
+        assert torch.equal(conv_state, ref_conv)
+        _assert_state_close(ssm_state, ref_ssm)

@@ -29,3 +29,19 @@ def test_validation():
         gated_rmsnorm(x, torch.randn(2, 3, 4), torch.ones(8), 1e-6)
     with pytest.raises(ValueError, match=": weight must"):
         gated_rmsnorm(x, torch.randn(2, 3, 8), torch.ones(4), 1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bsz", [1, 8, 32])
+def test_triton_matches_reference_gpu(bsz):
+    from lightllm_mtp.kernels.gated_rmsnorm import gated_rmsnorm_ref, gated_rmsnorm_triton
+
+    torch.manual_seed(bsz)
+    dev, dt, nv, dv = "cuda", torch.bfloat16, 48, 128
+    x = torch.randn(bsz, nv, dv, device=dev).to(dt)
+    proj = torch.randn(bsz, 10240 + nv * dv + 2 * nv, device=dev).to(dt)
+    z = proj[:, 10240 : 10240 + nv * dv].view(bsz, nv, dv)  # the z slice of the fused in_proj output
+    w = (1 + 0.3 * torch.randn(dv, device=dev)).to(dt)
+    torch.testing.assert_close(
+        gated_rmsnorm_triton(x, z, w, 1e-6), gated_rmsnorm_ref(x, z, w, 1e-6), rtol=1.6e-2, atol=1e-2
+    )

@@ -23,3 +23,16 @@ def test_validation():
         sigmoid_gate_mul(torch.randn(3, 8), torch.randn(3, 4))
     with pytest.raises(ValueError, match="gate dtype"):
         sigmoid_gate_mul(torch.randn(3, 8), torch.randn(3, 8).bfloat16())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bsz", [1, 8, 32])
+def test_triton_matches_reference_gpu(bsz):
+    from lightllm_mtp.kernels.output_gate import sigmoid_gate_mul_ref, sigmoid_gate_mul_triton
+
+    torch.manual_seed(bsz)
+    both = (torch.randn(bsz, 2, 24 * 256, device="cuda") * 3).to(torch.bfloat16)
+    x, gate = both[:, 0], both[:, 1]  # strided rows
+    torch.testing.assert_close(
+        sigmoid_gate_mul_triton(x, gate), sigmoid_gate_mul_ref(x, gate), rtol=1.6e-2, atol=1e-2
+    )

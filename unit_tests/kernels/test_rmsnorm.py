@@ -47,3 +47,30 @@ def test_validation():
         add_rmsnorm(x, torch.randn(4, 8), torch.randn(16), 1e-6)
     with pytest.raises(ValueError, match=": x must"):
         rmsnorm(torch.arange(16).view(2, 8), torch.randn(8), 1e-6)
+
+
+BF16_TOL = dict(rtol=1.6e-2, atol=1e-2)  # about two bf16 ulps: the Triton and torch reductions round differently
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bsz", [1, 8, 32])
+def test_triton_matches_reference_gpu(bsz):
+    from lightllm_mtp.kernels.rmsnorm import add_rmsnorm_ref, add_rmsnorm_triton, rmsnorm_ref, rmsnorm_triton
+
+    torch.manual_seed(bsz)
+    dev, dt = "cuda", torch.bfloat16
+    x = (torch.randn(bsz, 5120, device=dev) * 3).to(dt)
+    res = torch.randn(bsz, 5120, device=dev).to(dt)
+    w = (torch.randn(5120, device=dev) * 0.2).to(dt)
+    torch.testing.assert_close(rmsnorm_triton(x, w, 1e-6), rmsnorm_ref(x, w, 1e-6), **BF16_TOL)
+    normed, new_res = add_rmsnorm_triton(x, res, w, 1e-6)
+    normed_ref, new_res_ref = add_rmsnorm_ref(x, res, w, 1e-6)
+    assert torch.equal(new_res, new_res_ref)
+    torch.testing.assert_close(normed, normed_ref, **BF16_TOL)
+    # q/k norm over the heads of a fused projection: [T, 24, 256] query rows of [query | gate], [T, 4, 256] keys
+    proj = torch.randn(bsz, 24 * 512 + 2 * 4 * 256, device=dev).to(dt)
+    q = proj[:, : 24 * 512].view(bsz, 24, 512)[..., :256]
+    k = proj[:, 24 * 512 : 24 * 512 + 1024].view(bsz, 4, 256)
+    wd = (torch.randn(256, device=dev) * 0.2).to(dt)
+    for t in (q, k):
+        torch.testing.assert_close(rmsnorm_triton(t, wd, 1e-6), rmsnorm_ref(t, wd, 1e-6), **BF16_TOL)

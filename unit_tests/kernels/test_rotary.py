@@ -63,3 +63,20 @@ def test_validation():
         apply_partial_rope(q, k, torch.zeros(3, dtype=torch.int64), cos, sin[:, :4])
     with pytest.raises(ValueError, match="rotary_dim"):
         build_rope_cache(15, 8, 1e4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bsz", [1, 8, 32])
+def test_triton_matches_reference_gpu(bsz):
+    from lightllm_mtp.kernels.rotary import apply_partial_rope_ref, apply_partial_rope_triton, build_rope_cache
+
+    torch.manual_seed(bsz)
+    dev, dt = "cuda", torch.bfloat16
+    cos, sin = build_rope_cache(64, 40960, 10_000_000.0, device=dev)
+    q = torch.randn(bsz, 24, 256, device=dev).to(dt)
+    k = torch.randn(bsz, 4, 256, device=dev).to(dt)
+    positions = torch.randint(0, 40960, (bsz,), device=dev)
+    q_out, k_out = apply_partial_rope_triton(q, k, positions, cos, sin)
+    q_ref, k_ref = apply_partial_rope_ref(q, k, positions, cos, sin)
+    torch.testing.assert_close(q_out, q_ref, rtol=1.6e-2, atol=1e-2)
+    torch.testing.assert_close(k_out, k_ref, rtol=1.6e-2, atol=1e-2)

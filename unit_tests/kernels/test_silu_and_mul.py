@@ -22,3 +22,15 @@ def test_matches_formula(dtype, tol, t, inter):
 def test_validation():
     with pytest.raises(ValueError, match=": x must"):
         silu_and_mul(torch.randn(4, 7))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bsz", [1, 8, 32])
+def test_triton_matches_reference_gpu(bsz):
+    from lightllm_mtp.kernels.silu_and_mul import silu_and_mul_ref, silu_and_mul_triton
+
+    torch.manual_seed(bsz)
+    x = (torch.randn(bsz, 2 * 17408, device="cuda") * 3).to(torch.bfloat16)
+    out = silu_and_mul_triton(x)
+    assert out.shape == (bsz, 17408)
+    torch.testing.assert_close(out, silu_and_mul_ref(x), rtol=1.6e-2, atol=1e-2)
