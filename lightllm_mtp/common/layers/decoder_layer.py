@@ -7,6 +7,7 @@ from lightllm_mtp.common.layers.base import Layer, ModelCaches, Weights
 from lightllm_mtp.common.layers.norm import RMSNorm
 from lightllm_mtp.common.weight_loader import TensorSpec
 from lightllm_mtp.config.model_config import ModelConfig
+from lightllm_mtp.kernels.rmsnorm import add_rmsnorm
 
 
 class DecoderLayer:
@@ -25,5 +26,6 @@ class DecoderLayer:
         )
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
-        h = x + self.mixer.forward(self.input_norm(x), batch, caches)
-        return h + self.ffn.forward(self.post_norm(h), batch, caches)
+        mixed = self.mixer.forward(self.input_norm(x), batch, caches)
+        normed, h = add_rmsnorm(mixed, x, self.post_norm.weight, self.post_norm.eps)  # h = x + mixed
+        return h + self.ffn.forward(normed, batch, caches)

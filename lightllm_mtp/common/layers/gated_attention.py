@@ -69,7 +69,8 @@ class GatedAttention(Layer):
             o = decode_attention(q, k_buffer, v_buffer, req_to_token, batch.b_req_idx, batch.b_seq_len, self.scale)
         else:
             o = prefill_attention(
-                q, k_buffer, v_buffer, req_to_token, batch.b_req_idx, batch.b1_cu_q_len, batch.b_seq_len, self.scale
+                q, k_buffer, v_buffer, req_to_token, batch.b_req_idx, batch.b1_cu_q_len, batch.b_seq_len, self.scale,
+                max_q_len=batch.max_q_len,
             )
         o = o.reshape(t, self.num_heads * self.head_dim)
         if gate is not None:

@@ -10,9 +10,9 @@ from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMod
 from lightllm_mtp.common.layers.base import Layer, ModelCaches, Weights
 from lightllm_mtp.common.weight_loader import TensorSpec
 from lightllm_mtp.config.model_config import ModelConfig
-from lightllm_mtp.kernels.causal_conv1d import causal_conv1d_prefill, causal_conv1d_update
+from lightllm_mtp.kernels.causal_conv1d import causal_conv1d_prefill
 from lightllm_mtp.kernels.causal_conv1d_spec import causal_conv1d_verify
-from lightllm_mtp.kernels.gated_delta_rule import gated_delta_rule_decode, gated_delta_rule_prefill
+from lightllm_mtp.kernels.gated_delta_rule import gated_delta_rule_decode_fused, gated_delta_rule_prefill
 from lightllm_mtp.kernels.gated_delta_rule_spec import gated_delta_rule_verify
 from lightllm_mtp.kernels.gated_rmsnorm import gated_rmsnorm
 from lightllm_mtp.kernels.gdn_gating import gdn_gating
@@ -60,14 +60,19 @@ class GatedDeltaNet(Layer):
         # SSM rows: request r owns rows [r * rows_per_req, (r + 1) * rows_per_req); row 0 outside verify.
         b_ssm_row = batch.b_req_idx * linear_state.rows_per_req
         mode = batch.mode
+        if mode is ForwardMode.DECODE:  # one fused step: conv update, gates, l2norm, delta rule
+            o = gated_delta_rule_decode_fused(
+                qkv, self.conv_weight, conv_state, batch.b_req_idx, a, b, self.A_log, self.dt_bias, ssm_state,
+                b_ssm_row, self.nk, self.dk, self.dv,
+            )
+            o = gated_rmsnorm(o, z.reshape(t, self.nv, self.dv), self.norm_weight, self.eps)
+            return F.linear(o.reshape(t, self.value_dim), self.out_proj)
         if mode is ForwardMode.VERIFY:
             b_num_accepted = req_manager.req_to_accept_len[batch.b_req_idx]
             qkv = causal_conv1d_verify(
                 qkv, self.conv_weight, conv_state, batch.b_req_idx, batch.b1_cu_q_len, b_num_accepted,
                 max_q_len=batch.max_q_len,
             )
-        elif mode is ForwardMode.DECODE:
-            qkv = causal_conv1d_update(qkv, self.conv_weight, conv_state, batch.b_req_idx)
         else:
             qkv = causal_conv1d_prefill(
                 qkv, self.conv_weight, conv_state, batch.b_req_idx, batch.b1_cu_q_len, batch.b_has_initial_state
@@ -81,8 +86,6 @@ class GatedDeltaNet(Layer):
             o = gated_delta_rule_verify(
                 q, k, v, g, beta, ssm_state, b_ssm_row, batch.b1_cu_q_len, b_num_accepted, max_q_len=batch.max_q_len
             )
-        elif mode is ForwardMode.DECODE:
-            o = gated_delta_rule_decode(q, k, v, g, beta, ssm_state, b_ssm_row)
         else:
             o = gated_delta_rule_prefill(
                 q, k, v, g, beta, ssm_state, b_ssm_row, batch.b1_cu_q_len, batch.b_has_initial_state
