@@ -46,13 +46,15 @@ def causal_conv1d_verify(
 def _verify_triton(x, weight, conv_state, b_state_idx, b1_cu_q_len, b_num_accepted, max_q_len) -> torch.Tensor:
     if max_q_len is None:
         max_q_len = conv_state.shape[2] - weight.shape[1] + 2
-    out = torch.empty_like(x)
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # contiguous even when x is a column slice
     channels, kernel = weight.shape
     block_c = 128
     grid = (b_state_idx.shape[0], triton.cdiv(channels, block_c))
     _conv_verify_kernel[grid](
         x, weight, conv_state, b_state_idx, b1_cu_q_len, b_num_accepted, out, channels,
-        x.stride(0), weight.stride(0), conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
+        x.stride(0), out.stride(0), weight.stride(0), conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
         K=kernel, MAX_Q=max_q_len, BLOCK_C=block_c,
     )
     return out
@@ -65,7 +67,7 @@ if triton_available():
     @triton.jit
     def _conv_verify_kernel(
         x_ptr, w_ptr, state_ptr, slot_ptr, cu_ptr, acc_ptr, out_ptr, C,
-        stride_x, stride_w, stride_ss, stride_sc, stride_sw,
+        stride_x, stride_o, stride_w, stride_ss, stride_sc, stride_sw,
         K: tl.constexpr, MAX_Q: tl.constexpr, BLOCK_C: tl.constexpr,
     ):
         # One program per (request, channel block): the K-1 history columns sit in registers while the block's
@@ -91,7 +93,7 @@ if triton_available():
                     wj = tl.load(w_ptr + offs_c * stride_w + j, mask=mask_c, other=0.0)
                     acc += val.to(tl.float32) * wj.to(tl.float32)
                 y = acc / (1.0 + tl.exp(-acc))
-                tl.store(out_ptr + (start + i) * stride_x + offs_c, y.to(out_ptr.dtype.element_ty), mask=mask_c)
+                tl.store(out_ptr + (start + i) * stride_o + offs_c, y.to(out_ptr.dtype.element_ty), mask=mask_c)
         # slot <- [window[1:], x_0..x_{q-1}]: column c takes window[c+1] (c < K-2) or x_{c-(K-2)}.
         # Columns are written in increasing order and column c reads column off+1+c >= c: no overwrite hazard.
         for c in range(K - 2 + MAX_Q):

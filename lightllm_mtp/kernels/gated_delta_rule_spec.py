@@ -46,14 +46,16 @@ def gated_delta_rule_verify(
 def _verify_triton(q, k, v, g, beta, ssm_state, b_state_base, b1_cu_q_len, b_num_accepted, max_q_len):
     nk, dk = q.shape[1], q.shape[2]
     nv, dv = v.shape[1], v.shape[2]
-    out = torch.empty_like(v)
+    q, k, v = (t if t.stride(2) == 1 else t.contiguous() for t in (q, k, v))
+    g, beta = g.contiguous(), beta.contiguous()
+    out = torch.empty(v.shape, dtype=v.dtype, device=v.device)  # contiguous even when v is a column slice
     block_v = min(32, triton.next_power_of_2(dv))
     grid = (b_state_base.shape[0], nv, triton.cdiv(dv, block_v))
     _gdn_verify_kernel[grid](
         q, k, v, g, beta, ssm_state, b_state_base, b1_cu_q_len, b_num_accepted, out,
-        q.stride(0), q.stride(1), v.stride(0), v.stride(1), g.stride(0),
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         ssm_state.stride(0), ssm_state.stride(1), ssm_state.stride(2),
-        dk ** -0.5, GROUP=nv // nk, DK=dk, DV=dv, BLOCK_K=triton.next_power_of_2(dk), BLOCK_V=block_v,
+        dk ** -0.5, NV=nv, GROUP=nv // nk, DK=dk, DV=dv, BLOCK_K=triton.next_power_of_2(dk), BLOCK_V=block_v,
         MAX_Q=max_q_len,
     )
     return out
@@ -66,8 +68,8 @@ if triton_available():
     @triton.jit
     def _gdn_verify_kernel(
         q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, base_ptr, cu_ptr, acc_ptr, out_ptr,
-        stride_qt, stride_qh, stride_vt, stride_vh, stride_gt, stride_sr, stride_sh, stride_sk,
-        scale, GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr,
+        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_sr, stride_sh, stride_sk,
+        scale, NV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr,
         BLOCK_V: tl.constexpr, MAX_Q: tl.constexpr,
     ):
         # One program per (request, value head, V tile): the [dk, V tile] state slice lives in registers from the
@@ -90,17 +92,17 @@ if triton_available():
             if i < q_len:
                 t = start + i
                 qv = tl.load(q_ptr + t * stride_qt + kh * stride_qh + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-                kv = tl.load(k_ptr + t * stride_qt + kh * stride_qh + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+                kv = tl.load(k_ptr + t * stride_kt + kh * stride_kh + offs_k, mask=mask_k, other=0.0).to(tl.float32)
                 qv = qv * tl.rsqrt(tl.sum(qv * qv) + 1e-6) * scale
                 kv = kv * tl.rsqrt(tl.sum(kv * kv) + 1e-6)
                 vv = tl.load(v_ptr + t * stride_vt + h * stride_vh + offs_v, mask=mask_v, other=0.0).to(tl.float32)
-                decay = tl.exp(tl.load(g_ptr + t * stride_gt + h))
-                beta = tl.load(beta_ptr + t * stride_gt + h)
+                decay = tl.exp(tl.load(g_ptr + t * NV + h))
+                beta = tl.load(beta_ptr + t * NV + h)
                 state = state * decay
                 delta = beta * (vv - tl.sum(state * kv[:, None], axis=0))
                 state = state + kv[:, None] * delta[None, :]
                 o = tl.sum(state * qv[:, None], axis=0)
-                tl.store(out_ptr + t * stride_vt + h * stride_vh + offs_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
+                tl.store(out_ptr + t * stride_ot + h * stride_oh + offs_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
                 tl.store(state_ptr + (base + i) * stride_sr + s_off, state, mask=mask_s)
 
 

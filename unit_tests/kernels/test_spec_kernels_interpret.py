@@ -21,20 +21,24 @@ SCRIPT = textwrap.dedent(
             cu = torch.cat([torch.zeros(1, dtype=torch.int64), q_lens.cumsum(0)]).to(torch.int32)
             acc = torch.stack([torch.randint(1, k + 2, ()) for _ in range(bsz)]).to(torch.int32)
             T = int(cu[-1]); slots = torch.tensor([2, 0, 1], dtype=torch.int32)
-            x, w = torch.randn(T, C), torch.randn(C, K)
+            # x is a column slice of a wider projection output, as in the GDN layer (row stride > C)
+            x, w = torch.randn(T, C + 5)[:, 2 : 2 + C], torch.randn(C, K)
             st = torch.randn(3, C, K - 1 + k)
             st2 = st.clone()
             ref = conv.causal_conv1d_verify_ref(x, w, st, slots, cu, acc)
             out = conv._verify_triton(x, w, st2, slots, cu, acc, k + 1)
+            assert out.is_contiguous()
             torch.testing.assert_close(out, ref); torch.testing.assert_close(st2, st)
             rows = k + 1
-            q, kk, v = torch.randn(T, nk, d), torch.randn(T, nk, d), torch.randn(T, nv, d)
+            qkv = torch.randn(T, (2 * nk + nv) * d + 3)[:, : (2 * nk + nv) * d]  # views of one projection
+            q, kk, v = (t.reshape(T, -1, d) for t in qkv.split([nk * d, nk * d, nv * d], dim=-1))
             g, beta = -torch.rand(T, nv), torch.rand(T, nv)
             base = slots * rows
             ss = torch.randn(3 * rows, nv, d, d) * 0.1
             ss2 = ss.clone()
             ref = gdn.gated_delta_rule_verify_ref(q, kk, v, g, beta, ss, base, cu, acc)
             out = gdn._verify_triton(q, kk, v, g, beta, ss2, base, cu, acc, k + 1)
+            assert out.is_contiguous()
             torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(ss2, ss, atol=1e-5, rtol=1e-5)
     print("OK")
