@@ -42,8 +42,8 @@ class LLMEngine:
             load_format=LoadFormat(args.load_format),
         )
         self.model = create_model(args.model_dir, cfg, rt)
-        graph_max = min(args.graph_max_batch_size, args.max_batch_size) if spec is None else 0
-        model_runner = ModelRunner(self.model, graph_max)
+        graph_max = min(args.graph_max_batch_size, args.max_batch_size)
+        model_runner = ModelRunner(self.model, graph_max, spec_steps=spec.num_steps if spec else 0)
         self.runner: ModelRunner | SpecRunner = model_runner
         if spec is not None:
             drafts = create_drafts(self.model, spec, args.model_dir)
