@@ -677,7 +677,10 @@ def main(argv: list[str] | None = None) -> dict:
     elif args.mtp_mode:
         bar.set_description("building MTP engine")
         engine = build_engine(source, args, max_model_len, mtp=True)
-        timers = (ForwardTimer(engine.model, device), MultiTimer([ForwardTimer(d, device) for d in engine.runner.drafts]))
+        timers = (
+            ForwardTimer(engine.model_runner, device),
+            MultiTimer([ForwardTimer(d, device) for d in engine.runner.draft_forwards]),
+        )
         spec_records = run_batches(engine, prompts_all, args, bar, "MTP", timers, k=args.mtp_step)
         del engine, timers
         free_device_memory(device)

@@ -47,8 +47,28 @@ def test_mtp_on_gpu_equals_plain(tiny_dense_mtp3_dir, mode):
 
 def test_cuda_graph_padding_rows_leave_live_state_alone(tiny_dense_dir):
     llm = LLM(tiny_dense_dir, device="cuda", dtype="float32", max_model_len=64, graph_max_batch_size=8)
-    assert llm.engine.model_runner.graphs is not None
+    assert llm.engine.model_runner.graphs
     odd = [o.token_ids for o in llm.generate(PROMPTS[:3], GREEDY)]  # 3 rows replay the 4-row graph
     single = [llm.generate([p], GREEDY)[0].token_ids for p in PROMPTS[:3]]
     assert odd == single
     torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize(("mode", "step"), [("eagle_with_att", 1), ("eagle_with_att", 3), ("vanilla_with_att", 2)])
+@pytest.mark.parametrize("corrupt_every", [1000, 3])
+def test_mtp_verify_graphs_stay_exact_at_high_acceptance(monkeypatch, tiny_dense_mtp3_dir, mode, step, corrupt_every):
+    """Verify / draft-pass / eagle-chain CUDA graphs (3 requests replay the 4-request bucket) with oracle drafts:
+    long accepted blocks, partial blocks and rejections must give the plain greedy tokens and free every slot."""
+    from unit_tests.spec.oracle_drafts import oracle_drafts
+
+    plain = tokens(LLM(tiny_dense_mtp3_dir, device="cuda", dtype="float32", max_model_len=64, graph_max_batch_size=0))
+    oracle_drafts(monkeypatch, plain, corrupt_every)
+    llm = LLM(tiny_dense_mtp3_dir, device="cuda", dtype="float32", max_model_len=64, graph_max_batch_size=8,
+              mtp_mode=mode, mtp_step=step)  # fmt: skip
+    assert llm.engine.model_runner.graphs and all(d.graph_sets for d in llm.engine.runner.draft_forwards)
+    caches = llm.engine.model.caches
+    free_kv, free_req = caches.kv_pool.num_free, caches.req_manager.num_free
+    outs = llm.generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in outs] == plain
+    assert sum(o.spec.accepted_per_step * o.spec.num_steps for o in outs) > 0
+    assert caches.kv_pool.num_free == free_kv and caches.req_manager.num_free == free_req

@@ -1,16 +1,23 @@
-"""CUDA graphs for decode forwards, one per batch-size bucket, captured at start-up and replayed with padding.
+"""CUDA graphs for fixed-layout forwards, captured at start-up and replayed with padding.
 
-A batch of B decode rows runs in the smallest bucket >= B; rows B.. are padding that point at the reserved
-request slot (ReqManager.hold_req) and KV slot (KvPool.hold_slot), so they touch no live state. Batches
-above the largest bucket run eagerly. All buckets share one memory pool.
+A layout is (mode, rows per request): (DECODE, 1) for plain decode and eagle chain steps, (VERIFY, k+1) for the
+target's verify block, (EXTEND, k+1) for a draft module's pass over the verify rows. One graph per batch-size
+bucket; a batch of B requests runs in the smallest bucket >= B, and requests B.. are padding that point at
+the reserved request slot (ReqManager.hold_req) and KV slot (KvPool.hold_slot), so they touch no live state.
+Ragged batches and batches above the largest bucket run eagerly. Every graph returns the logits and hidden of
+all rows. All graphs of an engine share one memory pool.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
-from lightllm_mtp.common.basemodel.basemodel import TpPartBaseModel
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode, ModelOutput
+from lightllm_mtp.common.layers.base import ModelCaches
+
+ForwardFn = Callable[..., ModelOutput]  # fn(batch) or fn(batch, hidden) for MTP drafts
 
 
 def graph_batch_sizes(max_batch_size: int) -> list[int]:
@@ -20,40 +27,61 @@ def graph_batch_sizes(max_batch_size: int) -> list[int]:
     return sorted(set(sizes + [max_batch_size]))
 
 
-class DecodeCudaGraphs:
-    def __init__(self, model: TpPartBaseModel, max_batch_size: int):
-        self.model = model
-        dev = model.rt.device
+class CudaGraphSet:
+    """The graphs of one forward function for one layout, one per batch-size bucket."""
+
+    def __init__(
+        self,
+        fn: ForwardFn,
+        caches: ModelCaches,
+        mode: ForwardMode,
+        rows_per_req: int,
+        max_batch_size: int,
+        pool,
+        hidden_size: int | None = None,
+        hidden_dtype: torch.dtype | None = None,
+    ):
+        self.fn, self.caches, self.mode, self.q = fn, caches, mode, rows_per_req
         self.sizes = graph_batch_sizes(max_batch_size)
-        n = self.sizes[-1]
-        caches = model.caches
-        # static inputs, padded rows pre-filled with the reserved slots
-        self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.mem_index = torch.full((n,), caches.kv_pool.hold_slot, dtype=torch.int32, device=dev)
+        self.pool = pool
+        dev = caches.req_manager.req_to_token.device
+        n, q = self.sizes[-1], rows_per_req
+        # static inputs; padding requests are pre-filled with the reserved slots at positions 0..q-1
+        self.input_ids = torch.zeros(n * q, dtype=torch.int64, device=dev)
+        self.positions = torch.arange(q, device=dev).repeat(n)
+        self.mem_index = torch.full((n * q,), caches.kv_pool.hold_slot, dtype=torch.int32, device=dev)
         self.b_req_idx = torch.full((n,), caches.req_manager.hold_req, dtype=torch.int32, device=dev)
-        self.b_seq_len = torch.ones(n, dtype=torch.int32, device=dev)
-        self.b1_cu_q_len = torch.arange(n + 1, dtype=torch.int32, device=dev)
+        self.b_seq_len = torch.full((n,), q, dtype=torch.int32, device=dev)
+        self.b1_cu_q_len = torch.arange(n + 1, dtype=torch.int32, device=dev) * q
         self.has_state = torch.ones(n, dtype=torch.bool, device=dev)
-        self.logits_index = torch.arange(n, dtype=torch.int64, device=dev)
+        self.logits_index = torch.arange(n * q, dtype=torch.int64, device=dev)
+        self.hidden = None
+        if hidden_size is not None:
+            self.hidden = torch.zeros(n * q, hidden_size, dtype=hidden_dtype, device=dev)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, ModelOutput]] = {}
-        self.pool = torch.cuda.graph_pool_handle()
         for size in reversed(self.sizes):  # largest first so smaller graphs reuse its pool memory
             self._capture(size)
 
     def _batch(self, size: int) -> ForwardBatch:
+        rows = size * self.q
         return ForwardBatch(
-            mode=ForwardMode.DECODE,
-            input_ids=self.input_ids[:size],
-            positions=self.positions[:size],
-            mem_index=self.mem_index[:size],
+            mode=self.mode,
+            input_ids=self.input_ids[:rows],
+            positions=self.positions[:rows],
+            mem_index=self.mem_index[:rows],
             b_req_idx=self.b_req_idx[:size],
             b_seq_len=self.b_seq_len[:size],
             b1_cu_q_len=self.b1_cu_q_len[: size + 1],
             b_has_initial_state=self.has_state[:size],
-            b_logits_index=self.logits_index[:size],
-            max_q_len=1,
+            b_logits_index=self.logits_index[:rows],
+            max_q_len=self.q,
+            keep_all_hidden=True,
         )
+
+    def _call(self, batch: ForwardBatch) -> ModelOutput:
+        if self.hidden is None:
+            return self.fn(batch)
+        return self.fn(batch, self.hidden[: batch.num_tokens])
 
     @torch.inference_mode()
     def _capture(self, size: int) -> None:
@@ -62,35 +90,63 @@ class DecodeCudaGraphs:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up: Triton compilation and autotuning happen outside the capture
-                self.model.forward(batch)
+                self._call(batch)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            out = self.model.forward(batch)
+            out = self._call(batch)
         self.graphs[size] = (graph, out)
 
     def can_run(self, batch: ForwardBatch) -> bool:
-        return batch.mode is ForwardMode.DECODE and batch.batch_size <= self.sizes[-1]
+        # host-side checks only: the layout's mode, uniform blocks of q rows, logits of every row, a captured
+        # bucket. The graphs assume b_has_initial_state is all true: decode and verify rows always continue a
+        # cached prefix, and EXTEND graphs serve attention-only draft modules, which never read it.
+        return (
+            batch.mode is self.mode
+            and batch.max_q_len == self.q
+            and 0 < batch.batch_size <= self.sizes[-1]
+            and batch.num_tokens == batch.batch_size * self.q
+            and batch.b_logits_index.shape[0] == batch.num_tokens
+        )
 
-    def run(self, batch: ForwardBatch) -> ModelOutput:
+    def run(self, batch: ForwardBatch, hidden: torch.Tensor | None = None) -> ModelOutput:
         b = batch.batch_size
+        rows = b * self.q
         size = next(s for s in self.sizes if s >= b)
-        self.input_ids[:b].copy_(batch.input_ids)
-        self.positions[:b].copy_(batch.positions)
-        self.mem_index[:b].copy_(batch.mem_index)
+        self.input_ids[:rows].copy_(batch.input_ids)
+        self.positions[:rows].copy_(batch.positions)
+        self.mem_index[:rows].copy_(batch.mem_index)
         self.b_req_idx[:b].copy_(batch.b_req_idx)
         self.b_seq_len[:b].copy_(batch.b_seq_len)
+        if self.hidden is not None:
+            assert hidden is not None and hidden.shape[0] == rows
+            self.hidden[:rows].copy_(hidden)
         self._reset_padding(b, size)
         graph, out = self.graphs[size]
         graph.replay()
-        return ModelOutput(logits=out.logits[:b], hidden=out.hidden[:b])
+        return ModelOutput(logits=out.logits[:rows], hidden=out.hidden[:rows])
 
     def _reset_padding(self, b: int, size: int) -> None:
         if b == size:
             return
-        caches = self.model.caches
-        self.input_ids[b:size].zero_()
-        self.positions[b:size].zero_()
-        self.mem_index[b:size].fill_(caches.kv_pool.hold_slot)
+        q, caches = self.q, self.caches
+        self.input_ids[b * q : size * q].zero_()
+        self.positions[b * q : size * q].copy_(torch.arange(q, device=self.positions.device).repeat(size - b))
+        self.mem_index[b * q : size * q].fill_(caches.kv_pool.hold_slot)
         self.b_req_idx[b:size].fill_(caches.req_manager.hold_req)
-        self.b_seq_len[b:size].fill_(1)
+        self.b_seq_len[b:size].fill_(q)
+
+
+class GraphedForward:
+    """A forward function behind its CUDA graphs: `forward` replays the first graph set that fits the batch and
+    runs the function eagerly otherwise. Without graph sets (CPU, graphs off) it is the plain function."""
+
+    def __init__(self, fn: ForwardFn, graph_sets: list[CudaGraphSet] | None = None):
+        self.fn = fn
+        self.graph_sets = graph_sets or []
+
+    def forward(self, batch: ForwardBatch, *hidden: torch.Tensor) -> ModelOutput:
+        for graphs in self.graph_sets:
+            if graphs.can_run(batch):
+                return graphs.run(batch, *hidden)
+        return self.fn(batch, *hidden)

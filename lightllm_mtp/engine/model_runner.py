@@ -6,27 +6,37 @@ import torch
 
 from lightllm_mtp.common.basemodel.basemodel import TpPartBaseModel
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode, ModelOutput
-from lightllm_mtp.engine.cuda_graph import DecodeCudaGraphs
+from lightllm_mtp.engine.cuda_graph import CudaGraphSet, GraphedForward
 from lightllm_mtp.engine.request import Request
 from lightllm_mtp.engine.scheduler import ScheduledRequest
 from lightllm_mtp.kernels.sampling import sample
 
 
 class ModelRunner:
-    def __init__(self, model: TpPartBaseModel, graph_max_batch_size: int = 0):
+    def __init__(self, model: TpPartBaseModel, graph_max_batch_size: int = 0, spec_steps: int = 0):
+        """CUDA graphs (on GPU, graph_max_batch_size > 0) cover the step's uniform layout: decode rows, or with
+        MTP (spec_steps = k) verify blocks of k+1 rows."""
         self.model = model
         self.device = model.rt.device
         self.kv_pool = model.caches.kv_pool
         self.req_manager = model.caches.req_manager
-        self.graphs: DecodeCudaGraphs | None = None
-        if graph_max_batch_size > 0 and self.device.type == "cuda":
-            self.graphs = DecodeCudaGraphs(model, graph_max_batch_size)
+        self.graph_max_batch_size = graph_max_batch_size if self.device.type == "cuda" else 0
+        self.graph_pool = torch.cuda.graph_pool_handle() if self.graph_max_batch_size > 0 else None
+        graph_sets = []
+        if self.graph_max_batch_size > 0:
+            mode, rows = (ForwardMode.VERIFY, spec_steps + 1) if spec_steps else (ForwardMode.DECODE, 1)
+            graph_sets.append(
+                CudaGraphSet(model.forward, model.caches, mode, rows, self.graph_max_batch_size, self.graph_pool)
+            )
+        self.graphed = GraphedForward(model.forward, graph_sets)
+
+    @property
+    def graphs(self) -> list[CudaGraphSet]:
+        return self.graphed.graph_sets
 
     def forward(self, batch: ForwardBatch) -> ModelOutput:
         """The model forward, replayed from a CUDA graph when one fits the batch."""
-        if self.graphs is not None and self.graphs.can_run(batch):
-            return self.graphs.run(batch)
-        return self.model.forward(batch)
+        return self.graphed.forward(batch)
 
     def build_batch(self, scheduled: list[ScheduledRequest]) -> tuple[ForwardBatch, list[Request]]:
         """Allocates slots for the new tokens and writes them into req_to_token.

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch
+from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode
+from lightllm_mtp.engine.cuda_graph import CudaGraphSet, GraphedForward
 from lightllm_mtp.engine.model_runner import ModelRunner
 from lightllm_mtp.engine.request import DraftBlock, Request
 from lightllm_mtp.engine.scheduler import ScheduledRequest
@@ -53,6 +54,23 @@ class SpecRunner:
         self.eagle = spec.mode is MtpMode.EAGLE_WITH_ATT
         self.max_model_len = max_model_len
         self.device = runner.device
+        self.draft_forwards = [GraphedForward(d.forward, self._draft_graphs(j, d)) for j, d in enumerate(drafts)]
+
+    def _draft_graphs(self, j: int, draft) -> list[CudaGraphSet]:
+        """Draft module j's graphs: its pass over the verify blocks (EXTEND, k+1 rows per request) and, for the
+        eagle module, its chain steps (DECODE, one row per request)."""
+        n = self.runner.graph_max_batch_size
+        if n <= 0:
+            return []
+        main = self.model
+        layouts = [(ForwardMode.EXTEND, self.k + 1)]
+        if self.eagle and j == 0 and self.k > 1:
+            layouts.append((ForwardMode.DECODE, 1))
+        return [
+            CudaGraphSet(draft.forward, main.caches, mode, rows, n, self.runner.graph_pool,
+                         hidden_size=main.cfg.hidden_size, hidden_dtype=main.rt.dtype)
+            for mode, rows in layouts
+        ]  # fmt: skip
 
     @torch.inference_mode()
     def step(self, scheduled: list[ScheduledRequest]) -> list[tuple[Request, list[int]]]:
@@ -84,16 +102,20 @@ class SpecRunner:
     # ---- verify ------------------------------------------------------------------------------------
     def _verify(self, reqs: list[Request]) -> list[tuple[Request, list[int]]]:
         batch = verify_batch(reqs, self.device)
-        out = self.model.forward(batch)
+        out = self.runner.forward(batch)
         q_lens = [1 + len(r.draft.tokens) for r in reqs]
         max_q = max(q_lens)
-        logits = out.logits.new_zeros(len(reqs), max_q, out.logits.shape[-1])
         drafts = torch.full((len(reqs), max_q - 1), -1, dtype=torch.int64)
-        first = 0
-        for b, (r, q) in enumerate(zip(reqs, q_lens)):
-            logits[b, :q] = out.logits[first : first + q]
-            drafts[b, : q - 1] = torch.tensor(r.draft.tokens, dtype=torch.int64)
-            first += q
+        for b, r in enumerate(reqs):
+            drafts[b, : len(r.draft.tokens)] = torch.tensor(r.draft.tokens, dtype=torch.int64)
+        if min(q_lens) == max_q:  # uniform blocks: a view, no copy
+            logits = out.logits.view(len(reqs), max_q, -1)
+        else:
+            logits = out.logits.new_zeros(len(reqs), max_q, out.logits.shape[-1])
+            first = 0
+            for b, q in enumerate(q_lens):
+                logits[b, :q] = out.logits[first : first + q]
+                first += q
         temps, top_ps, top_ks = self.runner.sampling_tensors(reqs)
         result = verify_block(
             logits,
@@ -131,13 +153,15 @@ class SpecRunner:
     def _draft(self, batch: ForwardBatch, hidden: torch.Tensor, row_next: list[int], groups: list[RowGroup], commit):
         """Draft passes over the main rows, then `commit`, then the next verify blocks (+ eagle chain)."""
         positions = batch.positions.tolist()
-        # logits are needed where a module's next input token is not committed yet: the last k+1 positions
-        logits_rows = [
-            i
-            for g in groups
-            for i in range(g.first_row, g.first_row + g.num_rows)
-            if positions[i] >= g.last_position - self.k
-        ]
+        if batch.mode is ForwardMode.VERIFY:  # every row (a uniform layout the draft graphs can replay)
+            logits_rows = list(range(batch.num_tokens))
+        else:  # prompt chunks: only where a module's next input is not committed yet, the last k+1 positions
+            logits_rows = [
+                i
+                for g in groups
+                for i in range(g.first_row, g.first_row + g.num_rows)
+                if positions[i] >= g.last_position - self.k
+            ]
         # anchor: the row whose next token is the newest emitted one; its predictions become the drafts
         anchors = {
             id(g.req): g.first_row + g.last_position - 1 - positions[g.first_row] for g in groups if g.emitted
@@ -145,14 +169,14 @@ class SpecRunner:
         proposals: dict[int, list[int]] = {key: [] for key in anchors}
         last_hidden: dict[int, torch.Tensor] = {}
         tokens = torch.tensor(row_next, dtype=torch.int64)
-        for j, draft in enumerate(self.drafts):
+        for j, draft in enumerate(self.draft_forwards):
             out = draft.forward(draft_pass_batch(batch, tokens.to(self.device), logits_rows), hidden)
             pred = dict(zip(logits_rows, out.logits.argmax(dim=-1).tolist()))
             for g in groups:
                 if id(g.req) in anchors:
                     proposals[id(g.req)].append(pred[anchors[id(g.req)]])
                     last_hidden[id(g.req)] = out.hidden[anchors[id(g.req)]]
-            if j + 1 < len(self.drafts):  # vanilla: module j+1 sees the token j+2 ahead of each row
+            if j + 1 < len(self.draft_forwards):  # vanilla: module j+1 sees the token j+2 ahead of each row
                 hidden = out.hidden
                 tokens = torch.tensor(
                     [self._token_ahead(g, positions[i], j + 2, pred.get(i)) for g in groups
@@ -183,7 +207,7 @@ class SpecRunner:
             batch = chain_step_batch(
                 reqs, [r.draft.tokens[-1] for r in reqs], [r.draft.start + step - 2 for r in reqs], self.device
             )
-            out = self.drafts[0].forward(batch, torch.stack([h for _, _, h in chain]))
+            out = self.draft_forwards[0].forward(batch, torch.stack([h for _, _, h in chain]))
             for (r, _, _), tok in zip(chain, out.logits.argmax(dim=-1).tolist()):
                 r.draft.tokens.append(tok)
             chain = [(r, k, out.hidden[i]) for i, (r, k, _) in enumerate(chain) if k > step]

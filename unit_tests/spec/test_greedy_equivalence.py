@@ -3,7 +3,7 @@
 import pytest
 
 from lightllm_mtp import LLM, SamplingParams
-from lightllm_mtp.spec.spec_runner import SpecRunner
+from unit_tests.spec.oracle_drafts import oracle_drafts
 
 PROMPTS = [[5, 17, 300, 42, 9, 77, 1024, 3, 58, 600, 11, 12, 13], [900, 4, 4, 250], [31, 8, 222, 1500, 64, 2, 7]]
 MAX_NEW = [23, 9, 16]  # requests finish at different steps, mid-block for most k
@@ -22,27 +22,6 @@ def model_dir(request, tiny_dense_mtp3_dir, tiny_moe_mtp3_dir):
 def reference(model_dir):
     llm = LLM(model_dir, max_model_len=64)
     return [o.token_ids for o in llm.generate(PROMPTS, [greedy(n) for n in MAX_NEW])]
-
-
-def oracle_drafts(monkeypatch, reference, corrupt_every: int):
-    """Replaces the MTP proposals with the known greedy continuation (one wrong draft every `corrupt_every`
-    positions), so that verify accepts long blocks, partial blocks and rejects: the accept path is exercised
-    at high acceptance even with random-weight MTP heads."""
-    draft = SpecRunner._draft
-
-    def patched(self, batch, hidden, row_next, groups, commit):
-        draft(self, batch, hidden, row_next, groups, commit)
-        for g in groups:
-            r = g.req
-            if r.draft is None:
-                continue
-            ref = reference[r.request_id]
-            for j in range(len(r.draft.tokens)):
-                out_idx = r.draft.start + 1 + j - len(r.prompt_ids)
-                good = ref[out_idx] if out_idx < len(ref) else 0
-                r.draft.tokens[j] = good if (r.draft.start + j) % corrupt_every else (good + 1) % 1000
-
-    monkeypatch.setattr(SpecRunner, "_draft", patched)
 
 
 @pytest.mark.parametrize("mode", ["eagle_with_att", "vanilla_with_att"])

@@ -1,0 +1,24 @@
+"""Oracle MTP proposals for tests: the known greedy continuation, so verify sees long accepted blocks."""
+
+from lightllm_mtp.spec.spec_runner import SpecRunner
+
+
+def oracle_drafts(monkeypatch, reference, corrupt_every: int):
+    """Replaces the MTP proposals with the known greedy continuation (one wrong draft every `corrupt_every`
+    positions), so that verify accepts long blocks, partial blocks and rejects: the accept path is exercised
+    at high acceptance even with random-weight MTP heads."""
+    draft = SpecRunner._draft
+
+    def patched(self, batch, hidden, row_next, groups, commit):
+        draft(self, batch, hidden, row_next, groups, commit)
+        for g in groups:
+            r = g.req
+            if r.draft is None:
+                continue
+            ref = reference[r.request_id]
+            for j in range(len(r.draft.tokens)):
+                out_idx = r.draft.start + 1 + j - len(r.prompt_ids)
+                good = ref[out_idx] if out_idx < len(ref) else 0
+                r.draft.tokens[j] = good if (r.draft.start + j) % corrupt_every else (good + 1) % 1000
+
+    monkeypatch.setattr(SpecRunner, "_draft", patched)
