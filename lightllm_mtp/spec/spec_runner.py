@@ -96,12 +96,12 @@ class SpecRunner:
             groups.append(RowGroup(req, first, n, emitted))
             first += n
             req.num_computed += n
-        self._draft(batch, out.hidden, row_next, groups, commit=None)
+        self._draft(batch, batch.positions.tolist(), out.hidden, row_next, groups, commit=None)
         return [(g.req, g.emitted) for g in groups if g.emitted]
 
     # ---- verify ------------------------------------------------------------------------------------
     def _verify(self, reqs: list[Request]) -> list[tuple[Request, list[int]]]:
-        batch = verify_batch(reqs, self.device)
+        batch, positions = verify_batch(reqs, self.device)
         out = self.runner.forward(batch)
         q_lens = [1 + len(r.draft.tokens) for r in reqs]
         max_q = max(q_lens)
@@ -119,42 +119,48 @@ class SpecRunner:
         temps, top_ps, top_ks = self.runner.sampling_tensors(reqs)
         result = verify_block(
             logits,
-            drafts.to(self.device),
-            torch.tensor([q - 1 for q in q_lens]).to(self.device),
+            drafts.to(self.device, non_blocking=True),
+            torch.tensor([q - 1 for q in q_lens]).to(self.device, non_blocking=True),
             temps,
             top_ps,
             top_ks,
             [r.generator for r in reqs],
+            greedy_only=all(r.params.temperature <= 0 for r in reqs),
         )
         self.runner.req_manager.req_to_accept_len[batch.b_req_idx] = result.b_accept_len
-        accept_len = result.b_accept_len.tolist()
-        emitted_rows = result.emitted.tolist()
+        # the step's one host round trip for the target: accept lengths and emitted tokens together
+        host = torch.cat([result.b_accept_len[:, None].to(torch.int64), result.emitted], dim=1).tolist()
         groups, row_next, first = [], [], 0
-        for b, (r, q) in enumerate(zip(reqs, q_lens)):
-            emitted = emitted_rows[b][: accept_len[b]]
+        for r, q, row in zip(reqs, q_lens, host):
+            emitted = row[1 : 1 + row[0]]
             # rows past the accepted prefix are rejected; their draft inputs do not matter
             row_next += emitted + [0] * (q - len(emitted))
             groups.append(RowGroup(r, first, q, emitted))
             first += q
-        self._draft(batch, out.hidden, row_next, groups, commit=self._commit_verified)
+        self._draft(batch, positions, out.hidden, row_next, groups, commit=self._commit_verified)
         return [(g.req, g.emitted) for g in groups]
 
     def _commit_verified(self, groups: list[RowGroup]) -> None:
+        rejected = []
         for g in groups:
             r, a = g.req, len(g.emitted)
             assert r.draft is not None
             r.kv_slots.append(r.draft.slots[:a])
-            self.runner.kv_pool.free(r.draft.slots[a:])
+            rejected.append(r.draft.slots[a:])
             r.spec_stats.record(len(r.draft.tokens), a - 1, self.k)
             r.num_computed += a
             r.draft = None
+        self.runner.kv_pool.free(torch.cat(rejected))
 
     # ---- drafting ----------------------------------------------------------------------------------
-    def _draft(self, batch: ForwardBatch, hidden: torch.Tensor, row_next: list[int], groups: list[RowGroup], commit):
-        """Draft passes over the main rows, then `commit`, then the next verify blocks (+ eagle chain)."""
-        positions = batch.positions.tolist()
+    def _draft(
+        self, batch: ForwardBatch, positions: list[int], hidden: torch.Tensor, row_next: list[int],
+        groups: list[RowGroup], commit,
+    ):  # fmt: skip
+        """Draft passes over the main rows (positions: host copy of batch.positions), then `commit`, then the
+        next verify blocks (+ eagle chain)."""
         if batch.mode is ForwardMode.VERIFY:  # every row (a uniform layout the draft graphs can replay)
-            logits_rows = list(range(batch.num_tokens))
+            logits_rows = None
         else:  # prompt chunks: only where a module's next input is not committed yet, the last k+1 positions
             logits_rows = [
                 i
@@ -170,8 +176,9 @@ class SpecRunner:
         last_hidden: dict[int, torch.Tensor] = {}
         tokens = torch.tensor(row_next, dtype=torch.int64)
         for j, draft in enumerate(self.draft_forwards):
-            out = draft.forward(draft_pass_batch(batch, tokens.to(self.device), logits_rows), hidden)
-            pred = dict(zip(logits_rows, out.logits.argmax(dim=-1).tolist()))
+            out = draft.forward(draft_pass_batch(batch, tokens.to(self.device, non_blocking=True), logits_rows), hidden)
+            argmax = out.logits.argmax(dim=-1).tolist()
+            pred = dict(enumerate(argmax)) if logits_rows is None else dict(zip(logits_rows, argmax))
             for g in groups:
                 if id(g.req) in anchors:
                     proposals[id(g.req)].append(pred[anchors[id(g.req)]])
@@ -185,19 +192,28 @@ class SpecRunner:
                 )
         if commit is not None:
             commit(groups)
-        chain = []
-        for g in groups:
-            if not g.emitted or not self._continues(g):
-                continue
-            k_next = self._num_drafts(g)
+        self._next_blocks([g for g in groups if g.emitted and self._continues(g)], proposals, last_hidden)
+
+    def _next_blocks(self, groups: list[RowGroup], proposals: dict, last_hidden: dict) -> None:
+        """KV slots and page-table entries for each request's next verify block [last token, d_1..d_k'] (one
+        allocation, one device write), then the eagle chain fills d_2..d_k'."""
+        if not groups:
+            return
+        k_next = [self._num_drafts(g) for g in groups]
+        slots = self.runner.kv_pool.alloc(sum(k_next) + len(groups))
+        rows: list[int] = []
+        cols: list[int] = []
+        chain, first = [], 0
+        for g, k in zip(groups, k_next):
             start = g.last_position
-            slots = self.runner.kv_pool.alloc(1 + k_next)
-            row = torch.full((1 + k_next,), g.req.req_idx, dtype=torch.int64)
-            cols = torch.arange(start, start + 1 + k_next)
-            self.runner.req_manager.req_to_token[row.to(self.device), cols.to(self.device)] = slots.to(self.device)
-            g.req.draft = DraftBlock(start=start, slots=slots, tokens=proposals[id(g.req)][:k_next])
-            if self.eagle and k_next > 1:
-                chain.append((g.req, k_next, last_hidden[id(g.req)]))
+            rows += [g.req.req_idx] * (1 + k)
+            cols += range(start, start + 1 + k)
+            g.req.draft = DraftBlock(start=start, slots=slots[first : first + 1 + k], tokens=proposals[id(g.req)][:k])
+            first += 1 + k
+            if self.eagle and k > 1:
+                chain.append((g.req, k, last_hidden[id(g.req)]))
+        index = torch.tensor([rows, cols], dtype=torch.int64).to(self.device, non_blocking=True)
+        self.runner.req_manager.req_to_token[index[0], index[1]] = slots.to(self.device, non_blocking=True)
         self._eagle_chain(chain)
 
     def _eagle_chain(self, chain: list[tuple[Request, int, torch.Tensor]]) -> None:

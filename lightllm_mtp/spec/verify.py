@@ -36,10 +36,12 @@ def verify_block(
     top_ks: torch.Tensor,
     generators: list[torch.Generator | None],
     draft_probs: torch.Tensor | None = None,
+    greedy_only: bool = False,
 ) -> VerifyResult:
     """target_logits [B, max_q, V] fp32 (rows past 1 + b_num_drafts[b] are ignored);
     b_draft_tokens [B, max_q - 1] int64; b_num_drafts [B]; temperatures, top_ps, top_ks [B];
-    draft_probs [B, max_q - 1, V] or None for greedy (one-hot) drafts."""
+    draft_probs [B, max_q - 1, V] or None for greedy (one-hot) drafts. greedy_only: the caller knows every
+    temperature is 0 (no host round trip to find the sampling rows)."""
     bsz, max_q, vocab = target_logits.shape
     if b_draft_tokens.shape != (bsz, max_q - 1):
         raise ValueError(f"verify_block: b_draft_tokens must be [{bsz}, {max_q - 1}], got {tuple(b_draft_tokens.shape)}")
@@ -47,6 +49,11 @@ def verify_block(
         raise ValueError(f"verify_block: draft_probs must be [{bsz}, {max_q - 1}, {vocab}]")
     emitted = torch.full((bsz, max_q), -1, dtype=torch.int64, device=target_logits.device)
     accept_len = torch.ones(bsz, dtype=torch.int32, device=target_logits.device)
+    if greedy_only:
+        target = target_logits.argmax(dim=-1)
+        m = _leading_matches(target, b_draft_tokens, b_num_drafts)
+        keep = torch.arange(max_q, device=target.device)[None, :] <= m[:, None]
+        return VerifyResult(b_accept_len=(m + 1).to(torch.int32), emitted=torch.where(keep, target, -1))
     greedy = temperatures <= 0
     if bool(greedy.any()):
         _greedy_rows(target_logits, b_draft_tokens, b_num_drafts, greedy, emitted, accept_len)
@@ -64,14 +71,18 @@ def verify_block(
 def _greedy_rows(logits, drafts, num_drafts, rows_mask, emitted, accept_len) -> None:
     bsz, max_q, _ = logits.shape
     target = logits.argmax(dim=-1)  # [B, max_q]
-    col = torch.arange(max_q - 1, device=logits.device)
-    match = (target[:, :-1] == drafts) & (col[None, :] < num_drafts[:, None])
-    # m = number of leading matches
-    m = torch.cumprod(match.to(torch.int64), dim=1).sum(dim=1)
+    m = _leading_matches(target, drafts, num_drafts)
     keep = torch.arange(max_q, device=logits.device)[None, :] <= m[:, None]
     out = torch.where(keep, target, torch.full_like(target, -1))
     emitted[rows_mask] = out[rows_mask]
     accept_len[rows_mask] = (m + 1).to(torch.int32)[rows_mask]
+
+
+def _leading_matches(target: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor) -> torch.Tensor:
+    """target [B, max_q] argmax per row, drafts [B, max_q - 1] -> [B] number of leading drafts equal to target."""
+    col = torch.arange(drafts.shape[1], device=target.device)
+    match = (target[:, :-1] == drafts) & (col[None, :] < num_drafts[:, None])
+    return torch.cumprod(match.to(torch.int64), dim=1).sum(dim=1)
 
 
 def _sample_block(probs, drafts, num_drafts, draft_probs, generator) -> list[int]:
