@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -13,13 +14,35 @@ from lightllm_mtp.common.weight_loader import LoadFormat
 from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.engine.model_runner import ModelRunner
-from lightllm_mtp.engine.request import FinishReason, Request
+from lightllm_mtp.engine.request import FinishReason, Request, RequestStatus
 from lightllm_mtp.engine.scheduler import Scheduler
 from lightllm_mtp.env import ENV
 from lightllm_mtp.models.registry import create_model
 from lightllm_mtp.sampling_params import SamplingParams
 from lightllm_mtp.spec.draft_factory import create_drafts
 from lightllm_mtp.spec.spec_runner import SpecRunner
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What one step did to one request: the tokens it appended (several with MTP) and whether it finished."""
+
+    request: Request
+    new_token_ids: list[int]
+    finished: bool
+
+
+@dataclass(frozen=True)
+class EngineUsage:
+    """Occupancy of the engine's pools and queues (server metrics; all zero-used when idle)."""
+
+    kv_used: int  # KV pool token slots held by requests (draft blocks included)
+    kv_capacity: int
+    kv_reserved: int  # KV slots the scheduler set aside for running requests (worst case)
+    req_slots_used: int
+    req_slots_capacity: int
+    running: int
+    waiting: int
 
 
 class LLMEngine:
@@ -86,28 +109,50 @@ class LLMEngine:
 
     def step(self) -> list[Request]:
         """Runs one forward; returns the requests that finished in it."""
+        return [o.request for o in self.step_outputs() if o.finished]
+
+    def step_outputs(self) -> list[StepOutput]:
+        """Runs one forward; returns every request that got tokens in it (for streaming), finished ones flagged."""
         scheduled = self.scheduler.schedule()
         if not scheduled:
             if self.scheduler.waiting:
                 raise RuntimeError("scheduler made no progress: no request fits the KV pool or the token budget")
             return []
-        finished = []
+        outputs = []
         for req, tokens in self.runner.step(scheduled):
+            new: list[int] = []
+            finished = False
             for token in tokens:  # an accepted MTP block may end early at a stop token or a length limit
                 req.output_ids.append(token)
+                new.append(token)
                 reason = self._finish_reason(req, token)
                 if reason is not None:
                     self._finish(req, reason)
-                    finished.append(req)
+                    finished = True
                     break
-        return finished
+            outputs.append(StepOutput(req, new, finished))
+        return outputs
 
     def abort(self, req: Request) -> None:
+        """Drops a request now: a running one returns its KV slots (draft block included) and request slot."""
         if req in self.scheduler.waiting:
             self.scheduler.waiting.remove(req)
             req.finish_reason = FinishReason.ABORT
+            req.status = RequestStatus.FINISHED
         elif req in self.scheduler.running:
             self._finish(req, FinishReason.ABORT)
+
+    def usage(self) -> EngineUsage:
+        kv, reqs = self.model_runner.kv_pool, self.model_runner.req_manager
+        return EngineUsage(
+            kv_used=kv.size - kv.num_free,
+            kv_capacity=kv.size,
+            kv_reserved=self.scheduler.reserved,
+            req_slots_used=reqs.max_reqs - reqs.num_free,
+            req_slots_capacity=reqs.max_reqs,
+            running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting),
+        )
 
     def _finish_reason(self, req: Request, token: int) -> FinishReason | None:
         p = req.params
