@@ -24,6 +24,7 @@ from lightllm_mtp.common.layers.decoder_layer import DecoderLayer
 from lightllm_mtp.common.layers.gated_attention import GatedAttention
 from lightllm_mtp.common.layers.norm import RMSNorm
 from lightllm_mtp.common.weight_loader import LoadFormat, TensorSpec, WeightLoadError, load_weights, shard_index
+from lightllm_mtp.kernels.rmsnorm import add_rmsnorm
 
 
 class MtpWeightRetargetMixin:
@@ -72,5 +73,6 @@ class MtpWeightRetargetMixin:
         Returns logits of batch.b_logits_index rows and h' of ALL rows."""
         e = self.norm_embedding(self.embed(batch.input_ids))
         u = F.linear(torch.cat([e, self.norm_hidden(main_hidden)], dim=-1), self.fc)
-        hidden = self.final_norm(self.layer.forward(u, batch, self.caches))
+        delta, residual = self.layer.forward(u, None, batch, self.caches)
+        hidden, _ = add_rmsnorm(delta, residual, self.final_norm.weight, self.final_norm.eps)
         return ModelOutput(logits=self.lm_head(hidden[batch.b_logits_index]), hidden=hidden)

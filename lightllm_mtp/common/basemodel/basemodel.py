@@ -24,6 +24,7 @@ from lightllm_mtp.common.linear_att_state import LinearAttState
 from lightllm_mtp.common.req_manager import ReqManager
 from lightllm_mtp.common.weight_loader import LoadFormat, TensorSpec, load_weights
 from lightllm_mtp.config.model_config import LayerType, ModelConfig
+from lightllm_mtp.kernels.rmsnorm import add_rmsnorm
 from lightllm_mtp.kernels.rotary import build_rope_cache
 
 
@@ -111,14 +112,14 @@ class TpPartBaseModel:
     # ---- forward -----------------------------------------------------------------------------------
     def forward(self, batch: ForwardBatch) -> ModelOutput:
         """Prefill / chunked prefill / decode; logits and final-norm hidden of batch.b_logits_index rows."""
-        x = self.embed(batch.input_ids)
+        delta, residual = self.embed(batch.input_ids), None
         for layer in self.layers:
-            x = layer.forward(x, batch, self.caches)
-        if batch.keep_all_hidden:
-            hidden = self.final_norm(x)
-            return ModelOutput(logits=self.lm_head(hidden[batch.b_logits_index]), hidden=hidden)
-        hidden = self.final_norm(x[batch.b_logits_index])
-        return ModelOutput(logits=self.lm_head(hidden), hidden=hidden)
+            delta, residual = layer.forward(delta, residual, batch, self.caches)
+        if not batch.keep_all_hidden:
+            delta, residual = delta[batch.b_logits_index], residual[batch.b_logits_index]
+        hidden, _ = add_rmsnorm(delta, residual, self.final_norm.weight, self.final_norm.eps)
+        logits_hidden = hidden[batch.b_logits_index] if batch.keep_all_hidden else hidden
+        return ModelOutput(logits=self.lm_head(logits_hidden), hidden=hidden)
 
 
 def _mixer(layer_type: LayerType) -> tuple[type[Layer], str]:

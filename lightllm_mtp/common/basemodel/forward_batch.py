@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
+from typing import Callable
 
 import torch
 
@@ -32,6 +33,15 @@ class ForwardBatch:
     b_logits_index: torch.Tensor  # [N] int64 rows of the T tokens whose logits are wanted
     max_q_len: int  # host copy, for kernels that size their grid by it
     keep_all_hidden: bool = False  # ModelOutput.hidden covers all T rows (MTP drafting) instead of the logits rows
+    # device tensors derived from the fields once per forward and shared by the layers (see `derived`)
+    _derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def derived(self, name: str, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """`make()` on the first call for `name` in this forward, the same tensor afterwards (e.g. the GDN
+        layers' SSM rows: one kernel per forward instead of one per layer)."""
+        if name not in self._derived:
+            self._derived[name] = make()
+        return self._derived[name]
 
     @property
     def num_tokens(self) -> int:

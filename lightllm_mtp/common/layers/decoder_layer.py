@@ -11,7 +11,11 @@ from lightllm_mtp.kernels.rmsnorm import add_rmsnorm
 
 
 class DecoderLayer:
-    """Pre-norm block: h = x + mixer(norm_in(x)); y = h + ffn(norm_post(h))."""
+    """Pre-norm block: h = x + mixer(norm_in(x)); y = h + ffn(norm_post(h)).
+
+    The residual stream is carried, not materialised: forward(delta, residual) takes the previous block's
+    output delta (x = residual + delta, None for the first block) and returns (ffn out, h), so each residual add
+    is fused into the next RMSNorm (norm_in here, or the model's final norm)."""
 
     def __init__(self, cfg: ModelConfig, prefix: str, weights: Weights, mixer: Layer, ffn: Layer):
         self.input_norm = RMSNorm(cfg, f"{prefix}input_layernorm.weight", weights)
@@ -25,7 +29,13 @@ class DecoderLayer:
             cfg, f"{prefix}post_attention_layernorm.weight"
         )
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
-        mixed = self.mixer.forward(self.input_norm(x), batch, caches)
+    def forward(
+        self, delta: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch, caches: ModelCaches
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            x, normed = delta, self.input_norm(delta)
+        else:
+            normed, x = add_rmsnorm(delta, residual, self.input_norm.weight, self.input_norm.eps)  # x = residual + delta
+        mixed = self.mixer.forward(normed, batch, caches)
         normed, h = add_rmsnorm(mixed, x, self.post_norm.weight, self.post_norm.eps)  # h = x + mixed
-        return h + self.ffn.forward(normed, batch, caches)
+        return self.ffn.forward(normed, batch, caches), h

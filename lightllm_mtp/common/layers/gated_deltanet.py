@@ -58,7 +58,8 @@ class GatedDeltaNet(Layer):
         assert linear_state is not None
         conv_state, ssm_state = linear_state.layer(self.state_layer)
         # SSM rows: request r owns rows [r * rows_per_req, (r + 1) * rows_per_req); row 0 outside verify.
-        b_ssm_row = batch.b_req_idx * linear_state.rows_per_req
+        rows = linear_state.rows_per_req
+        b_ssm_row = batch.b_req_idx if rows == 1 else batch.derived("b_ssm_row", lambda: batch.b_req_idx * rows)
         mode = batch.mode
         if mode is ForwardMode.DECODE:  # one fused step: conv update, gates, l2norm, delta rule
             o = gated_delta_rule_decode_fused(
@@ -68,7 +69,7 @@ class GatedDeltaNet(Layer):
             o = gated_rmsnorm(o, z.reshape(t, self.nv, self.dv), self.norm_weight, self.eps)
             return F.linear(o.reshape(t, self.value_dim), self.out_proj)
         if mode is ForwardMode.VERIFY:
-            b_num_accepted = req_manager.req_to_accept_len[batch.b_req_idx]
+            b_num_accepted = batch.derived("b_num_accepted", lambda: req_manager.req_to_accept_len[batch.b_req_idx])
             qkv = causal_conv1d_verify(
                 qkv, self.conv_weight, conv_state, batch.b_req_idx, batch.b1_cu_q_len, b_num_accepted,
                 max_q_len=batch.max_q_len,
