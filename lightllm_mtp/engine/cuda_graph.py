@@ -85,16 +85,16 @@ class CudaGraphSet:
 
     @torch.inference_mode()
     def _capture(self, size: int) -> None:
-        batch = self._batch(size)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up: Triton compilation and autotuning happen outside the capture
-                self._call(batch)
+                self._call(self._batch(size))
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
+        # a fresh batch: tensors derived during the capture (ForwardBatch.derived) must be made inside it
         with torch.cuda.graph(graph, pool=self.pool):
-            out = self._call(batch)
+            out = self._call(self._batch(size))
         self.graphs[size] = (graph, out)
 
     def can_run(self, batch: ForwardBatch) -> bool:
