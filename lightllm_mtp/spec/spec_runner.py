@@ -128,8 +128,19 @@ class SpecRunner:
             greedy_only=all(r.params.temperature <= 0 for r in reqs),
         )
         self.runner.req_manager.req_to_accept_len[batch.b_req_idx] = result.b_accept_len
-        # the step's one host round trip for the target: accept lengths and emitted tokens together
-        host = torch.cat([result.b_accept_len[:, None].to(torch.int64), result.emitted], dim=1).tolist()
+        parts = [result.b_accept_len[:, None].to(torch.int64), result.emitted]
+        first_pass = None
+        if min(q_lens) == max_q:
+            # uniform blocks: the first draft pass's inputs (the emitted tokens; 0 on rejected rows) are already on
+            # the device, so it runs before the host sees the accept lengths and its argmax rides the same copy
+            tokens = result.emitted.clamp_min(0).flatten()
+            draft_out = self.draft_forwards[0].forward(draft_pass_batch(batch, tokens, None), out.hidden)
+            parts.append(draft_out.logits.argmax(dim=-1).view(len(reqs), max_q))
+            first_pass = (draft_out, parts[-1])
+        # the step's one host round trip for the target: accept lengths, emitted tokens (and first drafts) together
+        host = torch.cat(parts, dim=1).tolist()
+        if first_pass is not None:
+            first_pass = (first_pass[0], [t for row in host for t in row[1 + max_q :]])
         groups, row_next, first = [], [], 0
         for r, q, row in zip(reqs, q_lens, host):
             emitted = row[1 : 1 + row[0]]
@@ -137,7 +148,7 @@ class SpecRunner:
             row_next += emitted + [0] * (q - len(emitted))
             groups.append(RowGroup(r, first, q, emitted))
             first += q
-        self._draft(batch, positions, out.hidden, row_next, groups, commit=self._commit_verified)
+        self._draft(batch, positions, out.hidden, row_next, groups, commit=self._commit_verified, first_pass=first_pass)
         return [(g.req, g.emitted) for g in groups]
 
     def _commit_verified(self, groups: list[RowGroup]) -> None:
@@ -155,10 +166,11 @@ class SpecRunner:
     # ---- drafting ----------------------------------------------------------------------------------
     def _draft(
         self, batch: ForwardBatch, positions: list[int], hidden: torch.Tensor, row_next: list[int],
-        groups: list[RowGroup], commit,
+        groups: list[RowGroup], commit, first_pass: tuple | None = None,
     ):  # fmt: skip
         """Draft passes over the main rows (positions: host copy of batch.positions), then `commit`, then the
-        next verify blocks (+ eagle chain)."""
+        next verify blocks (+ eagle chain). first_pass: module 0's pass when the caller already ran it
+        (output, argmax of every row on the host)."""
         if batch.mode is ForwardMode.VERIFY:  # every row (a uniform layout the draft graphs can replay)
             logits_rows = None
         else:  # prompt chunks: only where a module's next input is not committed yet, the last k+1 positions
@@ -176,8 +188,12 @@ class SpecRunner:
         last_hidden: dict[int, torch.Tensor] = {}
         tokens = torch.tensor(row_next, dtype=torch.int64)
         for j, draft in enumerate(self.draft_forwards):
-            out = draft.forward(draft_pass_batch(batch, tokens.to(self.device, non_blocking=True), logits_rows), hidden)
-            argmax = out.logits.argmax(dim=-1).tolist()
+            if j == 0 and first_pass is not None:
+                out, argmax = first_pass
+            else:
+                batch_j = draft_pass_batch(batch, tokens.to(self.device, non_blocking=True), logits_rows)
+                out = draft.forward(batch_j, hidden)
+                argmax = out.logits.argmax(dim=-1).tolist()
             pred = dict(enumerate(argmax)) if logits_rows is None else dict(zip(logits_rows, argmax))
             for g in groups:
                 if id(g.req) in anchors:
