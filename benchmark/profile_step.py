@@ -22,7 +22,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from benchmark.model_shapes import MODEL_SHAPES
-from benchmark.static_inference import build_engine, resolve_source, versions
+from benchmark.model_source import build_engine, resolve_source
+from benchmark.timing import versions
 from lightllm_mtp.sampling_params import SamplingParams
 
 

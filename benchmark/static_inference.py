@@ -17,9 +17,7 @@ import dataclasses
 import gc
 import json
 import math
-import platform
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,10 +31,19 @@ from tqdm import tqdm
 from benchmark.floor import floor_ms, spec_bytes, step_bytes
 from benchmark.hf_peer import build_hf_model, time_hf_generate
 from benchmark.model_shapes import MODEL_SHAPES
-from lightllm_mtp.common.random_weights import random_tensors
-from lightllm_mtp.common.weight_loader import load_tensors
+from benchmark.model_source import ModelSource, build_engine, engine_field_names, resolve_source
+from benchmark.report import print_tables, write_plot
+from benchmark.timing import (
+    ForwardTimer,
+    MultiTimer,
+    device_info,
+    measure_copy_bandwidth,
+    percentile,
+    summary,
+    sync,
+    versions,
+)
 from lightllm_mtp.config.engine_args import EngineArgs
-from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.engine.llm_engine import LLMEngine
 from lightllm_mtp.env import ENV
 from lightllm_mtp.models.registry import model_class
@@ -44,172 +51,6 @@ from lightllm_mtp.sampling_params import SamplingParams
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 KV_SLACK = 8  # extra token slots per request beyond input_len + output_len (+ mtp_step)
-
-
-# ---- model source ----------------------------------------------------------------------------------------
-@dataclass
-class ModelSource:
-    name: str
-    hf_config: dict
-    model_dir: str | None  # a checkpoint, or None for random weights at a named shape
-    seed: int
-
-    @property
-    def cfg(self) -> ModelConfig:
-        return ModelConfig.from_hf(self.hf_config)
-
-    def weights(self, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
-        """Checkpoint-named main-model tensors; random ones are made on the device and are the same each call."""
-        cfg = self.cfg
-        specs = model_class(cfg).weight_specs(cfg)
-        if self.model_dir is None:
-            return random_tensors(specs, dtype, device, seed=0)  # the engine's load_format="dummy" weights
-        return load_tensors(self.model_dir, specs, dtype, device)
-
-
-def resolve_source(args) -> ModelSource:
-    if args.model_dir:
-        path = Path(args.model_dir)
-        hf = json.loads((path / "config.json").read_text())
-        return ModelSource(path.resolve().name, hf, str(path), args.seed)
-    return ModelSource(args.model_shape, json.loads(json.dumps(MODEL_SHAPES[args.model_shape])), None, args.seed)
-
-
-def engine_field_names() -> set[str]:
-    return {f.name for f in dataclasses.fields(EngineArgs)}
-
-
-def build_engine(source: ModelSource, args, max_model_len: int, mtp: bool) -> LLMEngine:
-    fields = engine_field_names()
-    max_bs = max(args.batch_sizes)
-    kw = dict(
-        device=args.device,
-        dtype=args.dtype,
-        max_model_len=max_model_len,
-        max_batch_size=max_bs,
-        max_total_token_num=max_bs * max_model_len,
-    )
-    if args.chunked_prefill_size is not None:
-        kw["chunked_prefill_size"] = args.chunked_prefill_size
-    if args.graph_max_batch_size is not None:
-        if "graph_max_batch_size" not in fields:
-            raise SystemExit("--graph_max_batch_size: this engine's EngineArgs has no graph_max_batch_size")
-        kw["graph_max_batch_size"] = args.graph_max_batch_size
-    if mtp:
-        kw.update(mtp_mode=args.mtp_mode, mtp_step=args.mtp_step)
-    if source.model_dir is not None:
-        return LLMEngine(EngineArgs(model_dir=source.model_dir, **kw))
-    with tempfile.TemporaryDirectory(prefix="lightllm_mtp_shape_") as tmp:
-        (Path(tmp) / "config.json").write_text(json.dumps(source.hf_config))
-        return LLMEngine(EngineArgs(model_dir=tmp, load_format="dummy", **kw))
-
-
-# ---- timing helpers --------------------------------------------------------------------------------------
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def percentile(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    if len(s) == 1:
-        return s[0]
-    pos = (len(s) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
-def summary(xs: list[float]) -> dict | None:
-    if not xs:
-        return None
-    return {
-        "n": len(xs),
-        "median_ms": percentile(xs, 50),
-        "p10_ms": percentile(xs, 10),
-        "p90_ms": percentile(xs, 90),
-        "mean_ms": sum(xs) / len(xs),
-        "min_ms": min(xs),
-    }
-
-
-def measure_copy_bandwidth(device: torch.device, repeats: int) -> dict:
-    """Device copy bandwidth: (bytes read + bytes written) / time of dst.copy_(src), median of `repeats`."""
-    if device.type == "cuda":
-        nbytes = 1 << 30
-        src = torch.randn(nbytes // 4, device=device)
-        dst = torch.empty_like(src)
-        for _ in range(3):
-            dst.copy_(src)
-        times = []
-        for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            dst.copy_(src)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        method = "CUDA device-to-device copy (torch copy_), timed with CUDA events"
-    else:
-        nbytes = 64 << 20
-        src = torch.randn(nbytes // 4)
-        dst = torch.empty_like(src)
-        dst.copy_(src)
-        times = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            dst.copy_(src)
-            times.append((time.perf_counter() - t) * 1e3)
-        method = "CPU memcpy (torch copy_ of host tensors), perf_counter: NOT an HBM figure"
-    ok = torch.equal(dst, src)
-    del src, dst
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    if not ok:
-        raise RuntimeError("bandwidth copy produced a wrong result")
-    med = percentile(times, 50)
-    return {
-        "bytes_per_s": 2 * nbytes / (med / 1e3),
-        "GB_per_s": 2 * nbytes / (med / 1e3) / 1e9,
-        "buffer_bytes": nbytes,
-        "counted_bytes": 2 * nbytes,
-        "median_ms": med,
-        "repeats": repeats,
-        "method": method,
-    }
-
-
-class ForwardTimer:
-    """Times every call of obj.forward (CUDA events on GPU, perf_counter on CPU) by shadowing the bound method."""
-
-    def __init__(self, obj, device: torch.device):
-        self.obj, self.device = obj, device
-        self.calls: list = []
-        inner = obj.forward
-
-        def timed(*a, **kw):
-            if device.type == "cuda":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                out = inner(*a, **kw)
-                end.record()
-                self.calls.append((start, end))
-            else:
-                t = time.perf_counter()
-                out = inner(*a, **kw)
-                self.calls.append((time.perf_counter() - t) * 1e3)
-            return out
-
-        obj.forward = timed
-
-    def take_ms(self) -> tuple[float, int]:
-        """Total ms and number of calls since the last take (call after a synchronize)."""
-        total = sum(c[0].elapsed_time(c[1]) if isinstance(c, tuple) else c for c in self.calls)
-        n = len(self.calls)
-        self.calls = []
-        return total, n
-
-    def remove(self) -> None:
-        del self.obj.forward
 
 
 # ---- one generation --------------------------------------------------------------------------------------
@@ -274,21 +115,6 @@ def generate(engine: LLMEngine, prompts: list[list[int]], output_len: int, timer
         steps = sum(r.spec_stats.num_steps for r in reqs)
         rec.accepted_per_step = sum(r.spec_stats.num_accepted for r in reqs) / steps if steps else None
     return rec
-
-
-class MultiTimer:
-    """One ForwardTimer over several draft modules, read as one."""
-
-    def __init__(self, timers: list[ForwardTimer]):
-        self.timers = timers
-
-    def take_ms(self) -> tuple[float, int]:
-        parts = [t.take_ms() for t in self.timers]
-        return sum(p[0] for p in parts), sum(p[1] for p in parts)
-
-    def remove(self) -> None:
-        for t in self.timers:
-            t.remove()
 
 
 # ---- the benchmark ---------------------------------------------------------------------------------------
@@ -466,101 +292,6 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
-
-
-def versions() -> dict:
-    out = {"python": platform.python_version(), "torch": torch.__version__}
-    for mod in ("triton", "transformers"):
-        try:
-            out[mod] = __import__(mod).__version__
-        except Exception:  # noqa: BLE001
-            out[mod] = None
-    return out
-
-
-def device_info(device: torch.device) -> dict:
-    if device.type == "cuda":
-        p = torch.cuda.get_device_properties(device)
-        return {"type": "cuda", "name": p.name, "memory_GiB": p.total_memory / 2**30, "cuda": torch.version.cuda}
-    return {"type": "cpu", "name": platform.processor() or platform.machine(), "threads": torch.get_num_threads()}
-
-
-# ---- output ----------------------------------------------------------------------------------------------
-def _fmt(x, spec=".2f") -> str:
-    return "-" if x is None else format(x, spec)
-
-
-def print_tables(report: dict) -> None:
-    print(f"\n{report['model']['name']}  in={report['settings']['input_len']} out={report['settings']['output_len']}"
-          f"  {report['device']['name']}  copy bw {report['bandwidth']['GB_per_s']:.0f} GB/s")  # fmt: skip
-    head = (f"{'bs':>4} {'prefill ms':>11} {'prefill tok/s':>14} {'step ms':>9} {'p10-p90 ms':>15} "
-            f"{'tok/s':>10} {'GB/step':>8} {'floor ms':>9} {'% floor':>8}")  # fmt: skip
-    print(head)
-    for r in report["results"]:
-        d, f = r["decode"] or {}, r["floor"] or {}
-        spread = f"{_fmt(d.get('p10_ms'))}-{_fmt(d.get('p90_ms'))}" if d else "-"
-        gb = f.get("bytes_per_step")
-        print(f"{r['batch_size']:>4} {_fmt(r['prefill']['ms'], '.1f'):>11} {_fmt(r['prefill']['tokens_per_s'], '.0f'):>14} "
-              f"{_fmt(d.get('median_ms')):>9} {spread:>15} {_fmt(d.get('tokens_per_s'), '.1f'):>10} "
-              f"{_fmt(gb / 1e9 if gb else None, '.3f'):>8} {_fmt(f.get('floor_ms')):>9} {_fmt(f.get('pct_of_floor'), '.1f'):>8}")  # fmt: skip
-    mtp = report.get("mtp")
-    if mtp and mtp.get("results"):
-        print(f"\nMTP {mtp['mode']} k={mtp['mtp_step']} (simulated acceptance)")
-        print(f"{'bs':>4} {'step ms':>9} {'verify ms':>10} {'draft ms':>9} {'cost x':>7} {'rate':>5} "
-              f"{'tok/step':>9} {'eff tok/s':>10} {'speedup':>8}")  # fmt: skip
-        for r in mtp["results"]:
-            step = (r.get("spec_step") or {}).get("median_ms")
-            for s in r.get("simulated", [{}]):
-                print(f"{r['batch_size']:>4} {_fmt(step):>9} {_fmt(r.get('verify_ms')):>10} {_fmt(r.get('draft_ms')):>9} "
-                      f"{_fmt(r.get('step_cost_vs_decode')):>7} {_fmt(s.get('accept_rate')):>5} "
-                      f"{_fmt(s.get('tokens_per_step')):>9} {_fmt(s.get('effective_tokens_per_s'), '.1f'):>10} "
-                      f"{_fmt(s.get('speedup_vs_no_spec')):>8}")  # fmt: skip
-    hf = report.get("hf_peer")
-    if hf:
-        print("\nHF transformers generate (same weights)")
-        if "error" in hf:
-            print(f"  {hf['error']}")
-        for r in hf.get("runs", []):
-            if "error" in r:
-                print(f"{r['batch_size']:>4}  error: {r['error']}")
-                continue
-            print(f"{r['batch_size']:>4} e2e {r['e2e_output_tokens_per_s']:.1f} tok/s, decode step "
-                  f"{_fmt(r.get('decode_step_ms'))} ms; ours x{_fmt(r.get('speedup_e2e'))} e2e, "
-                  f"x{_fmt(r.get('speedup_decode'))} decode; greedy match {_fmt(r.get('greedy_tokens_equal_frac'))}")  # fmt: skip
-
-
-def write_plot(report: dict, path: Path) -> str:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception as e:  # noqa: BLE001
-        return f"not written: matplotlib not importable ({type(e).__name__})"
-    rows = [r for r in report["results"] if r["decode"]]
-    bss = [r["batch_size"] for r in rows]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    med = [r["decode"]["median_ms"] for r in rows]
-    err = [[m - r["decode"]["p10_ms"] for m, r in zip(med, rows)], [r["decode"]["p90_ms"] - m for m, r in zip(med, rows)]]
-    ax.errorbar(bss, med, yerr=err, marker="o", capsize=3, label="decode step (median, p10-p90)")
-    ax.plot(bss, [r["floor"]["floor_ms"] for r in rows], "k--", marker=".", label="HBM floor")
-    mtp = (report.get("mtp") or {}).get("results") or []
-    spec = [(r["batch_size"], r["spec_step"]["median_ms"]) for r in mtp if r.get("spec_step")]
-    if spec:
-        ax.plot(*zip(*spec), marker="s", label=f"MTP step (k={report['mtp']['mtp_step']})")
-    ax.set_xscale("log", base=2)
-    ys = med + [ms for _, ms in spec]
-    if max(ys) > 20 * min(ys):
-        ax.set_yscale("log")
-    ax.set_xlabel("batch size")
-    ax.set_ylabel("ms per step")
-    ax.set_title(f"{report['model']['name']} in={report['settings']['input_len']} {report['device']['name']}")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return str(path)
 
 
 # ---- CLI -------------------------------------------------------------------------------------------------

@@ -1,0 +1,77 @@
+"""Where a benchmark's model comes from: a checkpoint directory, or a named published shape with random weights
+made on the device; and the LLMEngine built on it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from benchmark.model_shapes import MODEL_SHAPES
+from lightllm_mtp.common.random_weights import random_tensors
+from lightllm_mtp.common.weight_loader import load_tensors
+from lightllm_mtp.config.engine_args import EngineArgs
+from lightllm_mtp.config.model_config import ModelConfig
+from lightllm_mtp.engine.llm_engine import LLMEngine
+from lightllm_mtp.models.registry import model_class
+
+
+@dataclass
+class ModelSource:
+    name: str
+    hf_config: dict
+    model_dir: str | None  # a checkpoint, or None for random weights at a named shape
+    seed: int
+
+    @property
+    def cfg(self) -> ModelConfig:
+        return ModelConfig.from_hf(self.hf_config)
+
+    def weights(self, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
+        """Checkpoint-named main-model tensors; random ones are made on the device and are the same each call."""
+        cfg = self.cfg
+        specs = model_class(cfg).weight_specs(cfg)
+        if self.model_dir is None:
+            return random_tensors(specs, dtype, device, seed=0)  # the engine's load_format="dummy" weights
+        return load_tensors(self.model_dir, specs, dtype, device)
+
+
+def resolve_source(args) -> ModelSource:
+    if args.model_dir:
+        path = Path(args.model_dir)
+        hf = json.loads((path / "config.json").read_text())
+        return ModelSource(path.resolve().name, hf, str(path), args.seed)
+    return ModelSource(args.model_shape, json.loads(json.dumps(MODEL_SHAPES[args.model_shape])), None, args.seed)
+
+
+def engine_field_names() -> set[str]:
+    return {f.name for f in dataclasses.fields(EngineArgs)}
+
+
+def build_engine(source: ModelSource, args, max_model_len: int, mtp: bool) -> LLMEngine:
+    fields = engine_field_names()
+    max_bs = max(args.batch_sizes)
+    kw = dict(
+        device=args.device,
+        dtype=args.dtype,
+        max_model_len=max_model_len,
+        max_batch_size=max_bs,
+        max_total_token_num=max_bs * max_model_len,
+    )
+    if args.chunked_prefill_size is not None:
+        kw["chunked_prefill_size"] = args.chunked_prefill_size
+    if args.graph_max_batch_size is not None:
+        if "graph_max_batch_size" not in fields:
+            raise SystemExit("--graph_max_batch_size: this engine's EngineArgs has no graph_max_batch_size")
+        kw["graph_max_batch_size"] = args.graph_max_batch_size
+    if mtp:
+        kw.update(mtp_mode=args.mtp_mode, mtp_step=args.mtp_step)
+    if source.model_dir is not None:
+        return LLMEngine(EngineArgs(model_dir=source.model_dir, **kw))
+    with tempfile.TemporaryDirectory(prefix="lightllm_mtp_shape_") as tmp:
+        (Path(tmp) / "config.json").write_text(json.dumps(source.hf_config))
+        return LLMEngine(EngineArgs(model_dir=tmp, load_format="dummy", **kw))

@@ -1,0 +1,148 @@
+"""Timing helpers shared by the benchmarks: device sync, percentiles, copy bandwidth, forward timers, versions."""
+
+from __future__ import annotations
+
+import math
+import platform
+import time
+
+import torch
+
+# ---- timing helpers --------------------------------------------------------------------------------------
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def percentile(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    if len(s) == 1:
+        return s[0]
+    pos = (len(s) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def summary(xs: list[float]) -> dict | None:
+    if not xs:
+        return None
+    return {
+        "n": len(xs),
+        "median_ms": percentile(xs, 50),
+        "p10_ms": percentile(xs, 10),
+        "p90_ms": percentile(xs, 90),
+        "mean_ms": sum(xs) / len(xs),
+        "min_ms": min(xs),
+    }
+
+
+def measure_copy_bandwidth(device: torch.device, repeats: int) -> dict:
+    """Device copy bandwidth: (bytes read + bytes written) / time of dst.copy_(src), median of `repeats`."""
+    if device.type == "cuda":
+        nbytes = 1 << 30
+        src = torch.randn(nbytes // 4, device=device)
+        dst = torch.empty_like(src)
+        for _ in range(3):
+            dst.copy_(src)
+        times = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        method = "CUDA device-to-device copy (torch copy_), timed with CUDA events"
+    else:
+        nbytes = 64 << 20
+        src = torch.randn(nbytes // 4)
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            dst.copy_(src)
+            times.append((time.perf_counter() - t) * 1e3)
+        method = "CPU memcpy (torch copy_ of host tensors), perf_counter: NOT an HBM figure"
+    ok = torch.equal(dst, src)
+    del src, dst
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    if not ok:
+        raise RuntimeError("bandwidth copy produced a wrong result")
+    med = percentile(times, 50)
+    return {
+        "bytes_per_s": 2 * nbytes / (med / 1e3),
+        "GB_per_s": 2 * nbytes / (med / 1e3) / 1e9,
+        "buffer_bytes": nbytes,
+        "counted_bytes": 2 * nbytes,
+        "median_ms": med,
+        "repeats": repeats,
+        "method": method,
+    }
+
+
+class ForwardTimer:
+    """Times every call of obj.forward (CUDA events on GPU, perf_counter on CPU) by shadowing the bound method."""
+
+    def __init__(self, obj, device: torch.device):
+        self.obj, self.device = obj, device
+        self.calls: list = []
+        inner = obj.forward
+
+        def timed(*a, **kw):
+            if device.type == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                out = inner(*a, **kw)
+                end.record()
+                self.calls.append((start, end))
+            else:
+                t = time.perf_counter()
+                out = inner(*a, **kw)
+                self.calls.append((time.perf_counter() - t) * 1e3)
+            return out
+
+        obj.forward = timed
+
+    def take_ms(self) -> tuple[float, int]:
+        """Total ms and number of calls since the last take (call after a synchronize)."""
+        total = sum(c[0].elapsed_time(c[1]) if isinstance(c, tuple) else c for c in self.calls)
+        n = len(self.calls)
+        self.calls = []
+        return total, n
+
+    def remove(self) -> None:
+        del self.obj.forward
+
+
+class MultiTimer:
+    """One ForwardTimer over several draft modules, read as one."""
+
+    def __init__(self, timers: list[ForwardTimer]):
+        self.timers = timers
+
+    def take_ms(self) -> tuple[float, int]:
+        parts = [t.take_ms() for t in self.timers]
+        return sum(p[0] for p in parts), sum(p[1] for p in parts)
+
+    def remove(self) -> None:
+        for t in self.timers:
+            t.remove()
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version(), "torch": torch.__version__}
+    for mod in ("triton", "transformers"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001
+            out[mod] = None
+    return out
+
+
+def device_info(device: torch.device) -> dict:
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        return {"type": "cuda", "name": p.name, "memory_GiB": p.total_memory / 2**30, "cuda": torch.version.cuda}
+    return {"type": "cpu", "name": platform.processor() or platform.machine(), "threads": torch.get_num_threads()}
