@@ -5,7 +5,7 @@ import torch
 from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeTextConfig
 from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeExperts
 
-from lightllm_mtp.kernels.fused_moe import fused_moe
+from lightllm_mtp.kernels.fused_moe import fused_moe, fused_moe_ref
 from lightllm_mtp.kernels.moe_routing import select_experts
 
 
@@ -47,3 +47,34 @@ def test_validation():
         fused_moe(x, torch.randn(4, 6, 8), torch.randn(4, 8, 3), torch.ones(3, 1), ids)
     with pytest.raises(ValueError, match="w_gate_up dtype"):
         fused_moe(x, torch.randn(4, 6, 8).bfloat16(), torch.randn(4, 8, 3), w, ids)
+
+
+def _moe_case(t, experts, top_k, hidden, inter, device, seed):
+    gen = torch.Generator().manual_seed(seed)
+    w_gate_up = (torch.randn(experts, 2 * inter, hidden, generator=gen) * 0.1).bfloat16().to(device)
+    w_down = (torch.randn(experts, hidden, inter, generator=gen) * 0.1).bfloat16().to(device)
+    x = torch.randn(t, hidden, generator=gen).bfloat16().to(device)
+    weights, ids = select_experts(torch.randn(t, experts, generator=gen).to(device), top_k)
+    return x, w_gate_up, w_down, weights, ids
+
+
+@pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="this torch has no _grouped_mm")
+def test_grouped_gemm_path_matches_reference():
+    """The prefill path (expert-sorted rows, two grouped GEMMs) against the per-expert reference; runs on CPU
+    where torch._grouped_mm has a CPU kernel, including experts that get no token."""
+    from lightllm_mtp.kernels.fused_moe import fused_moe_grouped
+
+    x, w_gate_up, w_down, weights, ids = _moe_case(40, 16, 4, 64, 32, "cpu", seed=3)
+    ids = torch.stack([torch.randperm(12, generator=torch.Generator().manual_seed(i))[:4] for i in range(40)])  # 12..15 idle
+    expected = fused_moe_ref(x.float(), w_gate_up.float(), w_down.float(), weights, ids)
+    out = fused_moe_grouped(x, w_gate_up, w_down, weights, ids)
+    torch.testing.assert_close(out.float(), expected, rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.gpu
+def test_grouped_gemm_path_on_gpu_at_prefill_size():
+    """Above the GEMV row limit fused_moe takes the grouped-GEMM path on CUDA (bf16); Qwen3.5-35B-A3B-like dims."""
+    x, w_gate_up, w_down, weights, ids = _moe_case(600, 64, 8, 256, 128, "cuda", seed=4)
+    out = fused_moe(x, w_gate_up, w_down, weights, ids)  # 4800 rows: grouped GEMM
+    expected = fused_moe_ref(x.float(), w_gate_up.float(), w_down.float(), weights, ids)
+    torch.testing.assert_close(out.float(), expected, rtol=3e-2, atol=3e-2)
