@@ -9,7 +9,9 @@ emits its argmax instead (all k accepted -> row k emits a bonus token). Emitted:
 Sampling (temperature > 0), the speculative-sampling rule that leaves the target distribution unchanged:
 with p = target probabilities of row i and q = draft probabilities (one-hot at d when drafts are greedy),
 accept d = d_{i+1} with probability min(1, p(d) / q(d)); on the first rejection emit a token drawn from
-norm(max(0, p - q)) and stop; if every draft is accepted emit a draw from the last row's p.
+norm(max(0, p - q)) and stop; if every draft is accepted emit a draw from the last row's p. All rows of a
+batch are decided together on the device (no host round trip); a temperature-0 row in a mixed batch has a
+one-hot p, for which this rule is exactly the greedy one.
 """
 
 from __future__ import annotations
@@ -47,35 +49,60 @@ def verify_block(
         raise ValueError(f"verify_block: b_draft_tokens must be [{bsz}, {max_q - 1}], got {tuple(b_draft_tokens.shape)}")
     if draft_probs is not None and draft_probs.shape != (bsz, max_q - 1, vocab):
         raise ValueError(f"verify_block: draft_probs must be [{bsz}, {max_q - 1}, {vocab}]")
-    emitted = torch.full((bsz, max_q), -1, dtype=torch.int64, device=target_logits.device)
-    accept_len = torch.ones(bsz, dtype=torch.int32, device=target_logits.device)
     if greedy_only:
         target = target_logits.argmax(dim=-1)
         m = _leading_matches(target, b_draft_tokens, b_num_drafts)
         keep = torch.arange(max_q, device=target.device)[None, :] <= m[:, None]
         return VerifyResult(b_accept_len=(m + 1).to(torch.int32), emitted=torch.where(keep, target, -1))
-    greedy = temperatures <= 0
-    if bool(greedy.any()):
-        _greedy_rows(target_logits, b_draft_tokens, b_num_drafts, greedy, emitted, accept_len)
-    for b in torch.nonzero(~greedy).flatten().tolist():
-        probs = processed_probs(
-            target_logits[b], temperatures[b].expand(max_q), top_ps[b].expand(max_q), top_ks[b].expand(max_q)
-        )
-        q = None if draft_probs is None else draft_probs[b]
-        tokens = _sample_block(probs, b_draft_tokens[b], int(b_num_drafts[b]), q, generators[b])
-        emitted[b, : len(tokens)] = torch.tensor(tokens, device=emitted.device)
-        accept_len[b] = len(tokens)
-    return VerifyResult(b_accept_len=accept_len, emitted=emitted)
+    return _speculative_rows(target_logits, b_draft_tokens, b_num_drafts, temperatures, top_ps, top_ks, generators,
+                             draft_probs)
 
 
-def _greedy_rows(logits, drafts, num_drafts, rows_mask, emitted, accept_len) -> None:
-    bsz, max_q, _ = logits.shape
-    target = logits.argmax(dim=-1)  # [B, max_q]
-    m = _leading_matches(target, drafts, num_drafts)
-    keep = torch.arange(max_q, device=logits.device)[None, :] <= m[:, None]
-    out = torch.where(keep, target, torch.full_like(target, -1))
-    emitted[rows_mask] = out[rows_mask]
-    accept_len[rows_mask] = (m + 1).to(torch.int32)[rows_mask]
+def _speculative_rows(logits, drafts, num_drafts, temps, top_ps, top_ks, generators, draft_probs) -> VerifyResult:
+    """The sampling rule for every row at once, on the device, no host sync. Temperature-0 rows get one-hot
+    target probabilities, for which the rule (strict u * q(d) < p(d)) is exactly greedy first-mismatch."""
+    bsz, max_q, vocab = logits.shape
+    k, dev = max_q - 1, logits.device
+    probs = processed_probs(
+        logits.reshape(-1, vocab), temps.repeat_interleave(max_q), top_ps.repeat_interleave(max_q),
+        top_ks.repeat_interleave(max_q),
+    ).view(bsz, max_q, vocab)  # fmt: skip
+    rows = torch.arange(bsz, device=dev)
+    d = drafts.clamp_min(0)  # [B, k]
+    m = torch.zeros(bsz, dtype=torch.int64, device=dev)
+    if k > 0:
+        p_d = probs[:, :k].gather(2, d[..., None]).squeeze(-1)  # [B, k]
+        q_d = torch.ones_like(p_d) if draft_probs is None else draft_probs.gather(2, d[..., None]).squeeze(-1)
+        u = _per_row(lambda g, r: torch.rand(r.stop - r.start, k, device=dev, generator=g), generators)
+        accept = (u * q_d < p_d) & (torch.arange(k, device=dev)[None, :] < num_drafts[:, None])
+        m = torch.cumprod(accept.to(torch.int64), dim=1).sum(dim=1)
+    row_p = probs[rows, m]  # [B, V] target distribution after the last accepted draft
+    final = row_p
+    if k > 0:
+        rejected = m < num_drafts
+        d_m = d[rows, m.clamp(max=k - 1)]
+        if draft_probs is None:  # one-hot draft: p with the rejected token removed
+            residual = row_p.scatter(1, d_m[:, None], 0.0)
+        else:
+            residual = (row_p - draft_probs[rows, m.clamp(max=k - 1)]).clamp_min(0.0)
+        total = residual.sum(dim=1, keepdim=True)
+        residual = torch.where(total > 0, residual / total.clamp_min(1e-30), row_p)
+        final = torch.where(rejected[:, None], residual, row_p)
+    last = _per_row(lambda g, r: torch.multinomial(final[r], 1, generator=g).squeeze(1), generators)
+    cols = torch.arange(max_q, device=dev)[None, :]
+    emitted = torch.where(cols < m[:, None], torch.nn.functional.pad(d, (0, 1)), -1)
+    emitted[rows, m] = last
+    return VerifyResult(b_accept_len=(m + 1).to(torch.int32), emitted=emitted)
+
+
+def _per_row(draw, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """draw(generator, rows: slice) -> random tensor for those rows. Rows of requests with their own generator (a
+    seed) are drawn from it, the others from the default generator in one call."""
+    out = draw(None, slice(0, len(generators)))
+    for b, g in enumerate(generators):
+        if g is not None:
+            out[b] = draw(g, slice(b, b + 1))[0]
+    return out
 
 
 def _leading_matches(target: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor) -> torch.Tensor:
@@ -83,25 +110,3 @@ def _leading_matches(target: torch.Tensor, drafts: torch.Tensor, num_drafts: tor
     col = torch.arange(drafts.shape[1], device=target.device)
     match = (target[:, :-1] == drafts) & (col[None, :] < num_drafts[:, None])
     return torch.cumprod(match.to(torch.int64), dim=1).sum(dim=1)
-
-
-def _sample_block(probs, drafts, num_drafts, draft_probs, generator) -> list[int]:
-    tokens: list[int] = []
-    for i in range(num_drafts):
-        p, d = probs[i], int(drafts[i])
-        q_d = 1.0 if draft_probs is None else float(draft_probs[i, d])
-        u = float(torch.rand((), generator=generator, device=probs.device))
-        if u * q_d <= float(p[d]):
-            tokens.append(d)
-            continue
-        if draft_probs is None:
-            residual = p.clone()
-            residual[d] = 0.0
-        else:
-            residual = (p - draft_probs[i]).clamp_min(0.0)
-        total = residual.sum()
-        residual = residual / total if float(total) > 0 else p
-        tokens.append(int(torch.multinomial(residual, 1, generator=generator)))
-        return tokens
-    tokens.append(int(torch.multinomial(probs[num_drafts], 1, generator=generator)))
-    return tokens

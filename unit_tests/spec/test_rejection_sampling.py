@@ -79,3 +79,27 @@ def test_top_k_top_p_are_applied_to_the_target():
                            torch.tensor([2]), [g])
         counts[res.emitted[0, 0]] += 1
     assert counts[2:].sum() == 0  # top_k=2 keeps tokens 0 and 1 only; draft 3 is never accepted
+
+
+def test_batched_rows_mix_greedy_and_sampling():
+    """One verify_block call over many requests: sampled rows follow the target distribution, temperature-0 rows
+    in the same batch follow the greedy rule exactly, seeded rows are reproducible."""
+    vocab, k, n = 6, 2, 4000
+    gen = torch.Generator().manual_seed(1)
+    target_logits = (torch.randn(1, k + 1, vocab, generator=gen) * 1.5).expand(n, -1, -1).contiguous()
+    drafts = torch.tensor([[2, 4]]).expand(n, -1).contiguous()
+    temps = torch.where(torch.arange(n) % 4 == 0, 0.0, 0.9)  # every 4th request greedy
+    res = verify_block(target_logits, drafts, torch.full((n,), k), temps, torch.ones(n), torch.full((n,), -1),
+                       [None] * n)  # fmt: skip
+    greedy = verify_block(target_logits[:1], drafts[:1], torch.tensor([k]), torch.zeros(1), torch.ones(1),
+                          torch.tensor([-1]), [None], greedy_only=True)  # fmt: skip
+    g_rows = torch.arange(n) % 4 == 0
+    assert (res.emitted[g_rows] == greedy.emitted[0]).all() and (res.b_accept_len[g_rows] == greedy.b_accept_len[0]).all()
+    p = processed_probs(target_logits[0], torch.full((k + 1,), 0.9), torch.ones(k + 1), torch.full((k + 1,), -1))
+    sampled = res.emitted[~g_rows, 0]
+    counts = torch.bincount(sampled, minlength=vocab).float()
+    assert _chi_square_p_value(counts, p[0], int(sampled.numel())) > 1e-3
+    seeded = [verify_block(target_logits[:3], drafts[:3], torch.full((3,), k), torch.full((3,), 0.9), torch.ones(3),
+                           torch.full((3,), -1), [None, torch.Generator().manual_seed(7), None]).emitted[1]
+              for _ in range(2)]  # fmt: skip
+    assert torch.equal(seeded[0], seeded[1])
