@@ -1,6 +1,7 @@
 """Main job: generate from a few prompts with the offline API.
 
-With no --model_dir it uses the embedded tiny Qwen3.5 checkpoint (built on first use into the cache dir).
+With no --model_dir it uses the trained tiny Qwen3.5 checkpoint shipped in lightllm_mtp/fixtures/ (or, where that
+is absent, a random-weight tiny checkpoint built on first use into the cache dir).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ DEFAULT_PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n\n", "class Stac
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m lightllm_mtp", description=__doc__)
-    parser.add_argument("--model_dir", default=None, help="checkpoint directory (default: the tiny built-in one)")
+    parser.add_argument("--model_dir", default=None, help="checkpoint directory (default: the shipped tiny one)")
     parser.add_argument("--prompt", action="append", help="prompt text (repeatable); default: three code prompts")
     parser.add_argument("--max_new_tokens", type=int, default=48)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -29,9 +30,9 @@ def main(argv: list[str] | None = None) -> None:
 
         torch.set_num_threads(1)  # the tiny default model is latency-bound: extra threads only add overhead
     if model_dir is None:
-        from lightllm_mtp.tools.default_checkpoint import ensure_tiny_checkpoint
+        from lightllm_mtp.tools.default_checkpoint import default_model_dir
 
-        model_dir = ensure_tiny_checkpoint()
+        model_dir = default_model_dir()
     llm = LLM(model_dir, device=args.device, dtype=args.dtype)
     prompts = args.prompt or DEFAULT_PROMPTS
     params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=0)

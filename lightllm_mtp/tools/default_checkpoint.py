@@ -1,7 +1,9 @@
-"""The built-in tiny checkpoint: built on first use into the cache dir, then reused."""
+"""The main job's default checkpoint: the trained tiny Qwen3.5 shipped under lightllm_mtp/fixtures/ when present,
+else the random-weight tiny checkpoint, built on first use into the cache dir, then reused."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -12,6 +14,25 @@ from lightllm_mtp.env import ENV
 # Bump whenever make_tiny_checkpoint's recipe changes, so stale cached builds are not picked up.
 RECIPE_VERSION = 1
 _DONE_MARKER = ".complete"
+
+FIXTURES_DIR = Path(__file__).resolve().parent.parent / "fixtures"
+TRAINED_CHECKPOINTS = {"qwen3_5": "tiny_qwen3_5_trained", "qwen3_5_moe": "tiny_qwen3_5_moe_trained"}
+
+
+def trained_checkpoint_dir(arch: str = "qwen3_5") -> Path | None:
+    """The shipped trained checkpoint of `arch` (lightllm_mtp/fixtures/README.md), or None while it is not there
+    complete (config, tokenizer, index and every shard it names)."""
+    model_dir = FIXTURES_DIR / TRAINED_CHECKPOINTS[arch]
+    index = model_dir / "model.safetensors.index.json"
+    if not all(p.is_file() for p in (index, model_dir / "config.json", model_dir / "tokenizer.json")):
+        return None
+    shards = set(json.loads(index.read_text())["weight_map"].values())
+    return model_dir if all((model_dir / shard).is_file() for shard in shards) else None
+
+
+def default_model_dir() -> Path:
+    """The main job's checkpoint: the trained dense tiny model if shipped, else the cached random one."""
+    return trained_checkpoint_dir("qwen3_5") or ensure_tiny_checkpoint()
 
 
 def tiny_checkpoint_dir(arch: str = "qwen3_5", mtp_layers: int = 1, tie_word_embeddings: bool = False) -> Path:

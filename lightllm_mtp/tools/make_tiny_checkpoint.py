@@ -13,17 +13,18 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sysconfig
 import time
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from lightllm_mtp.tools.tiny_corpus import read_stdlib
+
 ARCHS = ("qwen3_5", "qwen3_5_moe")
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TOKENIZER_VOCAB = 2000  # BPE merges + byte alphabet; the special tokens come after
-CORPUS_BYTES = 1_500_000
+CORPUS_CHARS = 1_500_000
 SHARD_BYTES = 512 * 1024
 INIT_STD = 0.1  # HF initializer_range: a gain of about 1 per projection, so the stack is not chaotic
 HEAD_STD = 0.25  # lm_head (or tied embedding) std, large enough for clear greedy logit margins
@@ -37,21 +38,9 @@ CHAT_TEMPLATE = (
 )
 
 
-def _corpus() -> list[str]:
-    """A fixed slice of the standard library's top-level modules: present on every machine, offline."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    texts, total = [], 0
-    for path in sorted(stdlib.glob("*.py")):
-        text = path.read_text(encoding="utf-8", errors="replace")
-        texts.append(text)
-        total += len(text)
-        if total >= CORPUS_BYTES:
-            break
-    return texts
-
-
-def train_tokenizer(out_dir: Path):
-    """Train a byte-level BPE, save it with a ChatML template; returns the transformers tokenizer."""
+def train_tokenizer(out_dir: Path, texts: list[str] | None = None, vocab_size: int = TOKENIZER_VOCAB):
+    """Train a byte-level BPE on `texts` (default: the first ~1.5 MB of the standard library's top-level modules),
+    save it with a ChatML template; returns the transformers tokenizer."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
     from transformers.models.qwen3_5.tokenization_qwen3_5 import PRETOKENIZE_REGEX
@@ -68,9 +57,11 @@ def train_tokenizer(out_dir: Path):
     tok.decoder = decoders.ByteLevel()
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     trainer = trainers.BpeTrainer(
-        vocab_size=TOKENIZER_VOCAB, min_frequency=2, initial_alphabet=alphabet, show_progress=False
+        vocab_size=vocab_size, min_frequency=2, initial_alphabet=alphabet, show_progress=False
     )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
+    if texts is None:
+        texts = [f.text for f in read_stdlib("*.py", max_chars=CORPUS_CHARS)]
+    tok.train_from_iterator(texts, trainer=trainer)
     tok.add_special_tokens(list(SPECIAL_TOKENS))
     eos = SPECIAL_TOKENS[0]
     fast = PreTrainedTokenizerFast(
@@ -81,28 +72,41 @@ def train_tokenizer(out_dir: Path):
     return fast
 
 
-def make_config(arch: str, vocab_size: int, eos_id: int, mtp_layers: int, tie_word_embeddings: bool):
-    """The HF multimodal-wrapper config of the tiny model (6 GDN + 2 full-attention layers)."""
+# Text-model sizes of the random tiny checkpoint (6 GDN + 2 full-attention layers); make_config takes others.
+TINY_SIZES = dict(
+    hidden_size=64, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+    intermediate_size=128, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+    shared_expert_intermediate_size=48,
+)  # fmt: skip
+_MOE_ONLY = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size")
+
+
+def mrope_section(head_dim: int, partial_rotary_factor: float = 0.25) -> list[int]:
+    """Split the rotary frequencies over the (t, h, w) sections like the real [11, 11, 10] of 32."""
+    n = int(head_dim * partial_rotary_factor) // 2
+    w = n // 3
+    h = (n - w) // 2
+    return [n - h - w, h, w]
+
+
+def make_config(arch: str, vocab_size: int, eos_id: int, mtp_layers: int, tie_word_embeddings: bool, sizes=None):
+    """The HF multimodal-wrapper config of a tiny model. `sizes` (default TINY_SIZES) holds at least the fields of
+    TINY_SIZES (the MoE ones used only for qwen3_5_moe, intermediate_size only for the dense model) and may
+    override any other text-config field."""
     from transformers import Qwen3_5Config, Qwen3_5MoeConfig
 
     moe = arch == "qwen3_5_moe"
+    sizes = dict(TINY_SIZES if sizes is None else sizes)
+    for key in _MOE_ONLY if not moe else ("intermediate_size",):
+        sizes.pop(key, None)
     ids = dict(bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id)
-    mrope = dict(mrope_section=[2, 1, 1], mrope_interleaved=True)
+    mrope = dict(mrope_section=mrope_section(sizes["head_dim"]), mrope_interleaved=True)
     text = dict(
         vocab_size=vocab_size,
-        hidden_size=64,
-        num_hidden_layers=8,
         full_attention_interval=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        # rotary_dim = 32 * 0.25 = 8 -> 4 frequencies, split [2, 1, 1] over the (t, h, w) mRoPE sections
         rope_parameters=dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25, **mrope),
         attn_output_gate=True,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        linear_key_head_dim=16,
-        linear_value_head_dim=16,
         linear_conv_kernel_dim=4,
         max_position_embeddings=4096,
         rms_norm_eps=1e-6,
@@ -113,10 +117,7 @@ def make_config(arch: str, vocab_size: int, eos_id: int, mtp_layers: int, tie_wo
         mamba_ssm_dtype="float32",
         **ids,
     )
-    if moe:
-        text.update(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)
-    else:
-        text.update(intermediate_size=128)
+    text.update(sizes)
     vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, patch_size=4, num_position_embeddings=16)
     vision["out_hidden_size"] = text["hidden_size"]
     cls = Qwen3_5MoeConfig if moe else Qwen3_5Config
@@ -147,23 +148,29 @@ def _perturb(model: torch.nn.Module) -> None:
             module.in_proj_a.weight.mul_(0.25)
 
 
+def mtp_stack(text_config, num_layers: int) -> torch.nn.Module:
+    """HF's text model holding `num_layers` full-attention decoder layers, the MTP layers' structure (MoE MLP for
+    the MoE model). Its `layers.{j}.*` are `mtp.layers.{j}.*`; its own 8-row embedding is never used."""
+    import transformers
+
+    text = text_config.to_dict()
+    text.update(num_hidden_layers=num_layers, layer_types=["full_attention"] * num_layers, vocab_size=8)
+    text.update(pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    mtp_cfg = type(text_config)(**{k: v for k, v in text.items() if k != "model_type"})
+    return getattr(transformers, type(text_config).__name__.replace("TextConfig", "TextModel"))(mtp_cfg)
+
+
 def _mtp_tensors(cfg, mtp_layers: int) -> dict[str, torch.Tensor]:
     """mtp.* weights: fc, the three norms, and N full-attention decoder layers built by HF's text model.
 
     No mtp.* at all when mtp_layers == 0 (a checkpoint without a draft head)."""
-    import transformers
-
     if mtp_layers == 0:
         return {}
     h = cfg.text_config.hidden_size
     out: dict[str, torch.Tensor] = {"mtp.fc.weight": torch.randn(h, 2 * h) * INIT_STD}
     for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
         out[f"mtp.{name}.weight"] = torch.randn(h) * NORM_STD
-    text = cfg.text_config.to_dict()
-    text.update(num_hidden_layers=mtp_layers, layer_types=["full_attention"] * mtp_layers, vocab_size=8)
-    text.update(pad_token_id=None, bos_token_id=None, eos_token_id=None)
-    text_cfg = type(cfg.text_config)(**{k: v for k, v in text.items() if k != "model_type"})
-    stack = getattr(transformers, type(cfg.text_config).__name__.replace("TextConfig", "TextModel"))(text_cfg)
+    stack = mtp_stack(cfg.text_config, mtp_layers)
     _perturb(stack)
     for name, tensor in stack.state_dict().items():
         if name.startswith("layers."):
@@ -206,8 +213,8 @@ def _fuse_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _write_shards(out_dir: Path, tensors: dict[str, torch.Tensor]) -> None:
-    """Replace HF's shards with `model-0000i-of-0000n.safetensors` of about SHARD_BYTES each, plus the index."""
+def _write_shards(out_dir: Path, tensors: dict[str, torch.Tensor], shard_bytes: int) -> None:
+    """Replace HF's shards with `model-0000i-of-0000n.safetensors` of about `shard_bytes` each, plus the index."""
     for old in out_dir.glob("model*.safetensors*"):
         old.unlink()
     shards: list[dict[str, torch.Tensor]] = [{}]
@@ -215,7 +222,7 @@ def _write_shards(out_dir: Path, tensors: dict[str, torch.Tensor]) -> None:
     for name in sorted(tensors):
         t = tensors[name].contiguous()
         nbytes = t.numel() * t.element_size()
-        if shards[-1] and size + nbytes > SHARD_BYTES:
+        if shards[-1] and size + nbytes > shard_bytes:
             shards.append({})
             size = 0
         shards[-1][name] = t
@@ -229,6 +236,17 @@ def _write_shards(out_dir: Path, tensors: dict[str, torch.Tensor]) -> None:
             total += t.numel() * t.element_size()
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def padded_vocab_size(tokenizer) -> int:
+    return -(-len(tokenizer) // 64) * 64
+
+
+def published_model_class(cfg) -> type:
+    """Qwen3_5ForConditionalGeneration / Qwen3_5MoeForConditionalGeneration for a wrapper config."""
+    import transformers
+
+    return getattr(transformers, type(cfg).__name__.replace("Config", "ForConditionalGeneration"))
 
 
 def build_tiny_checkpoint(
@@ -248,45 +266,55 @@ def build_tiny_checkpoint(
         raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
     if mtp_layers < 0:
         raise ValueError("mtp_layers must be >= 0")
-    import transformers
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = train_tokenizer(out)
     eos_id = tokenizer.convert_tokens_to_ids(SPECIAL_TOKENS[0])
-    vocab_size = -(-len(tokenizer) // 64) * 64
-    cfg = make_config(arch, vocab_size, eos_id, mtp_layers, tie_word_embeddings)
+    cfg = make_config(arch, padded_vocab_size(tokenizer), eos_id, mtp_layers, tie_word_embeddings)
 
     torch.manual_seed(seed)
-    model_cls = type(cfg).__name__.replace("Config", "ForConditionalGeneration")
-    model = getattr(transformers, model_cls)(cfg).float().eval()
+    model = published_model_class(cfg)(cfg).float().eval()
     _perturb(model)
     with torch.no_grad():
         head = model.get_output_embeddings().weight  # the embedding itself when tied
         head *= HEAD_STD / INIT_STD  # wide logits for clear greedy margins
         head[len(tokenizer) :] *= 0.1  # ids past the tokenizer (vocab padding): small logits, never greedy picks
-    ids = dict(bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id)
+    mtp = _mtp_tensors(cfg, mtp_layers)
+    write_published_checkpoint(model, out, mtp, fused_experts)
+    return out
+
+
+def write_published_checkpoint(
+    model, out: Path, mtp: dict[str, torch.Tensor], fused_experts: bool | None,
+    shard_bytes: int = SHARD_BYTES, dtype: torch.dtype | None = None,
+) -> None:  # fmt: skip
+    """Save an HF `...ForConditionalGeneration` (config.json, generation_config.json) with transformers, then re-shard its weights plus the `mtp.*` tensors into `model-0000i-of-0000n.safetensors` + index.
+
+    `fused_experts` (MoE only): None keeps the layout HF's save_pretrained writes; True/False force fused 3-D or
+    per-expert tensors for both the main model and mtp.*. `dtype` casts every tensor (config.json says so)."""
+    import transformers
+
+    if dtype is not None:
+        model = model.to(dtype)
+        mtp = {name: t.to(dtype) for name, t in mtp.items()}
+    cfg = model.config
+    ids = dict(bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id)
     model.generation_config = transformers.GenerationConfig(**ids)
     bars = transformers.utils.logging.is_progress_bar_enabled()
     transformers.utils.logging.disable_progress_bar()
     try:
-        model.save_pretrained(out, max_shard_size=f"{SHARD_BYTES // 1024}KB")
+        model.save_pretrained(out, max_shard_size=f"{shard_bytes // 1024}KB")
     finally:
         if bars:
             transformers.utils.logging.enable_progress_bar()
-    mtp = _mtp_tensors(cfg, mtp_layers)
-    del model
-
-    index = json.loads((out / "model.safetensors.index.json").read_text())
     tensors: dict[str, torch.Tensor] = {}
-    for shard in sorted(set(index["weight_map"].values())):
-        tensors.update(load_file(str(out / shard)))
+    for shard in sorted(out.glob("model*.safetensors")):  # HF writes one file without an index when it fits
+        tensors.update(load_file(str(shard)))
     hf_fused = any(name.endswith("experts.gate_up_proj") for name in tensors)
     fused = hf_fused if fused_experts is None else fused_experts
     tensors.update(mtp)
     tensors = _fuse_experts(tensors) if fused else _split_experts(tensors)
-    _write_shards(out, tensors)
-    return out
+    _write_shards(out, tensors, shard_bytes)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,138 @@
+"""Real MTP acceptance of a checkpoint on held-out standard-library text, measured with this engine.
+
+    python -m lightllm_mtp.tools.eval_acceptance --model_dir lightllm_mtp/fixtures/tiny_qwen3_5_trained --strict
+
+Greedy generation from held-out prompts (tiny_corpus.heldout_prompts) without speculation, then with
+`mtp_mode=eagle_with_att` for each mtp_step k. Per k: tokens per verify step (accepted drafts + 1, the "accept
+length"), accepted drafts per step, and acceptance at draft position j (accepted / proposed; a draft counts as
+accepted only when every draft before it was), all weighted by verify steps over the requests. Each MTP run's
+tokens are compared with plain decoding (--strict: a mismatch is an error). Optionally the held-out main / MTP
+losses of the checkpoint (HF forward of the same weights). Writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+from lightllm_mtp.engine.llm import RequestOutput
+
+
+def aggregate(outputs: list[RequestOutput]) -> dict:
+    """Verify-step-weighted acceptance over requests."""
+    steps = sum(o.spec.num_steps for o in outputs)
+    if steps == 0:
+        raise ValueError("no verify step ran: MTP was not active")
+    k = len(outputs[0].spec.acceptance_per_position)
+    weighted = lambda values: sum(v * o.spec.num_steps for v, o in zip(values, outputs)) / steps  # noqa: E731
+    return {
+        "verify_steps": steps,
+        "tokens_per_step": round(weighted([o.spec.tokens_per_step for o in outputs]), 4),
+        "accepted_per_step": round(weighted([o.spec.accepted_per_step for o in outputs]), 4),
+        "acceptance_per_position": [
+            round(weighted([o.spec.acceptance_per_position[j] for o in outputs]), 4) for j in range(k)
+        ],
+    }
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def evaluate(args) -> dict:
+    from transformers import AutoTokenizer
+
+    from lightllm_mtp import LLM, SamplingParams
+    from lightllm_mtp.tools.tiny_corpus import heldout_prompts, split_corpus
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
+    corpus = split_corpus()
+    prompts = heldout_prompts(tokenizer, corpus.heldout, args.num_prompts, args.prompt_tokens)
+    ids = [p for _, p in prompts]
+    params = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens, ignore_eos=True)
+    engine_kwargs = dict(device=args.device, dtype=args.dtype, max_batch_size=args.max_batch_size,
+                         max_model_len=args.prompt_tokens + args.max_new_tokens + 8)  # fmt: skip
+
+    def run(**mtp):
+        llm = LLM(args.model_dir, **engine_kwargs, **mtp)
+        start = time.perf_counter()
+        outs = llm.generate(ids, params)
+        return outs, time.perf_counter() - start
+
+    plain, plain_s = run()
+    result = {
+        "model_dir": str(args.model_dir),
+        "command": "python -m lightllm_mtp.tools.eval_acceptance " + " ".join(args.argv),
+        "device": args.device,
+        "dtype": args.dtype,
+        "python": sys.version.split()[0],
+        "prompts": {"count": len(ids), "prompt_tokens": args.prompt_tokens, "max_new_tokens": args.max_new_tokens,
+                    "files": [path for path, _ in prompts]},
+        "plain": {"seconds": round(plain_s, 2)},
+        "mtp": {},
+        "samples": [{"prompt": tokenizer.decode(p), "continuation": o.text} for p, o in zip(ids[:3], plain[:3])],
+    }  # fmt: skip
+    for k in args.mtp_steps:
+        outs, seconds = run(mtp_mode="eagle_with_att", mtp_step=k)
+        mismatches = {i: first_divergence(o.token_ids, r.token_ids) for i, (o, r) in enumerate(zip(outs, plain))}
+        mismatches = {i: pos for i, pos in mismatches.items() if pos is not None}
+        result["mtp"][str(k)] = {**aggregate(outs), "seconds": round(seconds, 2), "greedy_equal": not mismatches,
+                                 "first_divergence": mismatches}  # fmt: skip
+        print(f"k={k}: {json.dumps(result['mtp'][str(k)])}")
+        if mismatches and args.strict:
+            raise SystemExit(f"k={k}: MTP greedy output differs from plain decoding (request: position) {mismatches}")
+    if args.heldout_windows:
+        result["heldout"] = heldout_losses(args, tokenizer, corpus)
+        print(f"held-out losses: {json.dumps(result['heldout'])}")
+    return result
+
+
+def heldout_losses(args, tokenizer, corpus) -> dict:
+    """Main / MTP loss and MTP agreement of the checkpoint's weights on held-out windows (HF forward, fp32 on CPU)."""
+    from lightllm_mtp.tools.tiny_corpus import token_stream
+    from lightllm_mtp.tools.trainable_mtp import load_tiny_mtp_model, stream_losses
+
+    model = load_tiny_mtp_model(args.model_dir).to(args.device)
+    cuda = args.device.startswith("cuda")
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if cuda else nullcontext
+    stream = token_stream(tokenizer, corpus.heldout, tokenizer.eos_token_id)
+    losses = stream_losses(model, stream, args.heldout_seq_len, args.heldout_windows, 8, args.device, autocast)
+    return {**losses, "windows": args.heldout_windows, "seq_len": args.heldout_seq_len}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model_dir", required=True)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="auto", help="auto: float32 on CPU, bfloat16 on CUDA")
+    p.add_argument("--mtp_steps", type=int, nargs="+", default=[1, 2, 3, 4])
+    p.add_argument("--num_prompts", type=int, default=16)
+    p.add_argument("--prompt_tokens", type=int, default=128)
+    p.add_argument("--max_new_tokens", type=int, default=64)
+    p.add_argument("--max_batch_size", type=int, default=16)
+    p.add_argument("--heldout_windows", type=int, default=16, help="0 skips the held-out loss")
+    p.add_argument("--heldout_seq_len", type=int, default=512)
+    p.add_argument("--strict", action="store_true", help="fail when MTP greedy output differs from plain decoding")
+    p.add_argument("--out", default=None, help="JSON path (default: print only)")
+    args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    if args.device == "cpu":
+        torch.set_num_threads(min(4, torch.get_num_threads()))
+    result = evaluate(args)
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {args.out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
