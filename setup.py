@@ -5,6 +5,7 @@ setup(
     version="0.1.0",
     description="LightLLM-style inference engine for Qwen3.5 (dense and MoE) with MTP speculative decoding",
     packages=find_packages(include=["lightllm_mtp", "lightllm_mtp.*"]),
+    package_data={"lightllm_mtp": ["fixtures/*.md", "fixtures/*/*"]},  # the trained tiny checkpoints
     python_requires=">=3.10",
     install_requires=[
         "torch>=2.4",
@@ -14,8 +15,15 @@ setup(
         "tqdm>=4.60",
     ],
     extras_require={
-        "test": ["pytest>=8"],
-        "server": ["fastapi>=0.110", "uvicorn>=0.29"],
+        "test": [
+            "pytest>=8",
+            "openai>=1.40",  # the e2e tests drive the server with the official client
+            "httpx>=0.27",
+            "fastapi>=0.110",
+            "uvicorn>=0.29",
+            "prometheus_client>=0.20",
+        ],
+        "server": ["fastapi>=0.110", "uvicorn>=0.29", "prometheus_client>=0.20", "httpx>=0.27"],
         "gpu": ["triton>=3.0", "fla-core>=0.6"],
     },
     entry_points={"console_scripts": ["lightllm-mtp=lightllm_mtp.__main__:main"]},

@@ -1,0 +1,63 @@
+"""Entry point: `python -m lightllm_mtp.server.api_server --model_dir DIR [...]` (see --help).
+
+Start-up: parse and validate the flags, load the tokenizer, start the --dp model workers and wait until each
+has loaded its model, then serve HTTP (uvicorn) until SIGINT / SIGTERM, then stop the workers.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+
+from lightllm_mtp.server.args import ServerArgs, parse_server_args
+
+logger = logging.getLogger("lightllm_mtp.server")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_server_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if not args.is_loopback and args.api_key is None:
+        logger.warning("binding %s without --api_key: anyone who can reach this port can use the model", args.host)
+    # uvicorn shuts down on SIGINT / SIGTERM, then re-raises the signal: end as a normal exit, not a kill
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    try:
+        code = serve(args)
+    except KeyboardInterrupt:
+        code = 0
+    sys.exit(code)
+
+
+def serve(args: ServerArgs) -> int:
+    import uvicorn
+    from transformers import AutoTokenizer
+
+    from lightllm_mtp.server.engine_client import EngineClient
+    from lightllm_mtp.server.http_app import create_app
+    from lightllm_mtp.server.metrics import ServerMetrics
+    from lightllm_mtp.server.worker_pool import WorkerPool, WorkerStartError
+
+    tokenizer = AutoTokenizer.from_pretrained(args.engine.model_dir)
+    pool = WorkerPool(args)
+    try:
+        try:
+            ready = pool.start()
+        except WorkerStartError as e:
+            logger.error("%s", e)
+            return 1
+        client = EngineClient(pool, tokenizer, ServerMetrics(ready[0].mtp_step))
+        app = create_app(args, client, client.metrics, on_shutdown=pool.shutdown)
+        logger.info("serving %s on http://%s:%d (dp=%d, mtp=%s)", args.model_name, args.host, args.port, args.dp,
+                    f"{args.engine.mtp_mode} x{args.engine.mtp_step}" if args.engine.mtp_mode else "off")  # fmt: skip
+        config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.log_level == "debug",
+                                timeout_graceful_shutdown=5)  # fmt: skip
+        server = uvicorn.Server(config)
+        server.run()
+        return 0 if server.started else 1
+    finally:
+        pool.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""Server command line -> `ServerArgs` (frozen), validated once at start-up.
+
+Flag names follow LightLLM where it has one (`--running_max_req_size`, `--max_req_total_len`, `--data_type`,
+`--mtp_mode`, ...); vLLM-style aliases are accepted for the common ones. `mtp_mode` is a string only here: the
+engine gets it through `EngineArgs` and parses it into `MtpMode` / `SpecConfig`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from lightllm_mtp.config.engine_args import EngineArgs
+from lightllm_mtp.config.model_config import ModelConfig
+from lightllm_mtp.spec.config import MAX_MTP_STEP, MtpMode
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    engine: EngineArgs  # the per-replica engine settings; each worker gets its own device (see worker_engine_args)
+    model_name: str  # the name served at /v1/models and checked in every request's `model`
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None  # when set, /v1/* and /generate* need "Authorization: Bearer <api_key>"
+    dp: int = 1  # model replicas (worker processes), one GPU each on CUDA
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if self.dp < 1:
+            raise ValueError(f"--dp must be >= 1, got {self.dp}")
+        if self.dp > 1 and self.engine.device.startswith("cuda:"):
+            raise ValueError(f"--dp {self.dp} spreads replicas over cuda:0..{self.dp - 1}: pass --device cuda")
+        if self.engine.device == "cuda":
+            import torch
+
+            n = torch.cuda.device_count()
+            if self.dp > n:
+                raise ValueError(f"--dp {self.dp} needs {self.dp} GPUs, {n} visible")
+        if not 1 <= self.port <= 65535:
+            raise ValueError(f"--port must be in [1, 65535], got {self.port}")
+        if self.api_key is not None and not self.api_key:
+            raise ValueError("--api_key is empty")
+
+    @property
+    def is_loopback(self) -> bool:
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+    def worker_engine_args(self, rank: int) -> EngineArgs:
+        """Replica `rank`'s EngineArgs: device cuda -> cuda:rank; CPU replicas share the host."""
+        if self.engine.device == "cuda":
+            return dataclasses.replace(self.engine, device=f"cuda:{rank}")
+        return self.engine
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = EngineArgs.__dataclass_fields__
+    p = argparse.ArgumentParser(
+        prog="python -m lightllm_mtp.server.api_server",
+        description="OpenAI-compatible and LightLLM-style HTTP server for Qwen3.5 with optional MTP speculative "
+        "decoding. One HTTP front process, --dp model worker processes (continuous batching, chunked prefill).",
+    )
+    m = p.add_argument_group("model")
+    m.add_argument("--model_dir", required=True, help="checkpoint directory (config.json, safetensors, tokenizer)")
+    m.add_argument("--model_name", default=None, help="served model name (default: the model_dir's last component)")
+    m.add_argument("--device", default="cpu",
+                   help="cpu or cuda (with --dp N: replica i on cuda:i; default: %(default)s)")
+    m.add_argument("--data_type", "--dtype", dest="data_type", default=d["dtype"].default,
+                   help="auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16 or float16")
+    m.add_argument("--load_format", default=d["load_format"].default,
+                   help="auto: the checkpoint's safetensors; dummy: random weights (benchmarks); default: %(default)s")
+    b = p.add_argument_group("batching and memory (per replica)")
+    b.add_argument("--running_max_req_size", "--max_batch_size", dest="running_max_req_size", type=int, default=32,
+                   help="concurrent requests per replica (request slots); more wait in the queue "
+                   "(default: %(default)s)")
+    b.add_argument("--max_req_total_len", "--max_model_len", dest="max_req_total_len", type=int, default=None,
+                   help="prompt + generated tokens per request (default: min(max_position_embeddings, 4096))")
+    b.add_argument("--max_total_token_num", type=int, default=None,
+                   help="KV pool size in tokens (default: running_max_req_size * max_req_total_len)")
+    b.add_argument("--chunked_prefill_size", type=int, default=d["chunked_prefill_size"].default,
+                   help="token budget of one forward: decode rows (1 + mtp_step each) then prompt chunks "
+                   "(default: %(default)s)")
+    b.add_argument("--graph_max_batch_size", type=int, default=d["graph_max_batch_size"].default,
+                   help="largest decode / verify batch replayed from a CUDA graph (CUDA only; default: %(default)s)")
+    b.add_argument("--disable_cudagraph", action="store_true", help="run every step eagerly (same as "
+                   "--graph_max_batch_size 0)")
+    s = p.add_argument_group("MTP speculative decoding")
+    s.add_argument("--mtp_mode", default=None, choices=[mode.value for mode in MtpMode],
+                   help="draft with the checkpoint's MTP head: eagle_with_att runs mtp.layers.0 mtp_step times; "
+                   "vanilla_with_att uses mtp.layers.j for draft j (default: no speculation)")
+    s.add_argument("--mtp_step", type=int, default=0,
+                   help=f"draft tokens per step, 1..{MAX_MTP_STEP} (needs --mtp_mode)")
+    s.add_argument("--mtp_draft_model_dir", default=None, help="directory holding the mtp.* tensors (default: "
+                   "model_dir)")
+    h = p.add_argument_group("HTTP")
+    h.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s, loopback only)")
+    h.add_argument("--port", type=int, default=8000, help="default: %(default)s")
+    h.add_argument("--api_key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* and /generate*")
+    h.add_argument("--dp", type=int, default=1, help="model replicas, each its own worker process (and GPU); "
+                   "requests go to the replica with the fewest outstanding")
+    h.add_argument("--log_level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="default: %(default)s")
+    return p  # fmt: skip
+
+
+def parse_server_args(argv: list[str] | None = None) -> ServerArgs:
+    """Parses and validates; a bad flag or combination exits with status 2 and one clear message."""
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    try:
+        return server_args_from_namespace(ns)
+    except ValueError as e:
+        parser.error(str(e))
+
+
+def server_args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
+    model_dir = Path(ns.model_dir)
+    if not (model_dir / "config.json").is_file():
+        raise ValueError(f"--model_dir {ns.model_dir}: no config.json there")
+    if not any((model_dir / f).is_file() for f in TOKENIZER_FILES):
+        raise ValueError(f"--model_dir {ns.model_dir}: the server needs a tokenizer ({' or '.join(TOKENIZER_FILES)})")
+    if ns.mtp_mode is not None and ns.mtp_step == 0:
+        raise ValueError(f"--mtp_mode {ns.mtp_mode} needs --mtp_step (draft tokens per step, 1..{MAX_MTP_STEP})")
+    if ns.mtp_mode is None and (ns.mtp_step or ns.mtp_draft_model_dir):
+        raise ValueError("--mtp_step / --mtp_draft_model_dir need --mtp_mode (eagle_with_att or vanilla_with_att)")
+    if ns.mtp_draft_model_dir is not None and not Path(ns.mtp_draft_model_dir).is_dir():
+        raise ValueError(f"--mtp_draft_model_dir {ns.mtp_draft_model_dir} is not a directory")
+    engine = EngineArgs(
+        model_dir=str(model_dir),
+        device=ns.device,
+        dtype=ns.data_type,
+        max_model_len=ns.max_req_total_len,
+        max_batch_size=ns.running_max_req_size,
+        max_total_token_num=ns.max_total_token_num,
+        chunked_prefill_size=ns.chunked_prefill_size,
+        load_format=ns.load_format,
+        graph_max_batch_size=0 if ns.disable_cudagraph else ns.graph_max_batch_size,
+        mtp_mode=ns.mtp_mode,
+        mtp_step=ns.mtp_step,
+        mtp_draft_model_dir=ns.mtp_draft_model_dir,
+    )
+    cfg = ModelConfig.from_model_dir(model_dir)
+    max_len = engine.resolved_max_model_len(cfg.max_position_embeddings)
+    if engine.resolved_kv_pool_size(max_len) < max_len:
+        raise ValueError(
+            f"--max_total_token_num {engine.max_total_token_num} is below max_req_total_len {max_len}: a request of "
+            "full length could never be admitted; raise it or lower --max_req_total_len"
+        )
+    return ServerArgs(
+        engine=engine,
+        model_name=ns.model_name or model_dir.resolve().name,
+        host=ns.host,
+        port=ns.port,
+        api_key=ns.api_key,
+        dp=ns.dp,
+        log_level=ns.log_level,
+    )

@@ -1,0 +1,56 @@
+"""Incremental detokenization of one request's output, with stop strings. Runs in the HTTP front process.
+
+Each push decodes a short sliding window (vLLM's prefix / read offsets) rather than the whole output, so a
+step costs O(window). Text is held back while it ends in an incomplete UTF-8 sequence or in a prefix of a stop
+string; a stop string ends the text just before it (OpenAI semantics: the stop string is not returned).
+"""
+
+from __future__ import annotations
+
+CONTEXT_TOKENS = 5  # prompt tokens decoded ahead of the output, so the first word's leading space is right
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer, prompt_ids: list[int], stop: tuple[str, ...] = ()):
+        self.tokenizer = tokenizer
+        self.ids = list(prompt_ids[-CONTEXT_TOKENS:])
+        self.prefix_offset = 0  # ids[prefix_offset:read_offset] were decoded already (the window's context)
+        self.read_offset = len(self.ids)
+        self.stop = tuple(stop)
+        self.text = ""  # the output text so far (cut at a stop string)
+        self.sent = 0  # characters of `text` returned by push
+        self.stopped = False  # a stop string was found: nothing more is decoded
+
+    def push(self, token_ids: list[int], final: bool) -> str:
+        """Adds a step's tokens; returns the text that can be released now (everything when final)."""
+        if not self.stopped:
+            self.ids += token_ids
+            prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+            full = self._decode(self.ids[self.prefix_offset :])
+            if len(full) > len(prefix) and (final or not full.endswith("\ufffd")):
+                self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+                self._append(full[len(prefix) :])
+        end = len(self.text) if final or self.stopped else len(self.text) - self._held_back()
+        out = self.text[self.sent : end] if end > self.sent else ""
+        self.sent = max(self.sent, end)
+        return out
+
+    def _append(self, new: str) -> None:
+        longest = max((len(s) for s in self.stop), default=0)
+        start = max(0, len(self.text) - longest + 1)  # a stop string may straddle the old text and the new
+        self.text += new
+        hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
+        if hits:
+            self.text = self.text[: min(hits)]
+            self.stopped = True
+
+    def _held_back(self) -> int:
+        """Length of the longest tail of `text` that could begin a stop string."""
+        for n in range(min(len(self.text), max((len(s) for s in self.stop), default=1) - 1), 0, -1):
+            tail = self.text[-n:]
+            if any(s.startswith(tail) for s in self.stop):
+                return n
+        return 0
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)

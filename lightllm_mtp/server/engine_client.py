@@ -1,0 +1,214 @@
+"""The front's side of the workers: validates and submits requests, routes them, and turns the workers' token
+deltas into text deltas for the HTTP handlers.
+
+Threads: route handlers call `submit` / `abort` on the event loop; one reader thread takes `WorkerOutput`s from
+the shared outbox, detokenizes (stop strings included), updates metrics and hands each request's `Delta` to
+its `RequestStream` on the loop (`call_soon_threadsafe`). A request ends exactly once: its worker's last delta,
+a stop string found here (the worker is then told to abort), or its worker dying.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from lightllm_mtp.sampling_params import SamplingParams
+from lightllm_mtp.server.detokenizer import IncrementalDetokenizer
+from lightllm_mtp.server.messages import AbortRequest, AddRequest, SpecCounts, TokenDelta, WorkerOutput, WorkerStats
+from lightllm_mtp.server.metrics import ServerMetrics
+from lightllm_mtp.server.protocol import ApiError
+from lightllm_mtp.server.router import Router
+from lightllm_mtp.server.worker_pool import WorkerPool
+
+logger = logging.getLogger("lightllm_mtp.server")
+
+
+@dataclass(frozen=True)
+class Delta:
+    """What one worker step produced for one request, as the HTTP handler sees it."""
+
+    text: str  # newly released text (may be empty: held back, or special tokens)
+    token_ids: list[int]
+    finish_reason: str | None  # on the last delta: "stop" | "length" | "abort" | "error"
+    error: str | None
+    num_prompt_tokens: int
+    num_output_tokens: int  # generated so far
+    spec: SpecCounts | None  # on the last delta of an MTP request
+
+
+class RequestStream:
+    def __init__(self, rid: int, rank: int, prompt_ids: list[int], detok: IncrementalDetokenizer):
+        self.rid, self.rank = rid, rank
+        self.num_prompt_tokens = len(prompt_ids)
+        self.queue: asyncio.Queue[Delta] = asyncio.Queue()
+        self.finished = False  # the last delta was taken by the handler
+        self.aborted = False
+        # owned by the reader thread
+        self.detok = detok
+        self.num_output_tokens = 0
+        self.arrival = time.monotonic()
+        self.first_token_at: float | None = None
+
+    async def get(self) -> Delta:
+        delta = await self.queue.get()
+        self.finished = delta.finish_reason is not None
+        return delta
+
+    async def __aiter__(self):
+        while not self.finished:
+            yield await self.get()
+
+
+class EngineClient:
+    def __init__(self, pool: WorkerPool, tokenizer, metrics: ServerMetrics):
+        self.pool = pool
+        self.tokenizer = tokenizer
+        self.metrics = metrics
+        info = pool.ready[0]
+        self.max_model_len = info.max_model_len
+        self.vocab_size = info.vocab_size
+        self.mtp_step = info.mtp_step
+        self.kv_capacity = info.stats.kv_capacity
+        self.router = Router(len(pool.ready))
+        self.worker_stats: dict[int, WorkerStats] = {r.rank: r.stats for r in pool.ready}
+        self.dead: set[int] = set()
+        self._streams: dict[int, RequestStream] = {}
+        self._rids = itertools.count()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop = threading.Event()
+        self._reader = threading.Thread(target=self._read, name="lightllm_mtp-outputs", daemon=True)
+        metrics.watch_workers(lambda: [self.worker_stats[r] for r in sorted(self.worker_stats)],
+                              lambda: list(self.router.outstanding))  # fmt: skip
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._reader.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._reader.is_alive():
+            self._reader.join(timeout=5.0)
+
+    @property
+    def healthy(self) -> bool:
+        return not self.dead
+
+    # ---- event-loop side -----------------------------------------------------------------------------------
+    def validate(self, prompt_ids: list[int], max_new_tokens: int) -> None:
+        n = len(prompt_ids)
+        if n == 0:
+            raise ApiError(400, "the prompt is empty", param="prompt")
+        if n >= self.max_model_len:
+            raise ApiError(400, f"the prompt has {n} tokens; this model's maximum context length is "
+                           f"{self.max_model_len} (prompt + at least one generated token)", param="prompt",
+                           code="context_length_exceeded")  # fmt: skip
+        bad = [t for t in prompt_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ApiError(400, f"token ids out of range [0, {self.vocab_size}): {bad[:8]}", param="prompt")
+        need = min(n + max_new_tokens, self.max_model_len)
+        if need > self.kv_capacity:
+            raise ApiError(400, f"the request needs {need} KV tokens, a replica's pool holds {self.kv_capacity}: "
+                           "lower max_tokens", param="max_tokens")  # fmt: skip
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, stop: tuple[str, ...] = (),
+               endpoint: str = "") -> RequestStream:  # fmt: skip
+        """Validates (ApiError on bad input), then hands the request to the least loaded replica."""
+        self.validate(prompt_ids, params.max_new_tokens)
+        if self.dead:
+            raise ApiError(503, f"model worker(s) {sorted(self.dead)} died; restart the server",
+                           type="server_error")  # fmt: skip
+        rid = next(self._rids)
+        rank = self.router.pick()
+        stream = RequestStream(rid, rank, prompt_ids, IncrementalDetokenizer(self.tokenizer, prompt_ids, stop))
+        self._streams[rid] = stream  # before the worker can answer
+        self.metrics.requests.labels(endpoint).inc()
+        self.metrics.prompt_tokens.inc(len(prompt_ids))
+        self.pool.send(rank, AddRequest(rid, list(prompt_ids), params))
+        return stream
+
+    def abort(self, stream: RequestStream) -> None:
+        """Client gone: the worker frees the request's slots and answers with its last delta (ignored)."""
+        if stream.finished or stream.aborted:
+            return
+        stream.aborted = True
+        if stream.rid in self._streams:
+            self.pool.send(stream.rank, AbortRequest(stream.rid))
+
+    # ---- reader thread -------------------------------------------------------------------------------------
+    def _read(self) -> None:
+        import queue
+
+        while not self._stop.is_set():
+            try:
+                out = self.pool.outbox.get(timeout=0.5)
+            except queue.Empty:
+                self._check_workers()
+                continue
+            except (EOFError, OSError):
+                return
+            if isinstance(out, WorkerOutput):
+                try:
+                    self._on_output(out)
+                except Exception:  # never lose the reader: every later request would hang
+                    logger.exception("failed to process worker %d output", out.rank)
+
+    def _on_output(self, out: WorkerOutput) -> None:
+        self.worker_stats[out.rank] = out.stats
+        now = time.monotonic()
+        posts = []
+        for d in out.deltas:
+            stream = self._streams.get(d.rid)
+            if stream is not None:  # None: it already ended here (a stop string)
+                posts.append((stream, self._advance(stream, d, now)))
+        if posts:
+            self._post(posts)
+
+    def _advance(self, stream: RequestStream, d: TokenDelta, now: float) -> Delta:
+        if d.token_ids:
+            if stream.first_token_at is None:
+                stream.first_token_at = now
+                self.metrics.on_first_token(now - stream.arrival)
+            stream.num_output_tokens += len(d.token_ids)
+            self.metrics.on_tokens(len(d.token_ids))
+        reason = d.finish_reason
+        text = stream.detok.push(d.token_ids, final=reason is not None)
+        if reason is None and stream.detok.stopped:
+            reason = "stop"
+            self.pool.send(stream.rank, AbortRequest(stream.rid))
+        if reason is not None:
+            self._end(stream, reason, now, d.spec)
+        return Delta(text, d.token_ids, reason, d.error, stream.num_prompt_tokens, stream.num_output_tokens, d.spec)
+
+    def _end(self, stream: RequestStream, reason: str, now: float, spec: SpecCounts | None) -> None:
+        del self._streams[stream.rid]
+        self.router.done(stream.rank)
+        n, first = stream.num_output_tokens, stream.first_token_at
+        tpot = (now - first) / (n - 1) if first is not None and n > 1 else None
+        self.metrics.on_finish(reason, now - stream.arrival, tpot, spec)
+
+    def _check_workers(self) -> None:
+        dead = set(self.pool.dead_workers()) - self.dead
+        if not dead:
+            return
+        logger.error("model worker(s) %s died", sorted(dead))
+        self.dead |= dead
+        now = time.monotonic()
+        posts = []
+        for stream in [s for s in list(self._streams.values()) if s.rank in dead]:
+            self._end(stream, "error", now, None)
+            error = f"model worker {stream.rank} died"
+            posts.append((stream, Delta("", [], "error", error, stream.num_prompt_tokens, stream.num_output_tokens,
+                                        None)))  # fmt: skip
+        if posts:
+            self._post(posts)
+
+    def _post(self, posts: list[tuple[RequestStream, Delta]]) -> None:
+        def deliver():
+            for stream, delta in posts:
+                stream.queue.put_nowait(delta)
+
+        self._loop.call_soon_threadsafe(deliver)

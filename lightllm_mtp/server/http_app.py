@@ -1,0 +1,95 @@
+"""The FastAPI app: error handling (OpenAI error bodies, never a crash), API-key check, /health, /metrics,
+/server_info, and the OpenAI and LightLLM routers."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hmac
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from lightllm_mtp.server.args import ServerArgs
+from lightllm_mtp.server.engine_client import EngineClient
+from lightllm_mtp.server.lightllm_api import lightllm_routes
+from lightllm_mtp.server.metrics import ServerMetrics
+from lightllm_mtp.server.openai_api import openai_routes
+from lightllm_mtp.server.protocol import ApiError
+
+logger = logging.getLogger("lightllm_mtp.server")
+
+
+def create_app(args: ServerArgs, client: EngineClient, metrics: ServerMetrics, on_shutdown=None) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        client.start(asyncio.get_running_loop())
+        yield
+        client.stop()
+        if on_shutdown is not None:  # here, not after uvicorn returns: uvicorn re-raises SIGTERM once it is done
+            on_shutdown()
+
+    app = FastAPI(title="lightllm_mtp", lifespan=lifespan)
+
+    def error(e: ApiError) -> JSONResponse:
+        metrics.rejected.labels(str(e.status)).inc()
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, e: ApiError):
+        return error(e)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException):
+        return error(ApiError(e.status_code, str(e.detail), code=str(e.status_code)))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, e: Exception):
+        logger.exception("unhandled error in %s %s", request.method, request.url.path)
+        return error(ApiError(500, f"internal error: {type(e).__name__}: {e}", type="server_error"))
+
+    async def auth(request: Request) -> None:
+        if args.api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), args.api_key.encode()):
+            raise ApiError(401, "missing or incorrect API key: send 'Authorization: Bearer <key>'",
+                           code="invalid_api_key")  # fmt: skip
+
+    @app.get("/health")
+    async def health():
+        if not client.healthy:
+            return JSONResponse({"status": "error", "dead_workers": sorted(client.dead)}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics_endpoint():
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/server_info")
+    async def server_info():
+        e = args.engine
+        return {
+            "model_name": args.model_name,
+            "model_dir": e.model_dir,
+            "dp": args.dp,
+            "devices": [r.device for r in client.pool.ready],
+            "dtype": e.dtype,
+            "max_model_len": client.max_model_len,
+            "running_max_req_size": e.max_batch_size,
+            "chunked_prefill_size": e.chunked_prefill_size,
+            "graph_max_batch_size": e.graph_max_batch_size,
+            "mtp_mode": e.mtp_mode,
+            "mtp_step": e.mtp_step,
+            "outstanding": list(client.router.outstanding),
+            "workers": [dataclasses.asdict(client.worker_stats[r]) for r in sorted(client.worker_stats)],
+        }
+
+    app.include_router(openai_routes(client, args.model_name, auth))
+    app.include_router(lightllm_routes(client, auth))
+    return app

@@ -1,0 +1,70 @@
+"""LightLLM-style endpoints: POST /generate and /generate_stream with {"inputs": str, "parameters": {...}}.
+
+/generate answers {"generated_text": [text], "count_output_tokens", "finish_reason", "prompt_tokens", "mtp"}.
+/generate_stream sends one event per model step (several tokens with MTP):
+{"token": {"id": last id, "ids": [...], "text": ..., "logprob": null, "special": false, "count_output_tokens",
+"prompt_tokens"}, "generated_text": null, "finished": bool, "finish_reason": ..., "details": null}.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+
+from lightllm_mtp.server.engine_client import EngineClient, RequestStream
+from lightllm_mtp.server.protocol import ApiError, GenerateRequest, parse_body
+from lightllm_mtp.server.streaming import ClientDisconnected, collect, error_event, mtp_usage, sse_response
+
+
+def lightllm_routes(client: EngineClient, auth) -> APIRouter:
+    router = APIRouter(dependencies=[Depends(auth)])
+
+    def submit(req: GenerateRequest, endpoint: str) -> RequestStream:
+        try:
+            params = req.parameters.sampling_params()
+        except ValueError as e:
+            raise ApiError(400, str(e), param="parameters") from None
+        prompt_ids = client.tokenizer.encode(req.inputs, add_special_tokens=False)
+        return client.submit(prompt_ids, params, req.parameters.stop_strings, endpoint)
+
+    @router.post("/generate")
+    async def generate(request: Request):
+        stream = submit(parse_body(GenerateRequest, await request.body()), "generate")
+        try:
+            out = await collect(client, stream, request)
+        except ClientDisconnected:
+            return Response(status_code=499)
+        last = out.last
+        return JSONResponse({
+            "generated_text": [out.text],
+            "count_output_tokens": last.num_output_tokens,
+            "finish_reason": last.finish_reason,
+            "prompt_tokens": last.num_prompt_tokens,
+            "mtp": mtp_usage(last.spec),
+        })  # fmt: skip
+
+    @router.post("/generate_stream")
+    async def generate_stream(request: Request):
+        stream = submit(parse_body(GenerateRequest, await request.body()), "generate_stream")
+
+        async def events():
+            async for d in stream:
+                if d.finish_reason == "error":
+                    yield error_event(d)
+                    return
+                token = {
+                    "id": d.token_ids[-1] if d.token_ids else None,
+                    "ids": d.token_ids,
+                    "text": d.text,
+                    "logprob": None,
+                    "special": False,
+                    "count_output_tokens": d.num_output_tokens,
+                    "prompt_tokens": d.num_prompt_tokens,
+                }
+                finished = d.finish_reason is not None
+                yield {"token": token, "generated_text": None, "finished": finished,
+                       "finish_reason": d.finish_reason, "details": {"mtp": mtp_usage(d.spec)} if finished else None}
+
+        return sse_response(client, stream, events(), done_marker=False)
+
+    return router

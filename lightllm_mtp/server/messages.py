@@ -1,0 +1,112 @@
+"""What the HTTP front and the model workers send each other over their multiprocessing queues.
+
+front -> worker (one inbox per worker): AddRequest, AbortRequest, Shutdown.
+worker -> front (one shared outbox): WorkerReady / WorkerFailed once at start-up, then one WorkerOutput per
+loop iteration that did something (the tokens each request got in that step, plus the worker's usage).
+Token ids travel, text does not: detokenization happens in the front, off the model's critical path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lightllm_mtp.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class AddRequest:
+    rid: int  # unique across the server
+    prompt_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class AbortRequest:
+    rid: int
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    pass
+
+
+@dataclass(frozen=True)
+class SpecCounts:
+    """MTP acceptance counts (of one request, or summed over a worker's requests)."""
+
+    verify_steps: int = 0
+    accepted_drafts: int = 0
+    proposed_at: tuple[int, ...] = ()  # [mtp_step] drafts verified at draft position j
+    accepted_at: tuple[int, ...] = ()  # [mtp_step] drafts accepted at draft position j
+
+    def __add__(self, other: SpecCounts) -> SpecCounts:
+        n = max(len(self.proposed_at), len(other.proposed_at))
+
+        def add(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+            return tuple((a[j] if j < len(a) else 0) + (b[j] if j < len(b) else 0) for j in range(n))
+
+        return SpecCounts(
+            self.verify_steps + other.verify_steps,
+            self.accepted_drafts + other.accepted_drafts,
+            add(self.proposed_at, other.proposed_at),
+            add(self.accepted_at, other.accepted_at),
+        )
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Mean tokens emitted per verify step (accepted drafts + 1); 0 without verify steps."""
+        return (self.accepted_drafts + self.verify_steps) / self.verify_steps if self.verify_steps else 0.0
+
+    @property
+    def acceptance_per_position(self) -> list[float]:
+        return [a / p if p else 0.0 for a, p in zip(self.accepted_at, self.proposed_at)]
+
+
+@dataclass(frozen=True)
+class TokenDelta:
+    """The tokens one request got in one worker step; on its last delta, why it ended."""
+
+    rid: int
+    token_ids: list[int]
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    error: str | None = None  # with finish_reason "error": what went wrong (the request was rejected or failed)
+    spec: SpecCounts | None = None  # on the last delta of an MTP request
+
+
+@dataclass(frozen=True)
+class WorkerStats:
+    rank: int
+    kv_used: int
+    kv_capacity: int
+    kv_reserved: int
+    req_slots_used: int
+    req_slots_capacity: int
+    running: int
+    waiting: int
+    finished_requests: int  # requests this worker ended (any reason), since start
+    generated_tokens: int  # since start
+    spec: SpecCounts = field(default_factory=SpecCounts)  # since start, live requests included
+
+
+@dataclass(frozen=True)
+class WorkerOutput:
+    rank: int
+    deltas: list[TokenDelta]
+    stats: WorkerStats
+
+
+@dataclass(frozen=True)
+class WorkerReady:
+    rank: int
+    device: str  # e.g. "cuda:1 (NVIDIA H200)" or "cpu (x86_64, 2 threads)"
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    mtp_step: int  # 0 without MTP
+    stats: WorkerStats
+
+
+@dataclass(frozen=True)
+class WorkerFailed:
+    rank: int
+    error: str  # the exception message (start-up failures: bad checkpoint, MTP layers missing, OOM, ...)

@@ -1,0 +1,189 @@
+"""A model worker: one process owning one `LLMEngine` (one replica of the model).
+
+The loop: take new requests and aborts from the inbox (block only when idle), run one `engine.step_outputs()`,
+push the step's new token ids, finish reasons, acceptance and pool usage to the outbox. Speculative decoding
+is the engine's business (its runner is a SpecRunner when MTP is on): nothing here depends on it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import queue
+import signal
+import traceback
+
+from lightllm_mtp.server.messages import (
+    AbortRequest,
+    AddRequest,
+    Shutdown,
+    SpecCounts,
+    TokenDelta,
+    WorkerFailed,
+    WorkerOutput,
+    WorkerReady,
+    WorkerStats,
+)
+
+logger = logging.getLogger("lightllm_mtp.worker")
+PARENT_CHECK_S = 1.0  # an idle worker checks this often that the front is still alive
+
+
+def run_worker(rank: int, engine_args, dp: int, inbox, outbox, log_level: str) -> None:
+    """Process entry point (multiprocessing spawn target)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the front shuts us down
+    logging.basicConfig(level=log_level.upper(), format=f"%(asctime)s worker{rank} %(levelname)s %(message)s")
+    try:
+        worker = ModelWorker(rank, engine_args, dp, inbox, outbox)
+    except Exception as e:  # reported to the front, which prints it and exits
+        logger.error("start-up failed:\n%s", traceback.format_exc())
+        outbox.put(WorkerFailed(rank, f"{type(e).__name__}: {e}"))
+        return
+    worker.run()
+
+
+class ModelWorker:
+    def __init__(self, rank: int, engine_args, dp: int, inbox, outbox):
+        import torch
+
+        from lightllm_mtp.engine.llm_engine import LLMEngine
+        from lightllm_mtp.env import ENV
+
+        if engine_args.torch_device.type == "cpu" and not ENV.cpu_threads:
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // dp))  # CPU replicas share the host's cores
+        self.rank = rank
+        self.inbox, self.outbox = inbox, outbox
+        self.parent_pid = os.getppid()
+        self.engine = LLMEngine(engine_args)
+        self.live: dict[int, object] = {}  # server rid -> engine Request
+        self.rid_of: dict[int, int] = {}  # engine request_id -> server rid
+        self.finished_requests = 0
+        self.generated_tokens = 0
+        self.spec_done = SpecCounts()  # acceptance of requests that ended
+        dev = engine_args.torch_device
+        if dev.type == "cuda":
+            name = torch.cuda.get_device_name(dev)
+        else:
+            name = f"{platform.machine()}, {torch.get_num_threads()} threads"
+        spec = self.engine.spec
+        outbox.put(
+            WorkerReady(
+                rank=rank,
+                device=f"{dev} ({name})",
+                max_model_len=self.engine.max_model_len,
+                vocab_size=self.engine.model_config.vocab_size,
+                eos_token_ids=tuple(sorted(self.engine.eos_token_ids)),
+                mtp_step=spec.num_steps if spec else 0,
+                stats=self._stats(),
+            )
+        )
+
+    def run(self) -> None:
+        while True:
+            msgs = self._receive(block=not self.engine.has_unfinished())
+            if msgs is None:
+                return
+            deltas: list[TokenDelta] = []
+            for msg in msgs:
+                if isinstance(msg, Shutdown):
+                    return
+                deltas += self._handle(msg)
+            if self.engine.has_unfinished():
+                deltas += self._step()
+            if msgs or deltas:
+                self.outbox.put(WorkerOutput(self.rank, deltas, self._stats()))
+
+    def _receive(self, block: bool) -> list | None:
+        """Everything in the inbox now; when idle, waits for the first message. None: the front is gone."""
+        msgs = []
+        while block and not msgs:
+            try:
+                msgs.append(self.inbox.get(timeout=PARENT_CHECK_S))
+            except queue.Empty:
+                if os.getppid() != self.parent_pid:
+                    logger.warning("the front process is gone; exiting")
+                    return None
+        while True:
+            try:
+                msgs.append(self.inbox.get_nowait())
+            except queue.Empty:
+                return msgs
+
+    def _handle(self, msg) -> list[TokenDelta]:
+        if isinstance(msg, AddRequest):
+            try:
+                req = self.engine.add_request(msg.prompt_ids, msg.params)
+            except ValueError as e:  # the front validates first; this is the last line of defence
+                self.finished_requests += 1
+                return [TokenDelta(msg.rid, [], "error", error=str(e))]
+            self.live[msg.rid] = req
+            self.rid_of[req.request_id] = msg.rid
+            return []
+        if isinstance(msg, AbortRequest):
+            req = self.live.get(msg.rid)
+            if req is None:  # already finished: its last delta is on its way
+                return []
+            self.engine.abort(req)
+            return [self._last_delta(msg.rid, req, [], "abort")]
+        raise TypeError(f"unexpected message {msg!r}")
+
+    def _step(self) -> list[TokenDelta]:
+        try:
+            outputs = self.engine.step_outputs()
+        except Exception as e:  # a failing step must not take the server down: fail its requests, go on
+            logger.error("step failed, aborting %d requests:\n%s", len(self.live), traceback.format_exc())
+            return self._fail_all(f"{type(e).__name__}: {e}")
+        deltas = []
+        for o in outputs:
+            rid = self.rid_of[o.request.request_id]
+            self.generated_tokens += len(o.new_token_ids)
+            if o.finished:
+                deltas.append(self._last_delta(rid, o.request, o.new_token_ids, o.request.finish_reason.value))
+            else:
+                deltas.append(TokenDelta(rid, o.new_token_ids))
+        return deltas
+
+    def _fail_all(self, error: str) -> list[TokenDelta]:
+        deltas = []
+        for rid, req in list(self.live.items()):
+            try:
+                self.engine.abort(req)
+            except Exception:
+                logger.error("abort after a failed step failed:\n%s", traceback.format_exc())
+            deltas.append(self._last_delta(rid, req, [], "error", error))
+        return deltas
+
+    def _last_delta(self, rid: int, req, token_ids: list[int], reason: str, error: str | None = None) -> TokenDelta:
+        """The request's final delta; it leaves the live set."""
+        del self.live[rid], self.rid_of[req.request_id]
+        self.finished_requests += 1
+        spec = _spec_counts(req) if self.engine.spec else None
+        if spec is not None:
+            self.spec_done = self.spec_done + spec
+        return TokenDelta(rid, token_ids, reason, error=error, spec=spec)
+
+    def _stats(self) -> WorkerStats:
+        u = self.engine.usage()
+        spec = self.spec_done
+        if self.engine.spec:
+            for req in self.live.values():
+                spec = spec + _spec_counts(req)
+        return WorkerStats(
+            rank=self.rank,
+            kv_used=u.kv_used,
+            kv_capacity=u.kv_capacity,
+            kv_reserved=u.kv_reserved,
+            req_slots_used=u.req_slots_used,
+            req_slots_capacity=u.req_slots_capacity,
+            running=u.running,
+            waiting=u.waiting,
+            finished_requests=self.finished_requests,
+            generated_tokens=self.generated_tokens,
+            spec=spec,
+        )
+
+
+def _spec_counts(req) -> SpecCounts:
+    s = req.spec_stats
+    return SpecCounts(s.num_steps, s.num_accepted, tuple(s.proposed_at), tuple(s.accepted_at))

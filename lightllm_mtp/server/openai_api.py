@@ -1,0 +1,119 @@
+"""OpenAI endpoints: /v1/completions, /v1/chat/completions (chat template from the tokenizer), /v1/models."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import AsyncIterator
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+
+from lightllm_mtp.server.engine_client import EngineClient, RequestStream
+from lightllm_mtp.server.protocol import ApiError, ChatCompletionRequest, CompletionRequest, SamplingRequest, parse_body
+from lightllm_mtp.server.streaming import ClientDisconnected, collect, error_event, sse_response, usage
+
+
+def openai_routes(client: EngineClient, model_name: str, auth) -> APIRouter:
+    router = APIRouter(dependencies=[Depends(auth)])
+
+    @router.get("/v1/models")
+    async def models():
+        card = {"id": model_name, "object": "model", "created": 0, "owned_by": "lightllm_mtp",
+                "max_model_len": client.max_model_len}  # fmt: skip
+        return {"object": "list", "data": [card]}
+
+    @router.post("/v1/completions")
+    async def completions(request: Request):
+        req = parse_body(CompletionRequest, await request.body())
+        _check_model(req, model_name)
+        prompt_ids = req.prompt if isinstance(req.prompt, list) else _encode(client, req.prompt)
+        max_new = req.max_tokens if req.max_tokens is not None else 16
+        stream = _submit(client, req, prompt_ids, max_new, "completions")
+        meta = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                "model": model_name}  # fmt: skip
+        if req.stream:
+            return sse_response(client, stream, _completion_chunks(stream, req, meta))
+        try:
+            out = await collect(client, stream, request)
+        except ClientDisconnected:
+            return Response(status_code=499)
+        choice = {"index": 0, "text": out.text, "logprobs": None, "finish_reason": out.last.finish_reason}
+        return JSONResponse({**meta, "choices": [choice], "usage": usage(out.last, req.return_mtp_stats)})
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        req = parse_body(ChatCompletionRequest, await request.body())
+        _check_model(req, model_name)
+        prompt_ids = _encode(client, _chat_prompt(client.tokenizer, req))
+        max_new = req.max_new_tokens
+        if max_new is None:  # OpenAI's default for chat: as much as the context allows
+            max_new = max(1, client.max_model_len - len(prompt_ids))
+        stream = _submit(client, req, prompt_ids, max_new, "chat_completions")
+        meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                "model": model_name}  # fmt: skip
+        if req.stream:
+            return sse_response(client, stream, _chat_chunks(stream, req, {**meta, "object": "chat.completion.chunk"}))
+        try:
+            out = await collect(client, stream, request)
+        except ClientDisconnected:
+            return Response(status_code=499)
+        message = {"role": "assistant", "content": out.text}
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": out.last.finish_reason}
+        return JSONResponse({**meta, "choices": [choice], "usage": usage(out.last, req.return_mtp_stats)})
+
+    return router
+
+
+def _check_model(req: SamplingRequest, model_name: str) -> None:
+    if req.model is not None and req.model != model_name:
+        raise ApiError(404, f"The model `{req.model}` does not exist; this server serves `{model_name}`",
+                       param="model", code="model_not_found")  # fmt: skip
+
+
+def _encode(client: EngineClient, text: str) -> list[int]:
+    return client.tokenizer.encode(text, add_special_tokens=False)
+
+
+def _chat_prompt(tokenizer, req: ChatCompletionRequest) -> str:
+    if not getattr(tokenizer, "chat_template", None):
+        raise ApiError(400, "this model's tokenizer has no chat template: use /v1/completions", param="messages")
+    try:
+        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    except ValueError as e:
+        raise ApiError(400, str(e), param="messages") from None
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def _submit(client: EngineClient, req: SamplingRequest, prompt_ids: list[int], max_new: int, endpoint: str):
+    try:
+        params = req.sampling_params(max_new)
+    except ValueError as e:
+        raise ApiError(400, str(e)) from None
+    return client.submit(prompt_ids, params, req.stop_strings, endpoint)
+
+
+async def _completion_chunks(stream: RequestStream, req: CompletionRequest, meta: dict) -> AsyncIterator[dict]:
+    async for d in stream:
+        if d.finish_reason == "error":
+            yield error_event(d)
+            return
+        if d.text or d.token_ids or d.finish_reason:
+            choice = {"index": 0, "text": d.text, "logprobs": None, "finish_reason": d.finish_reason}
+            yield {**meta, "choices": [choice]}
+        if d.finish_reason and (req.include_usage or req.return_mtp_stats):
+            yield {**meta, "choices": [], "usage": usage(d, req.return_mtp_stats)}
+
+
+async def _chat_chunks(stream: RequestStream, req: ChatCompletionRequest, meta: dict) -> AsyncIterator[dict]:
+    first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+    yield {**meta, "choices": [first]}
+    async for d in stream:
+        if d.finish_reason == "error":
+            yield error_event(d)
+            return
+        if d.text or d.token_ids or d.finish_reason:
+            delta = {"content": d.text} if d.text or not d.finish_reason else {}
+            yield {**meta, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": d.finish_reason}]}
+        if d.finish_reason and (req.include_usage or req.return_mtp_stats):
+            yield {**meta, "choices": [], "usage": usage(d, req.return_mtp_stats)}

@@ -1,0 +1,278 @@
+"""Request schemas (OpenAI completions / chat, LightLLM generate) and the OpenAI error body.
+
+Bodies are parsed here, not by FastAPI, so that every bad input (invalid JSON, a wrong type, an out-of-range
+value, an unsupported feature) becomes one `ApiError`: HTTP 4xx with
+`{"error": {"message", "type", "param", "code"}}`. Unknown fields are ignored, as OpenAI-compatible servers do.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from lightllm_mtp.sampling_params import SamplingParams
+
+MAX_STOP_STRINGS = 4  # OpenAI's limit
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None):  # fmt: skip
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_body(model: type[M], raw: bytes) -> M:
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        errors = e.errors()
+        param = str(errors[0]["loc"][0]) if errors[0]["loc"] else None  # the top-level field
+        same = [err for err in errors if err["loc"][:1] == errors[0]["loc"][:1]][:3]  # union members fail each
+        msg = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg'].removeprefix('Value error, ')}" for err in same)
+        raise ApiError(400, msg, param=param, code="invalid_value") from None
+
+
+def _check_stop(v: str | list[str] | None) -> str | list[str] | None:
+    stops = [v] if isinstance(v, str) else v or []
+    if len(stops) > MAX_STOP_STRINGS:
+        raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
+    if any(not s for s in stops):
+        raise ValueError("stop strings must be non-empty")
+    return v
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class SamplingRequest(BaseModel):
+    """Fields shared by /v1/completions and /v1/chat/completions (OpenAI names; vLLM-style extensions)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # extension: -1 or 0 disables
+    n: int = 1
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None  # extension
+    ignore_eos: bool = False  # extension
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    return_mtp_stats: bool = False  # extension: the request's MTP acceptance in usage["mtp"]
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _max_tokens(cls, v):
+        if v is not None and v < 1:
+            raise ValueError(f"must be at least 1, got {v}")
+        return v
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature(cls, v):
+        if v < 0:
+            raise ValueError(f"must be >= 0, got {v}")
+        return v
+
+    @field_validator("top_p")
+    @classmethod
+    def _top_p(cls, v):
+        if not 0.0 < v <= 1.0:
+            raise ValueError(f"must be in (0, 1], got {v}")
+        return v
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, v):
+        if v < -1:
+            raise ValueError(f"must be -1, 0 (disabled) or positive, got {v}")
+        return v
+
+    @field_validator("n")
+    @classmethod
+    def _n(cls, v):
+        if v != 1:
+            raise ValueError(f"only n=1 is supported, got {v}")
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v):
+        return _check_stop(v)
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _stop_token_ids(cls, v):
+        if v is not None and any(t < 0 for t in v):
+            raise ValueError("token ids must be >= 0")
+        return v
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _penalty(cls, v):
+        if v != 0:
+            raise ValueError("penalties are not supported")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, v):
+        if v:
+            raise ValueError("logit_bias is not supported")
+        return v
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def sampling_params(self, max_new_tokens: int) -> SamplingParams:
+        return SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            max_new_tokens=max_new_tokens,
+            seed=self.seed,
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            ignore_eos=self.ignore_eos,
+        )
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    echo: bool = False
+    logprobs: int | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v):
+        if isinstance(v, list) and v and isinstance(v[0], (str, list)):
+            if len(v) != 1:
+                raise ValueError(f"batched prompts are not supported (got {len(v)}): send one request per prompt")
+            v = v[0]
+        if not v:
+            raise ValueError("the prompt is empty")
+        return v
+
+    @field_validator("echo", "suffix", "logprobs")
+    @classmethod
+    def _unsupported(cls, v, info):
+        if v:
+            raise ValueError(f"{info.field_name} is not supported")
+        return v
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of(cls, v):
+        if v not in (None, 1):
+            raise ValueError(f"only best_of=1 is supported, got {v}")
+        return v
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+
+    def text(self) -> str:
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        bad = [p.type for p in self.content if p.type != "text"]
+        if bad:
+            raise ValueError(f"only text content parts are supported, got {bad[0]!r}")
+        return "".join(p.text or "" for p in self.content)
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    tools: list[dict] | None = None
+
+    @field_validator("max_completion_tokens")
+    @classmethod
+    def _max_completion_tokens(cls, v):
+        return cls._max_tokens(v)
+
+    @field_validator("logprobs", "tools")
+    @classmethod
+    def _unsupported(cls, v, info):
+        if v:
+            raise ValueError(f"{info.field_name} is not supported")
+        return v
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class GenerateParameters(BaseModel):
+    """LightLLM's /generate "parameters" (do_sample false: greedy)."""
+
+    model_config = ConfigDict(extra="ignore")
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 16
+    stop_sequences: str | list[str] | None = None
+    ignore_eos: bool = False
+    seed: int | None = None
+
+    @field_validator("stop_sequences")
+    @classmethod
+    def _stop(cls, v):
+        return _check_stop(v)
+
+    def sampling_params(self) -> SamplingParams:
+        return SamplingParams(
+            temperature=self.temperature if self.do_sample else 0.0,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            max_new_tokens=self.max_new_tokens,
+            seed=self.seed,
+            ignore_eos=self.ignore_eos,
+        )
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        return (self.stop_sequences,) if isinstance(self.stop_sequences, str) else tuple(self.stop_sequences or ())
+
+
+class GenerateRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    inputs: str = Field(min_length=1)
+    parameters: GenerateParameters = Field(default_factory=GenerateParameters)

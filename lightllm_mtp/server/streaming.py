@@ -1,0 +1,97 @@
+"""Turning a RequestStream into an HTTP answer: collected (non-streaming, with client-disconnect detection) or
+as server-sent events. Either way a request whose client goes away is aborted at once, freeing its slots."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from lightllm_mtp.server.engine_client import Delta, EngineClient, RequestStream
+from lightllm_mtp.server.messages import SpecCounts
+from lightllm_mtp.server.protocol import ApiError
+
+
+class ClientDisconnected(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Collected:
+    text: str
+    token_ids: list[int]
+    last: Delta  # the final delta: finish reason, token counts, acceptance
+
+
+async def collect(client: EngineClient, stream: RequestStream, request: Request) -> Collected:
+    """Waits for the whole output; aborts the request if the client disconnects first."""
+    watcher = asyncio.ensure_future(_disconnected(request))
+    texts: list[str] = []
+    ids: list[int] = []
+    try:
+        while True:
+            get = asyncio.ensure_future(stream.get())
+            await asyncio.wait({get, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if not get.done():
+                get.cancel()
+                client.abort(stream)
+                raise ClientDisconnected()
+            delta = get.result()
+            texts.append(delta.text)
+            ids += delta.token_ids
+            if delta.finish_reason is not None:
+                if delta.finish_reason == "error":
+                    raise ApiError(500, delta.error or "generation failed", type="server_error")
+                return Collected("".join(texts), ids, delta)
+    finally:
+        watcher.cancel()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def sse_response(client: EngineClient, stream: RequestStream, events: AsyncIterator[dict], done_marker: bool = True):
+    """`data: {json}` per event (then `data: [DONE]`, OpenAI style); a client that leaves aborts the request."""
+
+    async def body():
+        try:
+            async for event in events:
+                yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
+            if done_marker:
+                yield "data: [DONE]\n\n"
+        finally:
+            client.abort(stream)  # no-op once the request ended
+
+    return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def error_event(delta: Delta) -> dict:
+    return ApiError(500, delta.error or "generation failed", type="server_error").body()
+
+
+def mtp_usage(spec: SpecCounts | None) -> dict | None:
+    if spec is None:
+        return None
+    return {
+        "verify_steps": spec.verify_steps,
+        "accepted_drafts": spec.accepted_drafts,
+        "mean_accepted_tokens_per_step": spec.tokens_per_step,
+        "acceptance_per_position": spec.acceptance_per_position,
+    }
+
+
+def usage(last: Delta, with_mtp: bool) -> dict:
+    u = {
+        "prompt_tokens": last.num_prompt_tokens,
+        "completion_tokens": last.num_output_tokens,
+        "total_tokens": last.num_prompt_tokens + last.num_output_tokens,
+    }
+    if with_mtp:
+        u["mtp"] = mtp_usage(last.spec)
+    return u

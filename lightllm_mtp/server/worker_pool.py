@@ -1,0 +1,88 @@
+"""Starts the model worker processes (spawn), hands out their inboxes and the shared outbox, stops them."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import queue
+import time
+
+from lightllm_mtp.server.args import ServerArgs
+from lightllm_mtp.server.messages import Shutdown, WorkerFailed, WorkerReady
+from lightllm_mtp.server.model_worker import run_worker
+
+logger = logging.getLogger("lightllm_mtp.server")
+
+
+class WorkerStartError(RuntimeError):
+    pass
+
+
+class WorkerPool:
+    def __init__(self, args: ServerArgs):
+        self.args = args
+        ctx = mp.get_context("spawn")  # no forked CUDA or torch state; workers import torch themselves
+        self.outbox = ctx.Queue()
+        self.inboxes = [ctx.Queue() for _ in range(args.dp)]
+        self.processes = [
+            ctx.Process(
+                target=run_worker,
+                args=(rank, args.worker_engine_args(rank), args.dp, self.inboxes[rank], self.outbox, args.log_level),
+                name=f"lightllm_mtp-worker{rank}",
+                daemon=True,
+            )
+            for rank in range(args.dp)
+        ]
+        self.ready: list[WorkerReady] = []
+        self._shut_down = False
+
+    def start(self, timeout_s: float = 3600.0) -> list[WorkerReady]:
+        """Starts every worker and waits until each has loaded its model; raises WorkerStartError otherwise."""
+        for p in self.processes:
+            p.start()
+        ready: dict[int, WorkerReady] = {}
+        deadline = time.monotonic() + timeout_s
+        while len(ready) < len(self.processes):
+            try:
+                msg = self.outbox.get(timeout=1.0)
+            except queue.Empty:
+                dead = [p.name for p in self.processes if not p.is_alive()]
+                if dead:
+                    raise WorkerStartError(f"{', '.join(dead)} exited during start-up (see its log above)") from None
+                if time.monotonic() > deadline:
+                    raise WorkerStartError(f"workers not ready after {timeout_s:.0f} s") from None
+                continue
+            if isinstance(msg, WorkerFailed):
+                raise WorkerStartError(f"worker {msg.rank} failed to start: {msg.error}")
+            if isinstance(msg, WorkerReady):
+                ready[msg.rank] = msg
+                logger.info("worker %d ready on %s", msg.rank, msg.device)
+        self.ready = [ready[r] for r in range(len(self.processes))]
+        return self.ready
+
+    def send(self, rank: int, msg) -> None:
+        self.inboxes[rank].put(msg)
+
+    def dead_workers(self) -> list[int]:
+        return [rank for rank, p in enumerate(self.processes) if p.pid is not None and not p.is_alive()]
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Asks every worker to stop, terminates those that do not; safe to call twice."""
+        if self._shut_down:
+            return
+        self._shut_down = True
+        for rank, p in enumerate(self.processes):
+            if p.is_alive():
+                self.inboxes[rank].put(Shutdown())
+        deadline = time.monotonic() + timeout_s
+        for p in self.processes:
+            if p.pid is None:
+                continue
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                logger.warning("%s did not stop; terminating it", p.name)
+                p.terminate()
+                p.join(2.0)
+        for q in [self.outbox, *self.inboxes]:
+            q.cancel_join_thread()  # do not block exit on messages nobody will read
+            q.close()

@@ -1,0 +1,265 @@
+"""End to end: the real `python -m lightllm_mtp.server.api_server` on CPU with the tiny checkpoint, driven by the
+official openai client, httpx and prometheus_client's parser.
+
+Two servers per module: MTP on (eagle, k=2, one replica, API key, 16 request slots so that load queues) and
+MTP off with --dp 2. Greedy text must be identical on both.
+"""
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from lightllm_mtp.server.launcher import ServerProcess, free_port
+
+KEY = "test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Stack:\n    def push(self, item):", "x = [1, 2"]
+COMMON = ["--device", "cpu", "--max_req_total_len", "128", "--log_level", "warning"]
+
+
+@pytest.fixture(scope="module")
+def mtp_server(tiny_dense_dir, tmp_path_factory):
+    flags = ["--model_dir", str(tiny_dense_dir), "--mtp_mode", "eagle_with_att", "--mtp_step", "2",
+             "--running_max_req_size", "16", "--chunked_prefill_size", "64", "--api_key", KEY, *COMMON]  # fmt: skip
+    with ServerProcess(flags, tmp_path_factory.mktemp("mtp_server") / "server.log") as server:
+        yield server
+    assert server.proc.returncode == 0, server.log_tail()
+
+
+@pytest.fixture(scope="module")
+def dp_server(tiny_dense_dir, tmp_path_factory):
+    flags = ["--model_dir", str(tiny_dense_dir), "--dp", "2", "--running_max_req_size", "8", *COMMON]
+    with ServerProcess(flags, tmp_path_factory.mktemp("dp_server") / "server.log") as server:
+        yield server
+    assert server.proc.returncode == 0, server.log_tail()
+
+
+def client(server, key=KEY):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=key, max_retries=0)
+
+
+def model_name(server, key=KEY):
+    return client(server, key).models.list().data[0].id
+
+
+def greedy_texts(server, key=KEY):
+    c, model = client(server, key), model_name(server, key)
+    extra = {"ignore_eos": True}
+    return [c.completions.create(model=model, prompt=p, max_tokens=10, temperature=0, extra_body=extra).choices[0].text
+            for p in PROMPTS]  # fmt: skip
+
+
+def info(server):
+    return httpx.get(f"{server.url}/server_info").json()
+
+
+def metrics(server):
+    """{(sample name, sorted labels): value} of /metrics, parsed by prometheus_client."""
+    families = text_string_to_metric_families(httpx.get(f"{server.url}/metrics").text)
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families for s in f.samples}
+
+
+def wait_idle(server, timeout_s=15.0):
+    """Every worker's KV, reservations and request slots free, nothing queued or outstanding."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        i = info(server)
+        busy = [(w["kv_used"], w["kv_reserved"], w["req_slots_used"], w["running"], w["waiting"]) for w in i["workers"]]
+        if all(b == (0, 0, 0, 0, 0) for b in busy) and not any(i["outstanding"]):
+            return i
+        assert time.monotonic() < deadline, f"slots still held: {busy}, outstanding {i['outstanding']}"
+        time.sleep(0.1)
+
+
+def test_openai_client_completions_and_chat(mtp_server, tiny_dense_dir):
+    c, model = client(mtp_server), model_name(mtp_server)
+    assert model == Path(tiny_dense_dir).name
+    extra = {"ignore_eos": True, "return_mtp_stats": True}
+    full = c.completions.create(model=model, prompt=PROMPTS[0], max_tokens=7, temperature=0, extra_body=extra)
+    assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens == 7
+    mtp = full.usage.model_extra["mtp"]
+    assert mtp["verify_steps"] >= 1 and len(mtp["acceptance_per_position"]) == 2
+    assert mtp["mean_accepted_tokens_per_step"] >= 1.0
+    chunks = list(c.completions.create(model=model, prompt=PROMPTS[0], max_tokens=7, temperature=0, stream=True,
+                                       stream_options={"include_usage": True}, extra_body=extra))  # fmt: skip
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == full.choices[0].text
+    assert chunks[-1].usage.completion_tokens == 7 and chunks[-2].choices[0].finish_reason == "length"
+
+    messages = [{"role": "user", "content": "Write a sort function."}]
+    chat = c.chat.completions.create(model=model, messages=messages, max_tokens=6, temperature=0, extra_body=extra)
+    assert chat.choices[0].message.role == "assistant" and chat.usage.completion_tokens == 6
+    assert chat.usage.prompt_tokens > len(messages[0]["content"].split())  # the chat template wraps the message
+    stream = c.chat.completions.create(model=model, messages=messages, max_tokens=6, temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True})  # fmt: skip
+    parts = [ch.choices[0].delta.content or "" for ch in stream if ch.choices]
+    assert "".join(parts) == chat.choices[0].message.content
+
+
+def test_mtp_on_and_off_give_identical_greedy_text(mtp_server, dp_server):
+    with_mtp, without = greedy_texts(mtp_server), greedy_texts(dp_server, key="unused")
+    assert with_mtp == without and all(with_mtp)
+
+
+def test_stop_strings_and_lightllm_endpoints(mtp_server):
+    body = {"inputs": PROMPTS[2], "parameters": {"max_new_tokens": 10, "ignore_eos": True}}
+    full = httpx.post(f"{mtp_server.url}/generate", json=body, headers=AUTH).json()
+    text = full["generated_text"][0]
+    assert full["count_output_tokens"] == 10 and full["finish_reason"] == "length" and full["mtp"]["verify_steps"] > 0
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    cut = text[: text.index(stop)]
+    body["parameters"]["stop_sequences"] = [stop]
+    stopped = httpx.post(f"{mtp_server.url}/generate", json=body, headers=AUTH).json()
+    assert stopped["generated_text"] == [cut] and stopped["finish_reason"] == "stop"
+    with httpx.stream("POST", f"{mtp_server.url}/generate_stream", json=body, headers=AUTH) as r:
+        events = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:")]
+    assert "".join(e["token"]["text"] for e in events) == cut
+    assert events[-1]["finished"] and events[-1]["finish_reason"] == "stop"
+    # the same stop through the OpenAI endpoint, streamed (held-back text must not leak the stop string)
+    c = client(mtp_server)
+    chunks = c.completions.create(model=model_name(mtp_server), prompt=PROMPTS[2], max_tokens=10, temperature=0,
+                                  stop=[stop], stream=True, extra_body={"ignore_eos": True})  # fmt: skip
+    assert "".join(ch.choices[0].text for ch in chunks) == cut
+    wait_idle(mtp_server)
+
+
+BAD = [
+    ("/v1/completions", b'{"prompt": "hi", "max_tokens": 2', 400, None),  # invalid JSON
+    ("/v1/completions", b'["not", "an", "object"]', 400, None),
+    ("/v1/completions", {"model": "gpt-4", "prompt": "hi"}, 404, "model"),
+    ("/v1/completions", {"prompt": "hi " * 200}, 400, "prompt"),  # > max_req_total_len 128 tokens
+    ("/v1/completions", {"prompt": [1] * 128}, 400, "prompt"),
+    ("/v1/completions", {"prompt": [10**6]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": -5}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "temperature": -0.5}, 400, "temperature"),
+    ("/v1/completions", {"prompt": "hi", "top_p": 0}, 400, "top_p"),
+    ("/v1/completions", {"prompt": "hi", "top_p": 1.5}, 400, "top_p"),
+    ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "n"),
+    ("/v1/completions", {"prompt": "hi", "stop": [1, 2]}, 400, "stop"),
+    ("/v1/completions", {"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+    ("/v1/completions", {"prompt": "hi", "stop": [""]}, 400, "stop"),
+    ("/v1/completions", {"max_tokens": 2}, 400, "prompt"),
+    ("/v1/chat/completions", {"messages": []}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, 400, "temperature"),
+    ("/generate", {"inputs": "hi", "parameters": {"top_p": 2.0}}, 400, "parameters"),
+    ("/v1/nothing", {}, 404, None),
+]
+
+
+@pytest.mark.parametrize("path, body, status, param", BAD, ids=[f"{i}-{b[0]}" for i, b in enumerate(BAD)])
+def test_bad_input_gets_an_openai_error(mtp_server, path, body, status, param):
+    kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
+    r = httpx.post(f"{mtp_server.url}{path}", headers={**AUTH, "Content-Type": "application/json"}, **kwargs)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    if param is not None:
+        assert err["param"] == param, err
+
+
+def test_api_key_and_health(mtp_server):
+    assert httpx.get(f"{mtp_server.url}/health").status_code == 200  # open
+    assert httpx.get(f"{mtp_server.url}/v1/models").status_code == 401
+    r = httpx.get(f"{mtp_server.url}/v1/models", headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        client(mtp_server, key="wrong").models.list()
+
+
+def test_200_concurrent_requests_with_20_percent_aborted(mtp_server):
+    """16 request slots for 200 streams: most queue; 40 long ones are dropped mid-stream by the client."""
+    before = metrics(mtp_server)
+
+    async def one(http, i):
+        aborted = i % 5 == 0
+        body = {"prompt": PROMPTS[i % 4], "max_tokens": 64 if aborted else 5, "temperature": 0 if i % 2 else 0.8,
+                "seed": i, "ignore_eos": True, "stream": True}  # fmt: skip
+        async with http.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            finish = None
+            async for line in r.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                finish = json.loads(line[6:])["choices"][0]["finish_reason"]
+                if aborted:
+                    return "aborted"  # leaving the block closes the connection mid-stream
+            return finish
+
+    async def run():
+        limits = httpx.Limits(max_connections=250, max_keepalive_connections=0)
+        async with httpx.AsyncClient(base_url=mtp_server.url, headers=AUTH, limits=limits, timeout=120) as http:
+            return await asyncio.gather(*(one(http, i) for i in range(200)))
+
+    results = asyncio.run(run())
+    assert results.count("aborted") == 40 and results.count("length") == 160
+    wait_idle(mtp_server)
+    after = metrics(mtp_server)
+    key = ("lightllm_mtp_requests_finished_total", (("finish_reason", "abort"),))
+    assert after[key] - before.get(key, 0) == 40
+    assert httpx.get(f"{mtp_server.url}/health").status_code == 200
+    assert greedy_texts(mtp_server)  # still serving
+
+
+def test_non_streaming_client_disconnect_frees_slots(mtp_server):
+    before = metrics(mtp_server)
+    key = ("lightllm_mtp_requests_finished_total", (("finish_reason", "abort"),))
+    body = {"prompt": PROMPTS[0], "max_tokens": 120, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{mtp_server.url}/v1/completions", json=body, headers=AUTH, timeout=0.5)
+    wait_idle(mtp_server)
+    assert metrics(mtp_server)[key] == before.get(key, 0) + 1
+
+
+def test_metrics_parse_with_acceptance_and_usage(mtp_server):
+    greedy_texts(mtp_server)
+    text = httpx.get(f"{mtp_server.url}/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in ["lightllm_mtp_requests", "lightllm_mtp_requests_finished", "lightllm_mtp_time_to_first_token_seconds",
+                 "lightllm_mtp_time_per_output_token_seconds", "lightllm_mtp_request_duration_seconds",
+                 "lightllm_mtp_generation_throughput_tokens_per_second", "lightllm_mtp_kv_used_tokens",
+                 "lightllm_mtp_kv_usage_ratio", "lightllm_mtp_req_slots_used", "lightllm_mtp_spec_verify_steps",
+                 "lightllm_mtp_spec_mean_accepted_tokens_per_step", "lightllm_mtp_spec_acceptance_rate",
+                 "lightllm_mtp_request_mtp_avg_token_per_step"]:  # fmt: skip
+        assert name in families, name
+    m = metrics(mtp_server)
+    assert m[("lightllm_mtp_spec_verify_steps_total", (("worker", "0"),))] > 0
+    assert m[("lightllm_mtp_spec_mean_accepted_tokens_per_step", ())] >= 1.0
+    rates = [m[("lightllm_mtp_spec_acceptance_rate", (("position", str(j)),))] for j in (1, 2)]
+    assert all(0.0 <= r <= 1.0 for r in rates)
+    assert m[("lightllm_mtp_time_to_first_token_seconds_count", ())] >= 4
+    assert m[("lightllm_mtp_kv_capacity_tokens", (("worker", "0"),))] == 16 * 128
+
+
+def test_dp2_balances_requests_over_both_replicas(dp_server):
+    before = [w["finished_requests"] for w in info(dp_server)["workers"]]
+
+    async def run():
+        async with httpx.AsyncClient(base_url=dp_server.url, timeout=60) as http:
+            body = {"prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0}
+            return await asyncio.gather(*(http.post("/v1/completions", json=body) for _ in range(8)))
+
+    responses = asyncio.run(run())
+    assert all(r.status_code == 200 for r in responses)
+    assert len({r.json()["choices"][0]["text"] for r in responses}) == 1  # same greedy text on either replica
+    i = wait_idle(dp_server)
+    served = [w["finished_requests"] - b for w, b in zip(i["workers"], before)]
+    assert sum(served) == 8 and min(served) >= 2, served
+    assert len(i["devices"]) == 2
+
+
+def test_start_up_failure_is_reported(tiny_dense_dir):
+    """A worker that cannot build its engine (vanilla MTP needs 2 MTP layers, the checkpoint has 1)."""
+    cmd = [sys.executable, "-m", "lightllm_mtp.server.api_server", "--model_dir", str(tiny_dense_dir),
+           "--mtp_mode", "vanilla_with_att", "--mtp_step", "2", "--port", str(free_port()), *COMMON]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert "worker 0 failed to start" in out.stderr and "mtp_num_hidden_layers=1" in out.stderr
