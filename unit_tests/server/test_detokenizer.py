@@ -1,0 +1,54 @@
+"""Incremental detokenization equals one full decode, however the tokens are chunked; stop strings cut the text
+and are never streamed, not even in part."""
+
+import random
+
+import pytest
+from transformers import AutoTokenizer
+
+from lightllm_mtp.server.detokenizer import IncrementalDetokenizer
+
+TEXT = "def add(a, b):\n    return a + b  # héllo wörld, ✓ 日本語 — ok\n\nprint(add(1, 2))\n"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_dense_dir):
+    return AutoTokenizer.from_pretrained(str(tiny_dense_dir))
+
+
+def stream(tokenizer, ids, stop=(), seed=0, prompt=()):
+    rng = random.Random(seed)
+    detok, pieces, i = IncrementalDetokenizer(tokenizer, list(prompt), stop), [], 0
+    while i < len(ids):
+        n = rng.randint(1, 3)  # MTP steps bring 1..k+1 tokens
+        pieces.append(detok.push(ids[i : i + n], final=i + n >= len(ids)))
+        i += n
+    return pieces, detok
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_chunked_pushes_equal_a_full_decode(tokenizer, seed):
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    pieces, detok = stream(tokenizer, ids + [eos], seed=seed, prompt=tokenizer.encode("# a prompt\n"))
+    assert "".join(pieces) == tokenizer.decode(ids, skip_special_tokens=True) == TEXT
+    assert not any("\ufffd" in p for p in pieces)  # multi-byte characters are held until complete
+    assert not detok.stopped
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_stop_strings_cut_before_the_stop(tokenizer, seed):
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)
+    pieces, detok = stream(tokenizer, ids, stop=("print", "return a"), seed=seed)
+    assert detok.stopped
+    assert "".join(pieces) == TEXT[: TEXT.index("return a")]  # the earliest stop string wins
+    assert not any("ret" in p for p in pieces)
+    # after the stop nothing more comes out
+    assert detok.push(tokenizer.encode(" more", add_special_tokens=False), final=True) == ""
+
+
+def test_text_that_only_looks_like_a_stop_prefix_is_released(tokenizer):
+    detok = IncrementalDetokenizer(tokenizer, [], ("ab!",))
+    out = [detok.push(tokenizer.encode(t, add_special_tokens=False), final=False) for t in ["x a", "b", "c"]]
+    assert "".join(out) == "x abc" and out[0] == "x " and out[1] == ""  # "ab" held: it may start "ab!"
+    assert detok.push([], final=True) == ""

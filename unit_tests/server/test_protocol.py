@@ -1,0 +1,71 @@
+"""Request parsing: every bad body is one ApiError (status, OpenAI error body, the offending field)."""
+
+import json
+
+import pytest
+
+from lightllm_mtp.server.protocol import ApiError, ChatCompletionRequest, CompletionRequest, GenerateRequest, parse_body
+
+
+def parse(model, body):
+    return parse_body(model, body if isinstance(body, bytes) else json.dumps(body).encode())
+
+
+def test_valid_requests_and_their_sampling_params():
+    r = parse(CompletionRequest, {"prompt": ["only one"], "temperature": 0, "stop": "\n\n", "seed": 3,
+                                  "stream": True, "stream_options": {"include_usage": True}, "user": "ignored"})
+    assert r.prompt == "only one" and r.stop_strings == ("\n\n",) and r.include_usage
+    p = r.sampling_params(max_new_tokens=5)
+    assert (p.temperature, p.max_new_tokens, p.seed, p.greedy) == (0.0, 5, 3, True)
+    assert parse(CompletionRequest, {"prompt": [[1, 2, 3]]}).prompt == [1, 2, 3]
+    chat = parse(ChatCompletionRequest, {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                                  {"type": "text", "text": "b"}]}],
+                                         "max_completion_tokens": 7})  # fmt: skip
+    assert chat.messages[0].text() == "ab" and chat.max_new_tokens == 7
+    g = parse(GenerateRequest, {"inputs": "x", "parameters": {"max_new_tokens": 3, "stop_sequences": "y"}})
+    assert g.parameters.sampling_params().greedy and g.parameters.stop_strings == ("y",)
+    sampled = parse(GenerateRequest, {"inputs": "x", "parameters": {"do_sample": True, "temperature": 0.7}})
+    assert sampled.parameters.sampling_params().temperature == 0.7
+
+
+@pytest.mark.parametrize(
+    "model, body, param, message",
+    [
+        (CompletionRequest, b"{nope", None, "not valid JSON"),
+        (CompletionRequest, b"[1]", None, "must be a JSON object"),
+        (CompletionRequest, {}, "prompt", "Field required"),
+        (CompletionRequest, {"prompt": ""}, "prompt", "the prompt is empty"),
+        (CompletionRequest, {"prompt": ["a", "b"]}, "prompt", "batched prompts are not supported"),
+        (CompletionRequest, {"prompt": "a", "max_tokens": 0}, "max_tokens", "must be at least 1"),
+        (CompletionRequest, {"prompt": "a", "temperature": -1}, "temperature", "must be >= 0"),
+        (CompletionRequest, {"prompt": "a", "temperature": "hot"}, "temperature", "valid number"),
+        (CompletionRequest, {"prompt": "a", "top_p": 0}, "top_p", "must be in (0, 1]"),
+        (CompletionRequest, {"prompt": "a", "top_k": -3}, "top_k", "must be -1, 0"),
+        (CompletionRequest, {"prompt": "a", "n": 3}, "n", "only n=1 is supported"),
+        (CompletionRequest, {"prompt": "a", "stop": ["a"] * 5}, "stop", "at most 4 stop strings"),
+        (CompletionRequest, {"prompt": "a", "stop": [""]}, "stop", "non-empty"),
+        (CompletionRequest, {"prompt": "a", "stop": 3}, "stop", "valid string"),
+        (CompletionRequest, {"prompt": "a", "stop_token_ids": [-1]}, "stop_token_ids", "must be >= 0"),
+        (CompletionRequest, {"prompt": "a", "presence_penalty": 0.5}, "presence_penalty", "not supported"),
+        (CompletionRequest, {"prompt": "a", "logprobs": 2}, "logprobs", "not supported"),
+        (CompletionRequest, {"prompt": "a", "echo": True}, "echo", "not supported"),
+        (CompletionRequest, {"prompt": "a", "best_of": 2}, "best_of", "only best_of=1"),
+        (ChatCompletionRequest, {"messages": []}, "messages", "at least 1 item"),
+        (ChatCompletionRequest, {"messages": [{"role": "user"}], "tools": [{"type": "function"}]}, "tools",
+         "not supported"),
+        (GenerateRequest, {"inputs": ""}, "inputs", "at least 1 character"),
+        (GenerateRequest, {"inputs": "a", "parameters": {"stop_sequences": [""]}}, "parameters", "non-empty"),
+    ],
+)  # fmt: skip
+def test_bad_bodies(model, body, param, message):
+    with pytest.raises(ApiError) as e:
+        parse(model, body)
+    err = e.value.body()["error"]
+    assert e.value.status == 400 and err["type"] == "invalid_request_error"
+    assert err["param"] == param and message in err["message"], err
+
+
+def test_non_text_chat_content_is_rejected():
+    chat = parse(ChatCompletionRequest, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})
+    with pytest.raises(ValueError, match="only text content parts"):
+        chat.messages[0].text()

@@ -1,0 +1,74 @@
+"""Flag parsing and start-up validation: every bad combination exits with status 2 and a clear message."""
+
+import pytest
+
+from lightllm_mtp.server.args import build_parser, parse_server_args
+from lightllm_mtp.spec.config import MtpMode
+
+
+def parse_error(capsys, argv):
+    with pytest.raises(SystemExit) as e:
+        parse_server_args(argv)
+    assert e.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_defaults_and_lightllm_flag_names(tiny_dense_dir):
+    a = parse_server_args(["--model_dir", str(tiny_dense_dir)])
+    assert (a.host, a.port, a.dp, a.api_key, a.is_loopback) == ("127.0.0.1", 8000, 1, None, True)
+    assert a.model_name == tiny_dense_dir.name
+    e = a.engine
+    assert (e.device, e.max_batch_size, e.mtp_mode, e.spec_config) == ("cpu", 32, None, None)
+    a = parse_server_args(["--model_dir", str(tiny_dense_dir), "--mtp_mode", "eagle_with_att", "--mtp_step", "3",
+                           "--running_max_req_size", "4", "--max_req_total_len", "256", "--max_total_token_num",
+                           "512", "--chunked_prefill_size", "64", "--disable_cudagraph", "--data_type", "float32",
+                           "--dp", "2", "--model_name", "tiny", "--api_key", "k", "--host", "0.0.0.0"])  # fmt: skip
+    e = a.engine
+    assert e.spec_config.mode is MtpMode.EAGLE_WITH_ATT and e.spec_config.num_steps == 3
+    assert (e.max_batch_size, e.max_model_len, e.max_total_token_num, e.chunked_prefill_size) == (4, 256, 512, 64)
+    assert (e.graph_max_batch_size, e.dtype, a.dp, a.model_name, a.is_loopback) == (0, "float32", 2, "tiny", False)
+    assert [a.worker_engine_args(r).device for r in range(2)] == ["cpu", "cpu"]
+    # vLLM-style aliases land in the same fields
+    b = parse_server_args(["--model_dir", str(tiny_dense_dir), "--max_model_len", "256", "--max_batch_size", "4"])
+    assert (b.engine.max_model_len, b.engine.max_batch_size) == (256, 4)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--mtp_mode", "eagle_with_att"], "--mtp_mode eagle_with_att needs --mtp_step"),
+        (["--mtp_step", "2"], "need --mtp_mode"),
+        (["--mtp_mode", "eagle_with_att", "--mtp_step", "9"], "mtp_step must be an int in [1, 7]"),
+        (["--mtp_mode", "medusa", "--mtp_step", "1"], "invalid choice: 'medusa'"),
+        (["--mtp_mode", "eagle_with_att", "--mtp_step", "1", "--mtp_draft_model_dir", "/nonexistent"],
+         "is not a directory"),
+        (["--dp", "0"], "--dp must be >= 1"),
+        (["--device", "cuda"], "CUDA is not available"),
+        (["--device", "tpu"], "device must be 'cpu' or 'cuda[:N]'"),
+        (["--data_type", "int8"], "dtype must be 'auto' or one of"),
+        (["--port", "70000"], "--port must be in [1, 65535]"),
+        (["--running_max_req_size", "0"], "max_batch_size must be >= 1"),
+        (["--max_req_total_len", "100000"], "exceeds the model's max_position_embeddings"),
+        (["--max_req_total_len", "256", "--max_total_token_num", "100"], "below max_req_total_len 256"),
+        (["--api_key", ""], "--api_key is empty"),
+    ],
+)  # fmt: skip
+def test_bad_combinations_exit_with_a_clear_message(capsys, tiny_dense_dir, flags, message):
+    if flags == ["--device", "cuda"]:
+        pytest.importorskip("torch").cuda.is_available() and pytest.skip("CUDA is available here")
+    assert message in parse_error(capsys, ["--model_dir", str(tiny_dense_dir), *flags])
+
+
+def test_model_dir_must_hold_a_config_and_a_tokenizer(capsys, tmp_path, tiny_dense_dir):
+    assert "no config.json there" in parse_error(capsys, ["--model_dir", str(tmp_path)])
+    (tmp_path / "config.json").write_text((tiny_dense_dir / "config.json").read_text())
+    assert "needs a tokenizer" in parse_error(capsys, ["--model_dir", str(tmp_path)])
+
+
+def test_help_explains_every_flag(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--help"])
+    out = capsys.readouterr().out
+    for action in build_parser()._actions:
+        assert action.help, action.option_strings
+        assert action.option_strings[0] in out

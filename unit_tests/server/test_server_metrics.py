@@ -1,0 +1,72 @@
+"""ServerMetrics: front-side histograms and counters plus worker usage / acceptance read at scrape time; the
+output parses with prometheus_client's own parser."""
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from lightllm_mtp.server.messages import SpecCounts, WorkerStats
+from lightllm_mtp.server.metrics import ServerMetrics, ThroughputMeter
+
+
+def stats(rank, spec, kv_used=0):
+    return WorkerStats(rank=rank, kv_used=kv_used, kv_capacity=100, kv_reserved=0, req_slots_used=1 if kv_used else 0,
+                       req_slots_capacity=4, running=0, waiting=0, finished_requests=3, generated_tokens=10,
+                       spec=spec)  # fmt: skip
+
+
+def samples(m):
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(m.render().decode()) for s in f.samples}  # fmt: skip
+
+
+def test_scrape_parses_and_aggregates_acceptance_over_workers():
+    m = ServerMetrics(mtp_step=2)
+    workers = [stats(0, SpecCounts(4, 3, (4, 2), (2, 1)), kv_used=25), stats(1, SpecCounts(6, 1, (6, 1), (1, 0)))]
+    m.watch_workers(lambda: workers, lambda: [1, 0])
+    m.requests.labels("completions").inc()
+    m.on_first_token(0.02)
+    m.on_tokens(5)
+    m.on_finish("length", 0.3, 0.05, SpecCounts(4, 3, (4, 2), (2, 1)))
+    s = samples(m)
+    assert s[("lightllm_mtp_requests_total", (("endpoint", "completions"),))] == 1
+    assert s[("lightllm_mtp_requests_finished_total", (("finish_reason", "length"),))] == 1
+    assert s[("lightllm_mtp_time_to_first_token_seconds_count", ())] == 1
+    assert s[("lightllm_mtp_time_per_output_token_seconds_sum", ())] == pytest.approx(0.05)
+    assert s[("lightllm_mtp_generation_tokens_total", ())] == 5
+    assert s[("lightllm_mtp_generation_throughput_tokens_per_second", ())] > 0
+    assert s[("lightllm_mtp_request_mtp_avg_token_per_step_sum", ())] == pytest.approx(7 / 4)
+    assert s[("lightllm_mtp_kv_used_tokens", (("worker", "0"),))] == 25
+    assert s[("lightllm_mtp_kv_usage_ratio", (("worker", "0"),))] == 0.25
+    assert s[("lightllm_mtp_req_slots_used", (("worker", "1"),))] == 0
+    assert s[("lightllm_mtp_outstanding_requests", (("worker", "0"),))] == 1
+    assert s[("lightllm_mtp_spec_verify_steps_total", (("worker", "1"),))] == 6
+    # all workers: 10 verify steps, 4 accepted drafts -> 1.4 tokens per step; position 1: 3/10, position 2: 1/3
+    assert s[("lightllm_mtp_spec_mean_accepted_tokens_per_step", ())] == pytest.approx(1.4)
+    assert s[("lightllm_mtp_spec_acceptance_rate", (("position", "1"),))] == pytest.approx(0.3)
+    assert s[("lightllm_mtp_spec_acceptance_rate", (("position", "2"),))] == pytest.approx(1 / 3)
+    assert s[("lightllm_mtp_spec_accepted_drafts_at_position_total", (("position", "1"), ("worker", "0")))] == 2
+
+
+def test_without_mtp_there_are_no_spec_metrics():
+    m = ServerMetrics(mtp_step=0)
+    m.watch_workers(lambda: [stats(0, SpecCounts())], lambda: [0])
+    names = {name for name, _ in samples(m)}
+    assert "lightllm_mtp_kv_used_tokens" in names and not any("spec" in n or "mtp_avg" in n for n in names)
+
+
+def test_spec_counts_add_and_rates():
+    total = SpecCounts(2, 1, (2,), (1,)) + SpecCounts(3, 2, (3, 2), (2, 0))
+    assert total == SpecCounts(5, 3, (5, 2), (3, 0))
+    assert total.tokens_per_step == pytest.approx(8 / 5) and total.acceptance_per_position == [0.6, 0.0]
+    assert SpecCounts().tokens_per_step == 0.0
+
+
+def test_throughput_meter_window(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr("lightllm_mtp.server.metrics.time.monotonic", lambda: now[0])
+    meter = ThroughputMeter(window_s=10.0)
+    meter.add(50)
+    now[0] = 105.0
+    assert meter.rate() == pytest.approx(10.0)  # 50 tokens over the 5 s since start
+    now[0] = 120.0
+    assert meter.rate() == 0.0
