@@ -58,7 +58,7 @@ def greedy_texts(server, key=KEY):
 
 
 def info(server):
-    return httpx.get(f"{server.url}/server_info").json()
+    return httpx.get(f"{server.url}/server_info", headers=AUTH).json()
 
 
 def metrics(server):

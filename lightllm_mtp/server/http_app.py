@@ -9,7 +9,7 @@ import hmac
 import logging
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -71,7 +71,7 @@ def create_app(args: ServerArgs, client: EngineClient, metrics: ServerMetrics, o
     async def metrics_endpoint():
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/server_info")
+    @app.get("/server_info", dependencies=[Depends(auth)])
     async def server_info():
         e = args.engine
         return {

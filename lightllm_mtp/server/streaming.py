@@ -83,6 +83,8 @@ def mtp_usage(spec: SpecCounts | None) -> dict | None:
         "accepted_drafts": spec.accepted_drafts,
         "mean_accepted_tokens_per_step": spec.tokens_per_step,
         "acceptance_per_position": spec.acceptance_per_position,
+        "proposed_per_position": list(spec.proposed_at),
+        "accepted_per_position": list(spec.accepted_at),
     }
 
 

@@ -1,0 +1,351 @@
+"""Serving benchmark: a load generator against the HTTP server (streaming /v1/completions).
+
+    python benchmark/serving.py --url http://127.0.0.1:8000 --concurrency 1,8,32 --num_prompts 64 \
+        --input_len 512 --output_len 128 [--len_dist uniform --range_ratio 0.5] [--out benchmark/results/NAME.json]
+    python benchmark/serving.py --launch --model_dir DIR --device cuda --mtp_configs none,eagle_with_att:1 \
+        --concurrency 1,8,32 ...   # starts the server once per config: MTP off vs on in one command
+
+Prompts are token windows of a local text corpus (default: the held-out Python standard library files of
+lightllm_mtp/tools/tiny_corpus.py; --corpus DIR for any directory of text files), sent as token ids so their
+length is exact; greedy by default, ignore_eos, max_tokens = the output length. At each concurrency level
+num_prompts requests run with at most that many in flight. Reported: request and token throughput, TTFT, TPOT
+((e2e - TTFT) / (tokens - 1)), inter-chunk latency, and MTP acceptance from each response's usage block.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import random
+import shlex
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `benchmark` and `lightllm_mtp` importable from the repo
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import httpx
+from tqdm import tqdm
+
+from lightllm_mtp.env import ENV
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+# ---- prompts ---------------------------------------------------------------------------------------------
+def corpus_texts(corpus: str | None) -> list[str]:
+    if corpus is None:
+        from lightllm_mtp.tools.tiny_corpus import is_heldout, read_stdlib
+
+        return [f.text for f in read_stdlib() if is_heldout(f.path)]  # text the trained tiny model never saw
+    root = Path(corpus)
+    paths = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in (".py", ".txt", ".md", ".rst"))
+    if not paths:
+        raise SystemExit(f"--corpus {corpus}: no .py/.txt/.md/.rst files")
+    return [p.read_text(encoding="utf-8", errors="replace") for p in paths]
+
+
+def sample_lengths(n: int, length: int, dist: str, ratio: float, rng: random.Random) -> list[int]:
+    if dist == "fixed":
+        return [length] * n
+    lo, hi = max(1, round(length * (1 - ratio))), max(1, round(length * (1 + ratio)))
+    return [rng.randint(lo, hi) for _ in range(n)]
+
+
+def make_prompts(tokenizer, texts: list[str], lengths: list[int], rng: random.Random) -> list[list[int]]:
+    """Token windows at random offsets of the concatenated corpus."""
+    need = max(lengths) * 4 + sum(lengths)
+    ids: list[int] = []
+    for text in texts:
+        ids += tokenizer.encode(text, add_special_tokens=False, verbose=False)
+        if len(ids) >= need:
+            break
+    if len(ids) <= max(lengths):
+        raise SystemExit(f"the corpus has {len(ids)} tokens; prompts of {max(lengths)} asked")
+    starts = [rng.randrange(0, len(ids) - n) for n in lengths]
+    return [ids[s : s + n] for s, n in zip(starts, lengths)]
+
+
+# ---- one request -----------------------------------------------------------------------------------------
+@dataclass
+class RequestRecord:
+    input_len: int
+    output_len: int = 0  # usage.completion_tokens
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    chunk_gaps_s: list[float] = field(default_factory=list)
+    mtp: dict | None = None
+    error: str | None = None
+
+
+async def send(http: httpx.AsyncClient, model: str, prompt: list[int], max_tokens: int, temperature: float,
+               seed: int) -> RequestRecord:  # fmt: skip
+    rec = RequestRecord(input_len=len(prompt))
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}, "return_mtp_stats": True}
+    start = last = time.perf_counter()
+    try:
+        async with http.stream("POST", "/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                rec.error = f"HTTP {r.status_code}: {(await r.aread()).decode(errors='replace')[:300]}"
+                return rec
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                now = time.perf_counter()
+                if "error" in event:
+                    rec.error = event["error"]["message"]
+                elif event.get("choices"):  # one chunk per model step (several tokens with MTP)
+                    if rec.ttft_s is None:
+                        rec.ttft_s = now - start
+                    else:
+                        rec.chunk_gaps_s.append(now - last)
+                    last = now
+                if event.get("usage"):
+                    rec.output_len = event["usage"]["completion_tokens"]
+                    rec.mtp = event["usage"].get("mtp")
+        rec.e2e_s = time.perf_counter() - start
+    except httpx.HTTPError as e:
+        rec.error = f"{type(e).__name__}: {e}"
+    return rec
+
+
+# ---- one concurrency level -------------------------------------------------------------------------------
+def stats(xs: list[float], scale: float = 1e3) -> dict | None:
+    """mean / median / p90 / p99 (x scale: ms by default)."""
+    if not xs:
+        return None
+    s = sorted(xs)
+
+    def q(p: float) -> float:
+        return s[min(len(s) - 1, round(p * (len(s) - 1)))] * scale
+
+    return {"mean": sum(s) / len(s) * scale, "median": q(0.5), "p90": q(0.9), "p99": q(0.99)}
+
+
+def summarize(records: list[RequestRecord], duration_s: float, concurrency: int) -> dict:
+    ok = [r for r in records if r.error is None]
+    out_tokens = sum(r.output_len for r in ok)
+    in_tokens = sum(r.input_len for r in ok)
+    tpots = [(r.e2e_s - r.ttft_s) / (r.output_len - 1) for r in ok if r.output_len > 1 and r.ttft_s is not None]
+    spec = [r.mtp for r in ok if r.mtp and r.mtp["verify_steps"]]
+    steps = sum(m["verify_steps"] for m in spec)
+    acceptance = None
+    if steps:
+        k = max(len(m["proposed_per_position"]) for m in spec)
+        proposed = [sum(m["proposed_per_position"][j] for m in spec if j < len(m["proposed_per_position"]))
+                    for j in range(k)]  # fmt: skip
+        accepted = [sum(m["accepted_per_position"][j] for m in spec if j < len(m["accepted_per_position"]))
+                    for j in range(k)]  # fmt: skip
+        acceptance = {
+            "verify_steps": steps,
+            "mean_accepted_tokens_per_step": (sum(m["accepted_drafts"] for m in spec) + steps) / steps,
+            "acceptance_per_position": [a / p if p else 0.0 for a, p in zip(accepted, proposed)],
+        }
+    return {
+        "concurrency": concurrency,
+        "num_requests": len(records),
+        "completed": len(ok),
+        "errors": [r.error for r in records if r.error is not None][:5],
+        "duration_s": duration_s,
+        "input_tokens": in_tokens,
+        "output_tokens": out_tokens,
+        "request_throughput_per_s": len(ok) / duration_s,
+        "output_tokens_per_s": out_tokens / duration_s,
+        "total_tokens_per_s": (in_tokens + out_tokens) / duration_s,
+        "ttft_ms": stats([r.ttft_s for r in ok if r.ttft_s is not None]),
+        "tpot_ms": stats(tpots),
+        "inter_chunk_ms": stats([g for r in ok for g in r.chunk_gaps_s]),
+        "e2e_ms": stats([r.e2e_s for r in ok]),
+        "mtp": acceptance,
+    }
+
+
+async def run_level(url: str, headers: dict, model: str, prompts: list[list[int]], out_lens: list[int],
+                    concurrency: int, temperature: float, bar: tqdm) -> dict:  # fmt: skip
+    sem = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=httpx.Timeout(3600)) as http:
+
+        async def one(i: int) -> RequestRecord:
+            async with sem:
+                rec = await send(http, model, prompts[i], out_lens[i], temperature, seed=i)
+            bar.update(1)
+            return rec
+
+        start = time.perf_counter()
+        records = await asyncio.gather(*(one(i) for i in range(len(prompts))))
+        return summarize(records, time.perf_counter() - start, concurrency)
+
+
+# ---- server configs and the run --------------------------------------------------------------------------
+def parse_config(text: str) -> tuple[str, list[str]]:
+    """'none' -> no MTP; 'eagle_with_att:2' -> --mtp_mode eagle_with_att --mtp_step 2."""
+    if text == "none":
+        return "no_mtp", []
+    mode, _, step = text.partition(":")
+    if not step.isdigit():
+        raise SystemExit(f"--mtp_configs entry {text!r}: use none or MODE:STEP, e.g. eagle_with_att:2")
+    return f"{mode}_k{step}", ["--mtp_mode", mode, "--mtp_step", step]
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version()}
+    for pkg in ("lightllm_mtp", "torch", "transformers", "triton", "httpx", "fastapi", "uvicorn"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def run_config(url: str, args, prompts, out_lens, label: str, bar: tqdm) -> dict:
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    info = httpx.get(f"{url}/server_info", headers=headers, timeout=30).json()
+    longest = max(len(p) + n for p, n in zip(prompts, out_lens))
+    if longest > info["max_model_len"]:
+        raise SystemExit(f"prompt + output up to {longest} tokens; the server's max_model_len is "
+                         f"{info['max_model_len']}")
+    model = info["model_name"]
+    warm = min(args.num_warmup, len(prompts))
+    if warm:  # first requests pay one-off costs (CUDA graph capture is at start-up, allocator growth is not)
+        bar.set_description(f"{label} warm-up")
+        asyncio.run(run_level(url, headers, model, prompts[:warm], [min(n, 16) for n in out_lens[:warm]], warm,
+                              args.temperature, tqdm(disable=True)))  # fmt: skip
+    levels = []
+    for c in args.concurrency:
+        bar.set_description(f"{label} concurrency {c}")
+        levels.append(asyncio.run(run_level(url, headers, model, prompts, out_lens, c, args.temperature, bar)))
+    after = httpx.get(f"{url}/server_info", headers=headers, timeout=30).json()
+    return {"label": label, "server": {k: v for k, v in after.items() if k not in ("outstanding",)}, "levels": levels}
+
+
+def print_table(report: dict) -> None:
+    print(f"\n{'config':<18} {'conc':>5} {'ok':>5} {'req/s':>7} {'out tok/s':>10} {'TTFT ms p50/p99':>17} "
+          f"{'TPOT ms p50/p99':>17} {'tok/step':>9} {'accept per position':<24}")  # fmt: skip
+    for cfg in report["results"]:
+        for lv in cfg["levels"]:
+            t, p, m = lv["ttft_ms"] or {}, lv["tpot_ms"] or {}, lv["mtp"]
+            pos = " ".join(f"{a:.2f}" for a in m["acceptance_per_position"]) if m else "-"
+            print(f"{cfg['label']:<18} {lv['concurrency']:>5} {lv['completed']:>5} "
+                  f"{lv['request_throughput_per_s']:>7.2f} {lv['output_tokens_per_s']:>10.1f} "
+                  f"{t.get('median', 0):>8.1f}/{t.get('p99', 0):<8.1f} "
+                  f"{p.get('median', 0):>8.2f}/{p.get('p99', 0):<8.2f} "
+                  f"{m['mean_accepted_tokens_per_step'] if m else 0:>9.2f} {pos:<24}")  # fmt: skip
+    for row in report.get("speedup_vs_no_mtp", []):
+        print(f"{row['label']} vs no_mtp at concurrency {row['concurrency']}: x{row['output_tokens_per_s']:.2f} "
+              f"output tok/s, TPOT speedup x{row['tpot_median']:.2f}")
+
+
+def speedups(results: list[dict]) -> list[dict]:
+    base = {lv["concurrency"]: lv for cfg in results if cfg["label"] == "no_mtp" for lv in cfg["levels"]}
+    rows = []
+    for cfg in results:
+        for lv in cfg["levels"] if cfg["label"] != "no_mtp" else []:
+            b = base.get(lv["concurrency"])
+            if b and b["output_tokens_per_s"] and lv["tpot_ms"] and b["tpot_ms"]:
+                rows.append({"label": cfg["label"], "concurrency": lv["concurrency"],
+                             "output_tokens_per_s": lv["output_tokens_per_s"] / b["output_tokens_per_s"],
+                             "tpot_median": b["tpot_ms"]["median"] / lv["tpot_ms"]["median"]})  # fmt: skip
+    return rows
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="a running server (ignored with --launch)")
+    p.add_argument("--api_key", default=None)
+    p.add_argument("--launch", action="store_true", help="start the server here, once per --mtp_configs entry")
+    p.add_argument("--model_dir", default=None, help="with --launch: the checkpoint; also the default tokenizer")
+    p.add_argument("--device", default="cuda", help="with --launch: cpu or cuda")
+    p.add_argument("--dp", type=int, default=1, help="with --launch: replicas")
+    p.add_argument("--mtp_configs", default="none,eagle_with_att:1",
+                   help="with --launch: comma list of none or MODE:STEP (e.g. none,eagle_with_att:2)")
+    p.add_argument("--server_args", default="", help="with --launch: more api_server flags, one quoted string")
+    p.add_argument("--tokenizer", default=None, help="tokenizer dir (default: --model_dir, else the server's)")
+    p.add_argument("--corpus", default=None, help="directory of text files (default: held-out Python stdlib)")
+    p.add_argument("--concurrency", default="1,8,32", help="comma list of in-flight request limits")
+    p.add_argument("--num_prompts", type=int, default=64, help="requests per concurrency level")
+    p.add_argument("--num_warmup", type=int, default=2, help="short warm-up requests per server config")
+    p.add_argument("--input_len", type=int, default=512)
+    p.add_argument("--output_len", type=int, default=128)
+    p.add_argument("--len_dist", choices=["fixed", "uniform"], default="fixed",
+                   help="uniform: lengths drawn from [len*(1-range_ratio), len*(1+range_ratio)]")
+    p.add_argument("--range_ratio", type=float, default=0.5)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="JSON path (default: benchmark/results/serving_<model>_<...>.json)")
+    args = p.parse_args(argv)
+    args.concurrency = [int(x) for x in args.concurrency.split(",")]
+    if args.launch and not args.model_dir:
+        p.error("--launch needs --model_dir")
+    return args  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    argv_used = sys.argv if argv is None else ["benchmark/serving.py", *argv]
+    command = "python " + " ".join(shlex.quote(a) for a in argv_used)
+    from transformers import AutoTokenizer
+
+    configs = [parse_config(c) for c in args.mtp_configs.split(",")] if args.launch else [("server", [])]
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    tok_dir = args.tokenizer or args.model_dir
+    if tok_dir is None:  # the server's own checkpoint directory (same machine)
+        tok_dir = httpx.get(f"{args.url}/server_info", headers=headers, timeout=30).json()["model_dir"]
+    tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+    rng = random.Random(args.seed)
+    in_lens = sample_lengths(args.num_prompts, args.input_len, args.len_dist, args.range_ratio, rng)
+    out_lens = sample_lengths(args.num_prompts, args.output_len, args.len_dist, args.range_ratio, rng)
+    prompts = make_prompts(tokenizer, corpus_texts(args.corpus), in_lens, rng)
+    report: dict = {
+        "command": command,
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "versions": versions(),
+        "settings": {k: v for k, v in vars(args).items() if k != "api_key"},
+        "results": [],
+    }
+    total = len(configs) * len(args.concurrency) * args.num_prompts
+    bar = tqdm(total=total, desc="serving benchmark", disable=ENV.disable_progress_bars)
+    for label, flags in configs:
+        if not args.launch:
+            report["results"].append(run_config(args.url, args, prompts, out_lens, label, bar))
+            continue
+        from lightllm_mtp.server.launcher import ServerProcess
+
+        bar.set_description(f"{label} starting server")
+        server_flags = ["--model_dir", args.model_dir, "--device", args.device, "--dp", str(args.dp), *flags,
+                        "--log_level", "warning", *shlex.split(args.server_args)]  # fmt: skip
+        log = Path(tempfile.mkdtemp(prefix="serving_bench_")) / f"{label}.log"
+        with ServerProcess(server_flags, log) as server:
+            result = run_config(server.url, args, prompts, out_lens, label, bar)
+        result["server_command"] = " ".join(shlex.quote(a) for a in server.cmd)
+        report["results"].append(result)
+    bar.close()
+    devices = report["results"][0]["server"]["devices"]
+    report["device"] = {"type": "cuda" if devices[0].startswith("cuda") else "cpu", "workers": devices}
+    report["speedup_vs_no_mtp"] = speedups(report["results"])
+    out = Path(args.out) if args.out else default_out(args, report)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    print_table(report)
+    print(f"\nwrote {out}")
+    return report
+
+
+def default_out(args, report: dict) -> Path:
+    model = report["results"][0]["server"]["model_name"]
+    labels = "-".join(r["label"] for r in report["results"])
+    conc = "-".join(map(str, args.concurrency))
+    name = f"serving_{model}_{report['device']['type']}_{labels}_in{args.input_len}_out{args.output_len}_c{conc}"
+    return RESULTS_DIR / f"{name}.json"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""CPU smoke test of benchmark/serving.py --launch on the tiny checkpoint: MTP off and on in one command, every
+figure lands in the JSON."""
+
+import json
+
+from benchmark import serving
+
+
+def test_launch_compares_configs_and_writes_json(tmp_path, tiny_dense_dir):
+    out = tmp_path / "serving.json"
+    argv = ["--launch", "--model_dir", str(tiny_dense_dir), "--device", "cpu", "--mtp_configs", "none,eagle_with_att:2",
+            "--server_args", "--max_req_total_len 256 --running_max_req_size 4", "--concurrency", "1,3",
+            "--num_prompts", "5", "--num_warmup", "1", "--input_len", "24", "--output_len", "6", "--len_dist",
+            "uniform", "--range_ratio", "0.5", "--out", str(out)]  # fmt: skip
+    report = serving.main(argv)
+    on_disk = json.loads(out.read_text())
+    assert on_disk["command"] == report["command"] and on_disk["command"].startswith("python benchmark/serving.py ")
+    assert "--mtp_configs none,eagle_with_att:2" in on_disk["command"]
+    assert on_disk["versions"]["python"] and on_disk["versions"]["httpx"]
+    assert on_disk["device"]["type"] == "cpu" and len(on_disk["device"]["workers"]) == 1
+    assert [r["label"] for r in on_disk["results"]] == ["no_mtp", "eagle_with_att_k2"]
+    for cfg in on_disk["results"]:
+        assert "--running_max_req_size 4" in cfg["server_command"]
+        assert cfg["server"]["mtp_step"] == (2 if cfg["label"] != "no_mtp" else 0)
+        assert [lv["concurrency"] for lv in cfg["levels"]] == [1, 3]
+        for lv in cfg["levels"]:
+            assert lv["completed"] == lv["num_requests"] == 5 and not lv["errors"]
+            assert 12 * 5 <= lv["input_tokens"] <= 36 * 5 and 3 * 5 <= lv["output_tokens"] <= 9 * 5
+            assert lv["output_tokens_per_s"] > 0 and lv["request_throughput_per_s"] > 0
+            assert lv["ttft_ms"]["median"] > 0 and lv["tpot_ms"]["p99"] >= lv["tpot_ms"]["median"] > 0
+            if cfg["label"] == "no_mtp":
+                assert lv["mtp"] is None
+            else:
+                m = lv["mtp"]
+                assert m["verify_steps"] > 0 and m["mean_accepted_tokens_per_step"] >= 1.0
+                assert len(m["acceptance_per_position"]) == 2
+        assert all(w["kv_used"] == 0 and w["req_slots_used"] == 0 for w in cfg["server"]["workers"])
+    assert [row["concurrency"] for row in on_disk["speedup_vs_no_mtp"]] == [1, 3]
