@@ -54,3 +54,23 @@ def tiny_moe_mtp3_dir(tmp_path_factory):
     from lightllm_mtp.tools.make_tiny_checkpoint import build_tiny_checkpoint
 
     return build_tiny_checkpoint(arch="qwen3_5_moe", out_dir=tmp_path_factory.mktemp("moe_mtp3"), mtp_layers=3, seed=1)
+
+
+def _trained(arch):
+    from lightllm_mtp.tools.default_checkpoint import FIXTURES_DIR, TRAINED_CHECKPOINTS, trained_checkpoint_dir
+
+    model_dir = trained_checkpoint_dir(arch)
+    if model_dir is None:
+        where = FIXTURES_DIR / TRAINED_CHECKPOINTS[arch]
+        pytest.skip(f"trained {arch} checkpoint not committed yet at {where} (recipe: lightllm_mtp/fixtures/README.md)")
+    return model_dir
+
+
+@pytest.fixture(scope="session")
+def trained_dense_dir():
+    return _trained("qwen3_5")
+
+
+@pytest.fixture(scope="session")
+def trained_moe_dir():
+    return _trained("qwen3_5_moe")

@@ -9,14 +9,18 @@ import pytest
 from lightllm_mtp import LLM, SamplingParams
 
 
-def test_main_job_runs_on_the_embedded_checkpoint(tmp_path):
+def test_main_job_runs_on_the_default_checkpoint(tmp_path):
+    from lightllm_mtp.tools.default_checkpoint import trained_checkpoint_dir
+
     env = dict(os.environ, LIGHTLLM_MTP_CACHE_DIR=str(tmp_path / "cache"))
     cmd = [sys.executable, "-m", "lightllm_mtp", "--max_new_tokens", "8"]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("=== prompt:") == 3
     assert "tok/s" in out.stdout
-    assert any((tmp_path / "cache").rglob("config.json"))
+    trained = trained_checkpoint_dir("qwen3_5")  # shipped: used as is; absent: a random one is built into the cache
+    assert f"model: {trained}" in out.stdout if trained else any((tmp_path / "cache").rglob("config.json"))
+    assert any((tmp_path / "cache").rglob("config.json")) == (trained is None)
 
 
 @pytest.fixture(scope="module")
