@@ -33,6 +33,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmark` and `lightllm
 import httpx
 from tqdm import tqdm
 
+from benchmark.model_shapes import MODEL_SHAPES
 from lightllm_mtp.env import ENV
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -186,6 +187,22 @@ async def run_level(url: str, headers: dict, model: str, prompts: list[list[int]
 
 
 # ---- server configs and the run --------------------------------------------------------------------------
+def shape_model_dir(shape: str) -> Path:
+    """A model directory for the server: the shape's config.json plus the tiny checkpoint's tokenizer (ids it
+    does not know decode to nothing: the text is empty-ish, the token counts are exact)."""
+    import shutil
+
+    from lightllm_mtp.tools.default_checkpoint import ensure_tiny_checkpoint
+
+    out = Path(tempfile.mkdtemp(prefix=f"serving_{shape}_"))
+    (out / "config.json").write_text(json.dumps(MODEL_SHAPES[shape]))
+    tiny = ensure_tiny_checkpoint()
+    for f in tiny.iterdir():
+        if f.name.startswith("tokenizer") or f.suffix == ".jinja" or f.name == "special_tokens_map.json":
+            shutil.copy(f, out / f.name)
+    return out
+
+
 def parse_config(text: str) -> tuple[str, list[str]]:
     """'none' -> no MTP; 'eagle_with_att:2' -> --mtp_mode eagle_with_att --mtp_step 2."""
     if text == "none":
@@ -197,8 +214,17 @@ def parse_config(text: str) -> tuple[str, list[str]]:
 
 
 def versions() -> dict:
-    out = {"python": platform.python_version()}
-    for pkg in ("lightllm_mtp", "torch", "transformers", "triton", "httpx", "fastapi", "uvicorn"):
+    import subprocess
+
+    import lightllm_mtp
+
+    out = {"python": platform.python_version(), "lightllm_mtp": lightllm_mtp.__version__}
+    try:
+        git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
+        out["git_commit"] = git.stdout.strip() if git.returncode == 0 else None
+    except OSError:
+        out["git_commit"] = None
+    for pkg in ("torch", "transformers", "triton", "httpx", "fastapi", "uvicorn"):
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
@@ -263,11 +289,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--api_key", default=None)
     p.add_argument("--launch", action="store_true", help="start the server here, once per --mtp_configs entry")
     p.add_argument("--model_dir", default=None, help="with --launch: the checkpoint; also the default tokenizer")
+    p.add_argument("--model_shape", default=None, choices=sorted(MODEL_SHAPES),
+                   help="with --launch, instead of --model_dir: random weights at a published shape "
+                   "(benchmark/model_shapes.py) and the tiny checkpoint's tokenizer; for timing only")
     p.add_argument("--device", default="cuda", help="with --launch: cpu or cuda")
     p.add_argument("--dp", type=int, default=1, help="with --launch: replicas")
     p.add_argument("--mtp_configs", default="none,eagle_with_att:1",
                    help="with --launch: comma list of none or MODE:STEP (e.g. none,eagle_with_att:2)")
     p.add_argument("--server_args", default="", help="with --launch: more api_server flags, one quoted string")
+    p.add_argument("--start_timeout", type=float, default=1800, help="with --launch: seconds to wait for /health")
     p.add_argument("--tokenizer", default=None, help="tokenizer dir (default: --model_dir, else the server's)")
     p.add_argument("--corpus", default=None, help="directory of text files (default: held-out Python stdlib)")
     p.add_argument("--concurrency", default="1,8,32", help="comma list of in-flight request limits")
@@ -283,8 +313,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="JSON path (default: benchmark/results/serving_<model>_<...>.json)")
     args = p.parse_args(argv)
     args.concurrency = [int(x) for x in args.concurrency.split(",")]
-    if args.launch and not args.model_dir:
-        p.error("--launch needs --model_dir")
+    if args.launch and not (args.model_dir or args.model_shape):
+        p.error("--launch needs --model_dir or --model_shape")
+    if args.model_shape and (args.model_dir or not args.launch):
+        p.error("--model_shape goes with --launch and without --model_dir")
     return args  # fmt: skip
 
 
@@ -295,6 +327,10 @@ def main(argv: list[str] | None = None) -> dict:
     from transformers import AutoTokenizer
 
     configs = [parse_config(c) for c in args.mtp_configs.split(",")] if args.launch else [("server", [])]
+    extra_flags = []
+    if args.model_shape:
+        args.model_dir = str(shape_model_dir(args.model_shape))
+        extra_flags = ["--load_format", "dummy", "--model_name", args.model_shape]
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     tok_dir = args.tokenizer or args.model_dir
     if tok_dir is None:  # the server's own checkpoint directory (same machine)
@@ -321,9 +357,9 @@ def main(argv: list[str] | None = None) -> dict:
 
         bar.set_description(f"{label} starting server")
         server_flags = ["--model_dir", args.model_dir, "--device", args.device, "--dp", str(args.dp), *flags,
-                        "--log_level", "warning", *shlex.split(args.server_args)]  # fmt: skip
+                        *extra_flags, "--log_level", "warning", *shlex.split(args.server_args)]  # fmt: skip
         log = Path(tempfile.mkdtemp(prefix="serving_bench_")) / f"{label}.log"
-        with ServerProcess(server_flags, log) as server:
+        with ServerProcess(server_flags, log).start(timeout_s=args.start_timeout) as server:
             result = run_config(server.url, args, prompts, out_lens, label, bar)
         result["server_command"] = " ".join(shlex.quote(a) for a in server.cmd)
         report["results"].append(result)

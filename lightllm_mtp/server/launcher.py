@@ -74,7 +74,7 @@ class ServerProcess:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
 
     def __enter__(self) -> ServerProcess:
-        return self.start()
+        return self if self.proc is not None else self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()

@@ -50,7 +50,9 @@ class ModelWorker:
         from lightllm_mtp.engine.llm_engine import LLMEngine
         from lightllm_mtp.env import ENV
 
-        if engine_args.torch_device.type == "cpu" and not ENV.cpu_threads:
+        if engine_args.torch_device.type == "cuda" and engine_args.torch_device.index is not None:
+            torch.cuda.set_device(engine_args.torch_device)  # graphs, streams and Triton launches on our GPU
+        elif not ENV.cpu_threads:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // dp))  # CPU replicas share the host's cores
         self.rank = rank
         self.inbox, self.outbox = inbox, outbox
