@@ -68,7 +68,8 @@ def split_corpus(max_train_chars: int | None = None, max_heldout_chars: int | No
         (heldout if side else train).append(f)
         sizes[side] += len(f.text)
     if not train or not heldout:
-        raise RuntimeError(f"standard library at {stdlib_root()} gave {len(train)} train / {len(heldout)} held-out files")
+        found = f"{len(train)} train / {len(heldout)} held-out files"
+        raise RuntimeError(f"the standard library at {stdlib_root()} gave {found}")
     return CorpusSplit(train, heldout)
 
 

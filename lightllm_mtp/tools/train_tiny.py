@@ -24,14 +24,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from lightllm_mtp.tools.make_tiny_checkpoint import (
-    ARCHS,
-    SPECIAL_TOKENS,
-    make_config,
-    padded_vocab_size,
-    train_tokenizer,
-    write_published_checkpoint,
-)
+from lightllm_mtp.tools.make_tiny_checkpoint import ARCHS, SPECIAL_TOKENS, make_config, train_tokenizer
+from lightllm_mtp.tools.published_layout import padded_vocab_size, write_published_checkpoint
 from lightllm_mtp.tools.tiny_corpus import split_corpus, stdlib_root, token_stream
 from lightllm_mtp.tools.trainable_mtp import TinyMtpModel, stream_losses, use_torch_gated_delta_rule
 
@@ -116,8 +110,8 @@ def train(args) -> tuple[TinyMtpModel, dict]:
     train_ids = token_stream(tokenizer, corpus.train, eos_id)
     heldout_ids = token_stream(tokenizer, corpus.heldout, eos_id)
     print(f"corpus: Python {platform.python_version()} standard library at {stdlib_root()}")
-    print(f"corpus: {len(corpus.train)} train files ({len(train_ids)} tokens), {len(corpus.heldout)} held-out files "
-          f"({len(heldout_ids)} tokens), tokenizer {len(tokenizer)} tokens, {time.perf_counter() - start:.1f} s")  # fmt: skip
+    print(f"corpus: {len(corpus.train)} train files ({len(train_ids)} tokens), {len(corpus.heldout)} held-out "
+          f"files ({len(heldout_ids)} tokens), tokenizer {len(tokenizer)} tokens, {time.perf_counter() - start:.1f} s")
 
     if args.gdn_kernel == "torch":
         use_torch_gated_delta_rule()
@@ -133,7 +127,8 @@ def train(args) -> tuple[TinyMtpModel, dict]:
     gen = torch.Generator().manual_seed(args.seed)
 
     def heldout(model):
-        losses = stream_losses(model, heldout_ids, args.seq_len, args.eval_windows, args.batch_size, args.device, autocast)
+        windows, batch = args.eval_windows, args.batch_size
+        losses = stream_losses(model, heldout_ids, args.seq_len, windows, batch, args.device, autocast)
         model.train()
         return losses
 
@@ -159,7 +154,8 @@ def train(args) -> tuple[TinyMtpModel, dict]:
         tokens_seen += batch.shape[0] * args.seq_len
         if step % args.log_every == 0 or step == args.steps - 1:
             elapsed = time.perf_counter() - t0
-            point = {"step": step, "lr": round(learning_rate(step, args), 6), "tokens_per_s": round(tokens_seen / elapsed)}
+            point = {"step": step, "lr": round(learning_rate(step, args), 6)}
+            point["tokens_per_s"] = round(tokens_seen / elapsed)
             point.update({k: round(losses[k].item(), 4) for k in ("main_loss", "mtp_loss", "mtp_agree")})
             if balance is not None:
                 point["balance_loss"] = round(balance.item(), 4)

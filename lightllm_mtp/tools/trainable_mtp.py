@@ -19,9 +19,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from lightllm_mtp.tools.make_tiny_checkpoint import _fuse_experts, _split_experts, mtp_stack, published_model_class
+from lightllm_mtp.tools.published_layout import fuse_experts, mtp_stack, published_model_class, split_experts
 
-_STACK = "stack."  # MtpHead attribute holding HF's one-layer text model: its layers.* and norm are mtp.layers.*, mtp.norm
+_STACK = "stack."  # MtpHead's HF one-layer text model: its layers.* and norm are mtp.layers.* and mtp.norm
 _UNUSED = "stack.embed_tokens."  # the stack's own (8-row) embedding: the head reads the main model's
 
 
@@ -101,7 +101,7 @@ class TinyMtpModel(nn.Module):
 
     def published_model(self) -> nn.Module:
         """The HF `...ForConditionalGeneration` of the wrapper config holding this language model's weights (the
-        vision tower keeps its fresh init), ready for make_tiny_checkpoint.write_published_checkpoint."""
+        vision tower keeps its fresh init), ready for published_layout.write_published_checkpoint."""
         model = published_model_class(self.cfg)(self.cfg)
         model.model.language_model.load_state_dict(self.lm.model.state_dict())
         model.lm_head.load_state_dict(self.lm.lm_head.state_dict())
@@ -142,7 +142,7 @@ def load_tiny_mtp_model(model_dir: str | Path) -> TinyMtpModel:
         tensors.update(load_file(str(model_dir / shard)))
     own = model.state_dict()
     fused = any(name.endswith("experts.gate_up_proj") for name in own)
-    tensors = _fuse_experts(tensors) if fused else _split_experts(tensors)
+    tensors = fuse_experts(tensors) if fused else split_experts(tensors)
     mapped = {}
     for name, t in tensors.items():
         if name.startswith("model.language_model."):

@@ -58,7 +58,8 @@ def test_trained_head_is_accepted_on_heldout_text(request, model, heldout):
     model_dir = request.getfixturevalue(model)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     prompts = [ids for _, ids in heldout_prompts(tokenizer, heldout, 8, 96)]
-    for step, check in ((1, lambda s: s["acceptance_per_position"][0] >= 0.6), (3, lambda s: s["tokens_per_step"] >= 2)):
+    targets = ((1, lambda s: s["acceptance_per_position"][0] >= 0.6), (3, lambda s: s["tokens_per_step"] >= 2))
+    for step, check in targets:
         llm = LLM(model_dir, max_model_len=MAX_MODEL_LEN, mtp_mode="eagle_with_att", mtp_step=step)
         stats = aggregate(llm.generate(prompts, greedy(48)))
         assert check(stats), (step, stats)

@@ -11,7 +11,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from lightllm_mtp.tools.make_tiny_checkpoint import SPECIAL_TOKENS, _fuse_experts, build_tiny_checkpoint
+from lightllm_mtp.tools.make_tiny_checkpoint import SPECIAL_TOKENS, build_tiny_checkpoint
+from lightllm_mtp.tools.published_layout import fuse_experts
 from unit_tests.hf_reference import hf_greedy, hf_prefill_logits, load_hf_causal_lm
 
 H = 64
@@ -185,8 +186,8 @@ def test_cli_fused_experts_and_more_mtp_layers(tmp_path):
     per_expert = build_tiny_checkpoint("qwen3_5_moe", tmp_path / "pe", 2, 3, True, fused_experts=False)
     fused, split = load_all(out), load_all(per_expert)
     assert "mtp.layers.1.mlp.experts.7.up_proj.weight" in split
-    assert fused.keys() == _fuse_experts(split).keys()
-    for name, tensor in _fuse_experts(split).items():
+    assert fused.keys() == fuse_experts(split).keys()
+    for name, tensor in fuse_experts(split).items():
         assert torch.equal(fused[name], tensor), name
     gate_up = fused["mtp.layers.1.mlp.experts.gate_up_proj"]
     assert torch.equal(gate_up[7, :32], split["mtp.layers.1.mlp.experts.7.gate_proj.weight"])  # rows [gate; up]

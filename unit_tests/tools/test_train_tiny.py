@@ -13,8 +13,9 @@ from lightllm_mtp.models.mtp_retarget import MtpWeightRetargetMixin
 from lightllm_mtp.tools.train_tiny import parse_args, train
 from lightllm_mtp.tools.trainable_mtp import load_tiny_mtp_model
 
-TOY = ["--hidden_size", "64", "--num_hidden_layers", "4", "--seq_len", "48", "--batch_size", "4", "--vocab_size", "1024",
-       "--corpus_chars", "150000", "--eval_windows", "4", "--log_every", "1", "--no_progress_bar"]  # fmt: skip
+TOY = ["--hidden_size", "64", "--num_hidden_layers", "4", "--seq_len", "48", "--batch_size", "4",
+       "--vocab_size", "1024", "--corpus_chars", "150000", "--eval_windows", "4", "--log_every", "1",
+       "--no_progress_bar"]  # fmt: skip
 PROMPTS = [[5, 17, 300, 42, 9, 77, 1000, 3, 58, 600, 11, 12, 13], [900, 4, 4, 250], [31, 8, 222, 150, 64, 2, 7]]
 MAX_NEW = [14, 6, 9]
 
