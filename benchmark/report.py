@@ -34,6 +34,16 @@ def print_tables(report: dict) -> None:
                       f"{_fmt(r.get('step_cost_vs_decode')):>7} {_fmt(s.get('accept_rate')):>5} "
                       f"{_fmt(s.get('tokens_per_step')):>9} {_fmt(s.get('effective_tokens_per_s'), '.1f'):>10} "
                       f"{_fmt(s.get('speedup_vs_no_spec')):>8}")  # fmt: skip
+    real = report.get("real_acceptance")
+    if real:
+        print("\nReal MTP acceptance on held-out text (eagle, greedy)")
+        print(f"{'k':>2} {'tok/step':>9} {'per-position acceptance'}")
+        for k, m in real["mtp"].items():
+            print(f"{k:>2} {m['tokens_per_step']:>9.3f} {m['acceptance_per_position']}")
+        for r in (mtp or {}).get("results", []):
+            if r.get("real"):
+                print(f"bs={r['batch_size']}: k={mtp['mtp_step']} real {r['real']['tokens_per_step']:.3f} tok/step -> "
+                      f"{r['real']['effective_tokens_per_s']:.1f} tok/s, speedup {r['real']['speedup_vs_no_spec']:.2f}x")
     hf = report.get("hf_peer")
     if hf:
         print("\nHF transformers generate (same weights)")

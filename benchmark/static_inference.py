@@ -218,6 +218,30 @@ def spec_result(rec: GenRecord, base: dict | None, args, cfg, specs, dtype, bw: 
     return res
 
 
+def real_acceptance(args) -> dict:
+    """Greedy MTP (eagle, k = 1..4) on held-out text through this engine (tools/eval_acceptance.py)."""
+    from lightllm_mtp.tools.eval_acceptance import evaluate
+
+    ns = argparse.Namespace(
+        model_dir=args.model_dir, device=args.device, dtype=args.dtype, mtp_steps=[1, 2, 3, 4], num_prompts=8,
+        prompt_tokens=128, max_new_tokens=64, max_batch_size=8, heldout_windows=0, strict=True,
+        argv=["--model_dir", args.model_dir, "--device", args.device, "--num_prompts", "8", "--strict"],
+    )  # fmt: skip
+    out = evaluate(ns)
+    return {"method": "tools/eval_acceptance.py: 8 held-out prompts of 128 tokens, 64 greedy tokens each", **out}
+
+
+def add_real_speedup(res: dict, real: dict, base: dict, k: int) -> None:
+    """Effective tokens/s of the timed MTP step at the measured acceptance of mtp_step k."""
+    measured = real["mtp"].get(str(k))
+    if not measured or not res.get("spec_step") or not base.get("decode"):
+        return
+    tps = measured["tokens_per_step"]
+    eff = res["batch_size"] * tps / (res["spec_step"]["median_ms"] / 1e3)
+    res["real"] = {"tokens_per_step": tps, "acceptance_per_position": measured["acceptance_per_position"],
+                   "effective_tokens_per_s": eff, "speedup_vs_no_spec": eff / base["decode"]["tokens_per_s"]}  # fmt: skip
+
+
 def run_batches(engine, prompts_all, args, bar, label, timers=None, k=0) -> dict[int, GenRecord]:
     out = {}
     for bs in args.batch_sizes:
@@ -321,6 +345,9 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--mtp_mode", default=None, help="eagle_with_att or vanilla_with_att")
     p.add_argument("--mtp_step", type=int, default=1)
     p.add_argument("--mtp_accept_rate", type=_floats, default=[0.8], help="simulated per-position acceptance (comma list)")
+    p.add_argument("--real_acceptance", action="store_true",
+                   help="with --model_dir (a trained checkpoint with a tokenizer): measure real MTP acceptance (k=1..4) "
+                        "on held-out standard-library text and report the speedup it gives at the timed step cost")
     p.add_argument("--hf_peer", action="store_true", help="also time HF transformers generate on the same weights")
     p.add_argument("--hf_batch_sizes", type=_ints, default=[1, 8])
     p.add_argument("--hf_repeats", type=int, default=1)
@@ -333,6 +360,8 @@ def parse_args(argv: list[str] | None):
         p.error("--input_len and --output_len must be >= 1")
     if any(not 0.0 <= r <= 1.0 for r in args.mtp_accept_rate):
         p.error("--mtp_accept_rate values must be in [0, 1]")
+    if args.real_acceptance and not (args.model_dir and args.mtp_mode):
+        p.error("--real_acceptance needs --model_dir (a checkpoint with a tokenizer) and --mtp_mode")
     args.batch_sizes = sorted(set(args.batch_sizes))
     return args
 
@@ -430,6 +459,11 @@ def main(argv: list[str] | None = None) -> dict:
             ],
         }
 
+    if args.real_acceptance:
+        bar.set_description("real acceptance")
+        report["real_acceptance"] = real_acceptance(args)
+        for r in report.get("mtp", {}).get("results", []):
+            add_real_speedup(r, report["real_acceptance"], by_bs[r["batch_size"]], args.mtp_step)
     if args.hf_peer:
         report["hf_peer"] = run_hf_peer(source, args, dtype, device, prompts_all, by_bs, records, bar)
     bar.close()

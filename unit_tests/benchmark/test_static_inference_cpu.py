@@ -120,3 +120,20 @@ def test_break_even_rate():
     rate = static_inference.break_even_rate(2.0, k)
     assert static_inference.tokens_per_step(rate, k) == pytest.approx(2.0)
     assert math.isclose(static_inference.tokens_per_step(0.5, 2), 1.75)
+
+
+def test_real_acceptance_on_the_trained_checkpoint(tmp_path, trained_dense_dir):
+    """--real_acceptance measures k=1..4 on held-out text and turns the k under test into a real speedup row."""
+    r = _run(tmp_path, "--model_dir", str(trained_dense_dir), "--batch_sizes", "1", "--input_len", "16",
+             "--output_len", "12", "--mtp_mode", "eagle_with_att", "--mtp_step", "1", "--real_acceptance")  # fmt: skip
+    real = r["real_acceptance"]["mtp"]
+    assert sorted(real) == ["1", "2", "3", "4"] and all(m["greedy_equal"] for m in real.values())
+    assert [len(real[k]["acceptance_per_position"]) for k in "1234"] == [1, 2, 3, 4]
+    assert real["1"]["acceptance_per_position"][0] >= 0.6  # the issue's held-out target
+    row = r["mtp"]["results"][0]["real"]
+    assert row["tokens_per_step"] == real["1"]["tokens_per_step"] and row["effective_tokens_per_s"] > 0
+
+
+def test_real_acceptance_needs_a_checkpoint():
+    with pytest.raises(SystemExit):
+        static_inference.parse_args(["--model_shape", "qwen3.5-27b", "--mtp_mode", "eagle_with_att", "--real_acceptance"])
