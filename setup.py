@@ -26,5 +26,10 @@ setup(
         "server": ["fastapi>=0.110", "uvicorn>=0.29", "prometheus_client>=0.20", "httpx>=0.27"],
         "gpu": ["triton>=3.0", "fla-core>=0.6"],
     },
-    entry_points={"console_scripts": ["lightllm-mtp=lightllm_mtp.__main__:main"]},
+    entry_points={
+        "console_scripts": [
+            "lightllm-mtp=lightllm_mtp.__main__:main",
+            "lightllm-mtp-server=lightllm_mtp.server.api_server:main",
+        ]
+    },
 )
