@@ -7,6 +7,8 @@ MTP off with --dp 2. Greedy text must be identical on both.
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -263,3 +265,15 @@ def test_start_up_failure_is_reported(tiny_dense_dir):
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1
     assert "worker 0 failed to start" in out.stderr and "mtp_num_hidden_layers=1" in out.stderr
+
+
+def test_a_dead_worker_turns_health_red_but_not_the_front(dp_server):
+    """Runs last on dp_server: replica 1 is killed; the front answers 503s with error bodies and stays up."""
+    os.kill(info(dp_server)["worker_pids"][1], signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while httpx.get(f"{dp_server.url}/health").status_code != 503:
+        assert time.monotonic() < deadline, "health never noticed the dead worker"
+        time.sleep(0.1)
+    assert httpx.get(f"{dp_server.url}/health").json()["dead_workers"] == [1]
+    r = httpx.post(f"{dp_server.url}/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 2})
+    assert r.status_code == 503 and "died" in r.json()["error"]["message"]

@@ -25,6 +25,7 @@ from lightllm_mtp.server.router import Router
 from lightllm_mtp.server.worker_pool import WorkerPool
 
 logger = logging.getLogger("lightllm_mtp.server")
+WORKER_CHECK_S = 0.5  # how often the reader looks for dead workers
 
 
 @dataclass(frozen=True)
@@ -142,11 +143,14 @@ class EngineClient:
     def _read(self) -> None:
         import queue
 
+        last_check = time.monotonic()
         while not self._stop.is_set():
-            try:
-                out = self.pool.outbox.get(timeout=0.5)
-            except queue.Empty:
+            if time.monotonic() - last_check > WORKER_CHECK_S:  # also while other replicas keep talking
+                last_check = time.monotonic()
                 self._check_workers()
+            try:
+                out = self.pool.outbox.get(timeout=WORKER_CHECK_S)
+            except queue.Empty:
                 continue
             except (EOFError, OSError):
                 return

@@ -79,6 +79,7 @@ def create_app(args: ServerArgs, client: EngineClient, metrics: ServerMetrics, o
             "model_dir": e.model_dir,
             "dp": args.dp,
             "devices": [r.device for r in client.pool.ready],
+            "worker_pids": [proc.pid for proc in client.pool.processes],
             "dtype": e.dtype,
             "max_model_len": client.max_model_len,
             "running_max_req_size": e.max_batch_size,

@@ -116,9 +116,9 @@ class ModelWorker:
         if isinstance(msg, AddRequest):
             try:
                 req = self.engine.add_request(msg.prompt_ids, msg.params)
-            except ValueError as e:  # the front validates first; this is the last line of defence
+            except Exception as e:  # the front validates first; this is the last line of defence
                 self.finished_requests += 1
-                return [TokenDelta(msg.rid, [], "error", error=str(e))]
+                return [TokenDelta(msg.rid, [], "error", error=f"{type(e).__name__}: {e}")]
             self.live[msg.rid] = req
             self.rid_of[req.request_id] = msg.rid
             return []

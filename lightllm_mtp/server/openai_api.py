@@ -114,6 +114,7 @@ async def _chat_chunks(stream: RequestStream, req: ChatCompletionRequest, meta: 
             return
         if d.text or d.token_ids or d.finish_reason:
             delta = {"content": d.text} if d.text or not d.finish_reason else {}
-            yield {**meta, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": d.finish_reason}]}
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": d.finish_reason}
+            yield {**meta, "choices": [choice]}
         if d.finish_reason and (req.include_usage or req.return_mtp_stats):
             yield {**meta, "choices": [], "usage": usage(d, req.return_mtp_stats)}

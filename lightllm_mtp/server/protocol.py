@@ -56,6 +56,12 @@ def _check_stop(v: str | list[str] | None) -> str | list[str] | None:
     return v
 
 
+def _check_seed(v: int | None) -> int | None:
+    if v is not None and not -(2**63) <= v < 2**63:
+        raise ValueError("must fit in 64 bits")
+    return v
+
+
 class StreamOptions(BaseModel):
     include_usage: bool = False
 
@@ -121,6 +127,11 @@ class SamplingRequest(BaseModel):
     @classmethod
     def _stop(cls, v):
         return _check_stop(v)
+
+    @field_validator("seed")
+    @classmethod
+    def _seed(cls, v):
+        return _check_seed(v)
 
     @field_validator("stop_token_ids")
     @classmethod
@@ -256,6 +267,11 @@ class GenerateParameters(BaseModel):
     @classmethod
     def _stop(cls, v):
         return _check_stop(v)
+
+    @field_validator("seed")
+    @classmethod
+    def _seed(cls, v):
+        return _check_seed(v)
 
     def sampling_params(self) -> SamplingParams:
         return SamplingParams(

@@ -46,6 +46,7 @@ def test_valid_requests_and_their_sampling_params():
         (CompletionRequest, {"prompt": "a", "stop": [""]}, "stop", "non-empty"),
         (CompletionRequest, {"prompt": "a", "stop": 3}, "stop", "valid string"),
         (CompletionRequest, {"prompt": "a", "stop_token_ids": [-1]}, "stop_token_ids", "must be >= 0"),
+        (CompletionRequest, {"prompt": "a", "seed": 2**64}, "seed", "must fit in 64 bits"),
         (CompletionRequest, {"prompt": "a", "presence_penalty": 0.5}, "presence_penalty", "not supported"),
         (CompletionRequest, {"prompt": "a", "logprobs": 2}, "logprobs", "not supported"),
         (CompletionRequest, {"prompt": "a", "echo": True}, "echo", "not supported"),
