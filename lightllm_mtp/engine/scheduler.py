@@ -2,8 +2,9 @@
 
 Every step runs the decode row of each generating request and fills the rest of the budget with prompt
 chunks (running requests mid-prompt first, then newly admitted ones). A request is admitted only when a
-request slot is free and its worst-case KV need (prompt + max_new_tokens, capped at max_model_len) fits
-beside what running requests reserved, so a running request never runs out of KV slots.
+request slot is free and its worst-case KV need (prompt + max_new_tokens, + mtp_step for the last verify block
+of drafts, capped at max_model_len) fits beside what running requests reserved, so a running request never
+runs out of KV slots.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ class Scheduler:
         self.reserved = 0
 
     def kv_need(self, req: Request) -> int:
-        return min(len(req.prompt_ids) + req.params.max_new_tokens, self.max_model_len)
+        spec_tail = self.decode_tokens - 1  # a verify block may hold drafts past max_new_tokens
+        return min(len(req.prompt_ids) + req.params.max_new_tokens + spec_tail, self.max_model_len)
 
     def add(self, req: Request) -> None:
         if self.kv_need(req) > self.kv_capacity:

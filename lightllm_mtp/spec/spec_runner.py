@@ -11,7 +11,8 @@ drafting. The life of a generating request per step:
   3. commit: accepted rows' KV slots join the request, rejected ones go back to the pool.
   4. next block: slots for [last emitted token, d'_1..d'_k'] are allocated and written into req_to_token;
      eagle mode runs its single MTP module k'-1 more times, one row per request, inside that block.
-Drafts are capped so that a block never passes max_model_len or max_new_tokens (k' <= k).
+Drafts are capped so that a block never passes max_model_len (k' <= k); near max_new_tokens blocks stay full
+(the engine truncates what they emit), so batches stay uniform for the verify CUDA graphs.
 """
 
 from __future__ import annotations
@@ -257,6 +258,8 @@ class SpecRunner:
         return produced < g.req.params.max_new_tokens and g.last_position + 1 < self.max_model_len
 
     def _num_drafts(self, g: RowGroup) -> int:
-        remaining = g.req.params.max_new_tokens - len(g.req.output_ids) - len(g.emitted)
+        """Drafts are capped only by max_model_len (a block never writes past it). Near max_new_tokens a request
+        keeps k drafts: the engine stops emitting at the limit anyway, and uniform blocks keep the whole batch on
+        the verify CUDA graphs (a ragged batch runs eagerly)."""
         room = self.max_model_len - (g.last_position + 1)
-        return max(0, min(self.k, remaining - 1, room - 1))
+        return max(0, min(self.k, room - 1))
