@@ -74,3 +74,24 @@ def test_drafts_capped_near_max_model_len(model_dir):
         assert [o.token_ids for o in outs] == ref
         assert [len(o.token_ids) for o in outs] == [4, 2, 1]
         assert all(o.finish_reason == "length" for o in outs)
+
+
+def test_blocks_stay_full_near_max_new_tokens(monkeypatch, tiny_dense_mtp3_dir):
+    """Requests finishing at different steps keep k drafts to the end (uniform verify batches, the CUDA-graph
+    layout) and still emit exactly max_new_tokens, equal to plain decoding."""
+    from lightllm_mtp.spec import spec_runner
+
+    block_sizes = []
+    real = spec_runner.verify_batch
+
+    def recording(reqs, device):
+        block_sizes.append([1 + len(r.draft.tokens) for r in reqs])
+        return real(reqs, device)
+
+    monkeypatch.setattr(spec_runner, "verify_batch", recording)
+    plain = LLM(tiny_dense_mtp3_dir, max_model_len=64).generate(PROMPTS, [greedy(n) for n in MAX_NEW])
+    llm = LLM(tiny_dense_mtp3_dir, max_model_len=64, mtp_mode="eagle_with_att", mtp_step=3)
+    outs = llm.generate(PROMPTS, [greedy(n) for n in MAX_NEW])
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+    assert [len(o.token_ids) for o in outs] == MAX_NEW
+    assert block_sizes and all(q == 4 for sizes in block_sizes for q in sizes)
