@@ -22,6 +22,7 @@ setup(
             "fastapi>=0.110",
             "uvicorn>=0.29",
             "prometheus_client>=0.20",
+            "triton>=3.0; platform_system == 'Linux'",  # the Triton kernels run under TRITON_INTERPRET=1 on CPU
         ],
         "server": ["fastapi>=0.110", "uvicorn>=0.29", "prometheus_client>=0.20", "httpx>=0.27"],
         "gpu": ["triton>=3.0", "fla-core>=0.6"],
