@@ -26,6 +26,7 @@ class EngineArgs:
     mtp_mode: str | None = None  # None, "eagle_with_att" or "vanilla_with_att"
     mtp_step: int = 0  # draft tokens per step when mtp_mode is set (1..7)
     mtp_draft_model_dir: str | None = None  # where mtp.* live; None: model_dir
+    disable_overlap: bool = False  # read each step's tokens before queuing the next (no overlap scheduling)
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):

@@ -49,6 +49,7 @@ class LLM:
         mtp_mode: str | None = None,
         mtp_step: int = 0,
         mtp_draft_model_dir: str | Path | None = None,
+        disable_overlap: bool = False,
     ):
         args = EngineArgs(
             model_dir=str(model_dir),
@@ -62,6 +63,7 @@ class LLM:
             mtp_mode=mtp_mode,
             mtp_step=mtp_step,
             mtp_draft_model_dir=None if mtp_draft_model_dir is None else str(mtp_draft_model_dir),
+            disable_overlap=disable_overlap,
         )
         self.engine = LLMEngine(args)
         self.tokenizer = _load_tokenizer(model_dir)

@@ -13,6 +13,7 @@ from lightllm_mtp.common.basemodel.basemodel import RuntimeShape
 from lightllm_mtp.common.weight_loader import LoadFormat
 from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.config.model_config import ModelConfig
+from lightllm_mtp.engine.launched_step import LaunchedStep
 from lightllm_mtp.engine.model_runner import ModelRunner
 from lightllm_mtp.engine.request import FinishReason, Request, RequestStatus
 from lightllm_mtp.engine.scheduler import Scheduler
@@ -81,6 +82,8 @@ class LLMEngine:
         )
         self.eos_token_ids = frozenset(cfg.eos_token_ids) | _generation_config_eos(Path(args.model_dir))
         self._ids = itertools.count()
+        self.overlap = not args.disable_overlap
+        self._inflight: LaunchedStep | None = None  # a step queued on the device whose tokens are not read yet
 
     def validate_prompt(self, prompt_ids: list[int]) -> None:
         if not prompt_ids:
@@ -108,18 +111,30 @@ class LLMEngine:
         return self.scheduler.has_work()
 
     def step(self) -> list[Request]:
-        """Runs one forward; returns the requests that finished in it."""
+        """Runs one step; returns the requests that finished in it."""
         return [o.request for o in self.step_outputs() if o.finished]
 
     def step_outputs(self) -> list[StepOutput]:
-        """Runs one forward; returns every request that got tokens in it (for streaming), finished ones flagged."""
-        scheduled = self.scheduler.schedule()
-        if not scheduled:
-            if self.scheduler.waiting:
-                raise RuntimeError("scheduler made no progress: no request fits the KV pool or the token budget")
-            return []
+        """Runs one step; returns every request that got tokens in it (for streaming), finished ones flagged.
+
+        With overlap (the default), the next step is queued on the device before this one's tokens are read
+        whenever its rows are known without them: every running request is generating, none can finish by length
+        in this step without certainly doing so, and no waiting request can be admitted. The host then does this
+        step's bookkeeping while the device runs the next one. A request that stops in this step (a stop token)
+        wastes its row of the queued step; `collect` skips it."""
+        if self._inflight is None:
+            scheduled = self.scheduler.schedule()
+            if not scheduled:
+                if self.scheduler.waiting:
+                    raise RuntimeError("scheduler made no progress: no request fits the KV pool or the token budget")
+                return []
+            self._inflight = self.runner.launch(scheduled)
+        step = self._inflight
+        self._inflight = self._launch_next(step) if self.overlap else None
         outputs = []
-        for req, tokens in self.runner.step(scheduled):
+        for req, tokens in self.runner.collect(step):
+            if req.status is RequestStatus.FINISHED:  # aborted, or stopped in the step before: a wasted row
+                continue
             new: list[int] = []
             finished = False
             for token in tokens:  # an accepted MTP block may end early at a stop token or a length limit
@@ -131,7 +146,32 @@ class LLMEngine:
                     finished = True
                     break
             outputs.append(StepOutput(req, new, finished))
+        self._drop_idle_inflight()
         return outputs
+
+    def _launch_next(self, step: LaunchedStep):
+        """The step after `step`, queued now, or None when its rows depend on `step`'s tokens."""
+        running = self.scheduler.running
+        if not step.reqs or len(step.reqs) != len(running) or self.scheduler.can_admit():
+            return None
+        continuing = []
+        for req in step.reqs:
+            if req.status is not RequestStatus.RUNNING or req.in_prefill:
+                return None
+            room = min(req.params.max_new_tokens - len(req.output_ids), self.max_model_len - req.num_tokens)
+            if room > self.runner.max_tokens_per_step:
+                continuing.append(req)
+            elif room > 1:  # may or may not finish by length in this step
+                return None
+        if not continuing or not self.scheduler.fits_decode_rows(len(continuing)):
+            return None
+        return self.runner.launch_after(step, continuing)
+
+    def _drop_idle_inflight(self) -> None:
+        """Forgets a queued step whose requests all finished (its device work completes unobserved; every slot it
+        touches was released and is reused only by work queued after it)."""
+        if self._inflight is not None and all(r.status is RequestStatus.FINISHED for r in self._inflight.reqs):
+            self._inflight = None
 
     def abort(self, req: Request) -> None:
         """Drops a request now: a running one returns its KV slots (draft block included) and request slot."""
@@ -141,6 +181,7 @@ class LLMEngine:
             req.status = RequestStatus.FINISHED
         elif req in self.scheduler.running:
             self._finish(req, FinishReason.ABORT)
+            self._drop_idle_inflight()
 
     def usage(self) -> EngineUsage:
         kv, reqs = self.model_runner.kv_pool, self.model_runner.req_manager

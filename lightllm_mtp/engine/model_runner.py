@@ -7,9 +7,10 @@ import torch
 from lightllm_mtp.common.basemodel.basemodel import TpPartBaseModel
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode, ModelOutput
 from lightllm_mtp.engine.cuda_graph import CudaGraphSet, GraphedForward
+from lightllm_mtp.engine.launched_step import HostCopy, LaunchedStep
 from lightllm_mtp.engine.request import Request
 from lightllm_mtp.engine.scheduler import ScheduledRequest
-from lightllm_mtp.kernels.sampling import sample
+from lightllm_mtp.kernels.sampling import greedy_sample, sample
 
 
 class ModelRunner:
@@ -38,11 +39,14 @@ class ModelRunner:
         """The model forward, replayed from a CUDA graph when one fits the batch."""
         return self.graphed.forward(batch)
 
-    def build_batch(self, scheduled: list[ScheduledRequest]) -> tuple[ForwardBatch, list[Request]]:
+    def build_batch(
+        self, scheduled: list[ScheduledRequest], device_input_ids: torch.Tensor | None = None
+    ) -> tuple[ForwardBatch, list[Request]]:
         """Allocates slots for the new tokens and writes them into req_to_token.
 
-        Returns the batch and the requests that get a new token from this step (those whose pending tokens
-        all fit in it), in the order of the batch's logits rows."""
+        device_input_ids: the input ids already on the device (a decode step launched before the host has its
+        tokens); None: read from the requests. Returns the batch and the requests that get a new token from this
+        step (those whose pending tokens all fit in it), in the order of the batch's logits rows."""
         input_ids: list[int] = []
         positions: list[int] = []
         req_idx: list[int] = []
@@ -57,7 +61,8 @@ class ModelRunner:
             if req.req_idx is None:
                 req.req_idx = self.req_manager.alloc()
             start = req.num_computed
-            input_ids += [req.token_at(p) for p in range(start, start + n)]
+            if device_input_ids is None:
+                input_ids += [req.token_at(p) for p in range(start, start + n)]
             positions += range(start, start + n)
             req_idx.append(req.req_idx)
             seq_len.append(start + n)
@@ -66,7 +71,7 @@ class ModelRunner:
             new_slots = self.kv_pool.alloc(n)
             req.kv_slots.append(new_slots)
             slots.append(new_slots)
-            if start + n == req.num_tokens:
+            if device_input_ids is not None or start + n == req.num_tokens:  # every pending token is in
                 logits_rows.append(cu_q_len[-1] - 1)
                 sampled.append(req)
         decode = all(s.num_new_tokens == 1 for s in scheduled) and all(has_state)
@@ -85,7 +90,7 @@ class ModelRunner:
         self.req_manager.req_to_token[rows, positions_dev] = mem_index
         batch = ForwardBatch(
             mode=ForwardMode.DECODE if decode else ForwardMode.EXTEND,
-            input_ids=to_dev(input_ids, torch.int64),
+            input_ids=to_dev(input_ids, torch.int64) if device_input_ids is None else device_input_ids,
             positions=positions_dev,
             mem_index=mem_index,
             b_req_idx=b_req_idx,
@@ -97,29 +102,57 @@ class ModelRunner:
         )
         return batch, sampled
 
+    @property
+    def max_tokens_per_step(self) -> int:
+        return 1
+
     @torch.inference_mode()
-    def step(self, scheduled: list[ScheduledRequest]) -> list[tuple[Request, list[int]]]:
-        """One forward; returns (request, [sampled token]) for the requests that produced a token."""
-        batch, sampled = self.build_batch(scheduled)
+    def launch(self, scheduled: list[ScheduledRequest]) -> LaunchedStep:
+        """Queues one forward and its sampling on the device; the tokens reach the host in `collect`."""
+        return self._launch(scheduled, *self.build_batch(scheduled))
+
+    @torch.inference_mode()
+    def launch_after(self, prev: LaunchedStep, reqs: list[Request]) -> LaunchedStep:
+        """The decode step that follows `prev` for `reqs` (a subsequence of prev.reqs), queued before prev's tokens
+        reach the host: its input ids are prev's sampled tokens, still on the device."""
+        assert prev.tokens is not None
+        rows = {id(r): i for i, r in enumerate(prev.reqs)}
+        index = [rows[id(r)] for r in reqs]
+        ids = prev.tokens
+        if index != list(range(len(prev.reqs))):
+            ids = ids[torch.tensor(index).to(self.device, non_blocking=True)]
+        scheduled = [ScheduledRequest(r, 1) for r in reqs]
+        return self._launch(scheduled, *self.build_batch(scheduled, device_input_ids=ids))
+
+    def _launch(self, scheduled: list[ScheduledRequest], batch: ForwardBatch, sampled: list[Request]) -> LaunchedStep:
         out = self.forward(batch)
         for s in scheduled:
             s.request.num_computed += s.num_new_tokens
         if not sampled:
-            return []
+            return LaunchedStep([])
         tokens = self._sample(out.logits, sampled)
-        return [(r, [t]) for r, t in zip(sampled, tokens)]
+        return LaunchedStep(sampled, tokens, HostCopy(tokens))
+
+    def collect(self, step: LaunchedStep) -> list[tuple[Request, list[int]]]:
+        """(request, [sampled token]) for the requests that produced a token; waits for the step's tokens only."""
+        if step.host_tokens is None:
+            return step.results
+        return [(r, [t]) for r, t in zip(step.reqs, step.host_tokens.tolist())]
 
     def sampling_tensors(self, reqs: list[Request]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(temperatures [B] fp32, top_ps [B] fp32, top_ks [B] int32) on the device."""
         dev = self.device
-        temps = torch.tensor([r.params.temperature for r in reqs], dtype=torch.float32).to(dev)
-        top_ps = torch.tensor([r.params.top_p for r in reqs], dtype=torch.float32).to(dev)
-        top_ks = torch.tensor([r.params.top_k for r in reqs], dtype=torch.int32).to(dev)
-        return temps, top_ps, top_ks
+        values = torch.tensor([[r.params.temperature, r.params.top_p, r.params.top_k] for r in reqs], dtype=torch.float32)
+        values = values.to(dev, non_blocking=True)
+        return values[:, 0], values[:, 1], values[:, 2].to(torch.int32)
 
-    def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> list[int]:
+    def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+        """Tokens [B] on the device, without a host sync."""
+        sampled_rows = [i for i, r in enumerate(reqs) if r.params.temperature > 0]
+        if not sampled_rows:
+            return greedy_sample(logits)
         temps, top_ps, top_ks = self.sampling_tensors(reqs)
-        return sample(logits, temps, top_ps, top_ks, [r.generator for r in reqs]).tolist()
+        return sample(logits, temps, top_ps, top_ks, [r.generator for r in reqs], sampled_rows=sampled_rows)
 
     def release(self, req: Request) -> None:
         """Returns the request's KV slots and request slot (its linear state slot goes with it)."""

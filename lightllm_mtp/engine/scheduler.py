@@ -75,6 +75,16 @@ class Scheduler:
             budget -= n
         return out
 
+    def can_admit(self) -> bool:
+        """Whether `schedule()` would admit the first waiting request now."""
+        if not self.waiting or len(self.running) >= self.max_batch_size:
+            return False
+        return self.reserved + self.kv_need(self.waiting[0]) <= self.kv_capacity
+
+    def fits_decode_rows(self, n: int) -> bool:
+        """Whether the token budget covers n decode rows (as `schedule()` would run them all)."""
+        return (n - 1) * self.decode_tokens < self.token_budget
+
     def finish(self, req: Request) -> None:
         self.running.remove(req)
         self.reserved -= req.reserved_tokens

@@ -36,16 +36,19 @@ def sample_ref(
     top_ps: torch.Tensor,
     top_ks: torch.Tensor,
     generators: list[torch.Generator | None],
+    sampled_rows: list[int] | None = None,
 ) -> torch.Tensor:
     out = logits.argmax(dim=-1)
-    rows = [i for i, t in enumerate(temperatures.tolist()) if t > 0]
+    rows = [i for i, t in enumerate(temperatures.tolist()) if t > 0] if sampled_rows is None else sampled_rows
     if not rows:
         return out
-    sel = torch.tensor(rows, device=logits.device)
+    dev = logits.device
+    sel = torch.tensor(rows).to(dev, non_blocking=True)  # index tensors built on the host: no device sync
     probs = processed_probs_ref(logits[sel], temperatures[sel], top_ps[sel], top_ks[sel])
     shared = [j for j, i in enumerate(rows) if generators[i] is None]
     if shared:  # rows without their own generator draw together from the global RNG
-        out[sel[shared]] = torch.multinomial(probs[shared], 1).squeeze(1)
+        shared_t = torch.tensor(shared).to(dev, non_blocking=True)
+        out[sel[shared_t]] = torch.multinomial(probs[shared_t], 1).squeeze(1)
     for j, i in enumerate(rows):
         if generators[i] is not None:
             out[i] = torch.multinomial(probs[j], 1, generator=generators[i])[0]
@@ -84,8 +87,11 @@ def sample(
     top_ps: torch.Tensor,
     top_ks: torch.Tensor,
     generators: list[torch.Generator | None],
+    sampled_rows: list[int] | None = None,
 ) -> torch.Tensor:
     """logits [B, V]; temperatures, top_ps [B] fp32; top_ks [B] int; generators: one per row -> tokens [B] int64.
+    sampled_rows: the host's list of rows with temperature > 0, so that no host sync reads `temperatures`
+    (None: read them).
 
     temperature <= 0: argmax (consumes no randomness). Otherwise one torch.multinomial draw from
     processed_probs(...) using that row's generator (None: the global RNG), so a seeded generator gives
@@ -93,7 +99,7 @@ def sample(
     _check_params("sample", logits, temperatures, top_ps, top_ks)
     if len(generators) != logits.shape[0]:
         raise ValueError(f"sample: generators must have one entry per row ({logits.shape[0]}), got {len(generators)}")
-    return sample_ref(logits, temperatures, top_ps, top_ks, generators)
+    return sample_ref(logits, temperatures, top_ps, top_ks, generators, sampled_rows)
 
 
 def greedy_sample(logits: torch.Tensor) -> torch.Tensor:

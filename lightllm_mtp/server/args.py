@@ -93,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest decode / verify batch replayed from a CUDA graph (CUDA only; default: %(default)s)")
     b.add_argument("--disable_cudagraph", action="store_true", help="run every step eagerly (same as "
                    "--graph_max_batch_size 0)")
+    b.add_argument("--disable_overlap", action="store_true", help="read each step's tokens before queuing the next "
+                   "step (by default the next decode / verify step is queued on the device while the host handles "
+                   "the current one's tokens)")
     s = p.add_argument_group("MTP speculative decoding")
     s.add_argument("--mtp_mode", default=None, choices=[mode.value for mode in MtpMode],
                    help="draft with the checkpoint's MTP head: eagle_with_att runs mtp.layers.0 mtp_step times; "
@@ -144,6 +147,7 @@ def server_args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
         chunked_prefill_size=ns.chunked_prefill_size,
         load_format=ns.load_format,
         graph_max_batch_size=0 if ns.disable_cudagraph else ns.graph_max_batch_size,
+        disable_overlap=ns.disable_overlap,
         mtp_mode=ns.mtp_mode,
         mtp_step=ns.mtp_step,
         mtp_draft_model_dir=ns.mtp_draft_model_dir,

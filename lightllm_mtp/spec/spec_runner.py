@@ -24,6 +24,7 @@ import torch
 
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode
 from lightllm_mtp.engine.cuda_graph import CudaGraphSet, GraphedForward
+from lightllm_mtp.engine.launched_step import LaunchedStep
 from lightllm_mtp.engine.model_runner import ModelRunner
 from lightllm_mtp.engine.request import DraftBlock, Request
 from lightllm_mtp.engine.scheduler import ScheduledRequest
@@ -73,19 +74,30 @@ class SpecRunner:
             for mode, rows in layouts
         ]  # fmt: skip
 
+    @property
+    def max_tokens_per_step(self) -> int:
+        return self.k + 1
+
     @torch.inference_mode()
-    def step(self, scheduled: list[ScheduledRequest]) -> list[tuple[Request, list[int]]]:
+    def launch(self, scheduled: list[ScheduledRequest]) -> LaunchedStep:
         prefill = [s for s in scheduled if s.request.in_prefill]
         generating = [s.request for s in scheduled if not s.request.in_prefill]
         out = self._prefill(prefill) if prefill else []
-        return out + (self._verify(generating) if generating else [])
+        out += self._verify(generating) if generating else []
+        return LaunchedStep([r for r, _ in out], results=out)
+
+    def launch_after(self, prev: LaunchedStep, reqs: list[Request]) -> LaunchedStep | None:
+        return None
+
+    def collect(self, step: LaunchedStep) -> list[tuple[Request, list[int]]]:
+        return step.results
 
     # ---- prefill -----------------------------------------------------------------------------------
     def _prefill(self, scheduled: list[ScheduledRequest]) -> list[tuple[Request, list[int]]]:
         batch, sampled = self.runner.build_batch(scheduled)
         batch = dataclasses.replace(batch, keep_all_hidden=True)
         out = self.model.forward(batch)
-        tokens = self.runner._sample(out.logits, sampled) if sampled else []
+        tokens = self.runner._sample(out.logits, sampled).tolist() if sampled else []
         new_token = dict(zip(map(id, sampled), tokens))
         groups, row_next, first = [], [], 0
         for s in scheduled:

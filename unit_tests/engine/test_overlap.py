@@ -1,0 +1,113 @@
+"""Overlap scheduling: the next step queued before the current one's tokens are read gives the same tokens as the
+synchronous loop, wastes nothing it does not free, and really runs ahead in steady decode."""
+
+import pytest
+
+from lightllm_mtp.config.engine_args import EngineArgs
+from lightllm_mtp.engine.llm_engine import LLMEngine
+from lightllm_mtp.engine.request import RequestStatus
+from lightllm_mtp.sampling_params import SamplingParams
+
+PROMPTS = [[5, 17, 300, 42, 9, 77, 1024, 3, 58, 600, 11], [900, 4, 4, 250], [31, 8, 222, 1500, 64, 2, 7], [3, 3]]
+MTP = [{}]
+MTP_IDS = ["plain"]
+
+
+def make_engine(model_dir, overlap: bool, **kwargs) -> LLMEngine:
+    kwargs.setdefault("max_model_len", 64)
+    kwargs.setdefault("max_batch_size", 4)
+    return LLMEngine(EngineArgs(model_dir=str(model_dir), disable_overlap=not overlap, **kwargs))
+
+
+def count_launch_ahead(engine: LLMEngine) -> list[int]:
+    calls = [0]
+    inner = engine.runner.launch_after
+
+    def counted(prev, reqs):
+        step = inner(prev, reqs)
+        calls[0] += step is not None
+        return step
+
+    engine.runner.launch_after = counted
+    return calls
+
+
+def run(engine: LLMEngine, prompts, params) -> list:
+    reqs = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+    while engine.has_unfinished():
+        engine.step_outputs()
+    return reqs
+
+
+def assert_idle(engine: LLMEngine) -> None:
+    u = engine.usage()
+    assert (u.kv_used, u.kv_reserved, u.req_slots_used, u.running, u.waiting) == (0, 0, 0, 0, 0)
+
+
+@pytest.mark.parametrize("mtp", MTP, ids=MTP_IDS)
+@pytest.mark.parametrize("chunked_prefill_size", [4096, 5])
+def test_overlap_gives_the_tokens_of_the_synchronous_loop(tiny_dense_dir, mtp, chunked_prefill_size):
+    """Mixed lengths, requests finishing at different steps (length, a stop token, eos off), one seeded sampling
+    request: every output and finish reason equals the synchronous loop's, and all slots are free afterwards."""
+    base = make_engine(tiny_dense_dir, overlap=False, chunked_prefill_size=chunked_prefill_size, **mtp)
+    greedy = [SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True) for n in (12, 5, 20, 9)]
+    probe = run(base, PROMPTS, greedy)
+    stop = probe[2].output_ids[6]  # request 2 stops at its 7th token (or earlier, where that token repeats)
+    params = list(greedy)
+    params[2] = SamplingParams(temperature=0.0, max_new_tokens=20, stop_token_ids=[stop])
+    params[3] = SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=15, seed=7, ignore_eos=True)
+    expected = run(base, PROMPTS, params)
+    assert expected[2].finish_reason.value == "stop" and len(expected[2].output_ids) <= 7
+
+    engine = make_engine(tiny_dense_dir, overlap=True, chunked_prefill_size=chunked_prefill_size, **mtp)
+    ahead = count_launch_ahead(engine)
+    got = run(engine, PROMPTS, params)
+    assert [r.output_ids for r in got] == [r.output_ids for r in expected]
+    assert [r.finish_reason for r in got] == [r.finish_reason for r in expected]
+    assert ahead[0] > 0
+    assert_idle(engine)
+
+
+@pytest.mark.parametrize("mtp", MTP, ids=MTP_IDS)
+def test_steady_decode_runs_ahead_every_step(tiny_dense_dir, mtp):
+    """A batch decoding far from its limits queues each next step before reading the current one."""
+    engine = make_engine(tiny_dense_dir, overlap=True, **mtp)
+    ahead = count_launch_ahead(engine)
+    params = SamplingParams(temperature=0.0, max_new_tokens=24, ignore_eos=True)
+    reqs = [engine.add_request(p, params) for p in PROMPTS[:2]]
+    steps = 0
+    while engine.has_unfinished():
+        engine.step_outputs()
+        steps += 1
+    k = mtp.get("mtp_step", 0)
+    # all but the prefill step, the step that queues nothing (nothing is queued yet) and the last (k + 2) steps
+    # near max_new_tokens, where a request may or may not finish by length
+    assert ahead[0] >= steps - 2 - (k + 2)
+    assert all(len(r.output_ids) == 24 for r in reqs)
+    assert_idle(engine)
+
+
+@pytest.mark.parametrize("mtp", MTP, ids=MTP_IDS)
+def test_abort_with_a_queued_step(tiny_dense_dir, mtp):
+    """Aborting a request whose next step is already queued frees its slots; the others are unaffected."""
+    engine = make_engine(tiny_dense_dir, overlap=True, **mtp)
+    params = SamplingParams(temperature=0.0, max_new_tokens=16, ignore_eos=True)
+    reqs = [engine.add_request(p, params) for p in PROMPTS[:3]]
+    for _ in range(8):
+        engine.step_outputs()
+        if engine._inflight is not None and len(engine._inflight.reqs) == 3:
+            break
+    assert engine._inflight is not None and len(engine._inflight.reqs) == 3
+    engine.abort(reqs[1])
+    assert reqs[1].status is RequestStatus.FINISHED and reqs[1].req_idx is None and not reqs[1].kv_slots
+    n_before = len(reqs[1].output_ids)
+    while engine.has_unfinished():
+        engine.step_outputs()
+    assert len(reqs[1].output_ids) == n_before
+    base = make_engine(tiny_dense_dir, overlap=False, **mtp)
+    expected = run(base, [PROMPTS[0], PROMPTS[2]], [params] * 2)
+    assert [reqs[0].output_ids, reqs[2].output_ids] == [r.output_ids for r in expected]
+    assert_idle(engine)
+    for r in reqs:  # the last queued step is dropped once its requests are gone
+        engine.abort(r)
+    assert engine._inflight is None
