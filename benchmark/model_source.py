@@ -68,6 +68,8 @@ def build_engine(source: ModelSource, args, max_model_len: int, mtp: bool) -> LL
         if "graph_max_batch_size" not in fields:
             raise SystemExit("--graph_max_batch_size: this engine's EngineArgs has no graph_max_batch_size")
         kw["graph_max_batch_size"] = args.graph_max_batch_size
+    if getattr(args, "disable_overlap", False):
+        kw["disable_overlap"] = True
     if mtp:
         kw.update(mtp_mode=args.mtp_mode, mtp_step=args.mtp_step)
     if source.model_dir is not None:

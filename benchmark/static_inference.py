@@ -6,8 +6,9 @@
 
 For each batch size, bs requests of input_len random token ids go through LLMEngine.step (greedy, ignore_eos,
 max_new_tokens=output_len): one warm-up generation, then a timed one. Prefill = every step until the last
-prompt is complete; decode = the steps in which all bs requests run one decode row (synchronize +
-perf_counter around each LLMEngine.step, so host work and CUDA-graph replay are in). See benchmark/README.md.
+prompt is complete; decode = the steps in which all bs requests run one decode row, each timed as
+the time between consecutive returns of LLMEngine.step, no synchronize in between: host work, CUDA-graph replay and
+overlap scheduling are in). See benchmark/README.md.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from benchmark.report import print_tables, write_plot
 from benchmark.timing import (
     ForwardTimer,
     MultiTimer,
+    calls_ms,
     device_info,
     measure_copy_bandwidth,
     percentile,
@@ -77,7 +79,8 @@ def generate(engine: LLMEngine, prompts: list[list[int]], output_len: int, timer
     rec = GenRecord(bs)
     sched = engine.scheduler
     sync(dev)
-    t0 = time.perf_counter()
+    t0 = last_return = time.perf_counter()
+    timed_calls = []
     while engine.has_unfinished():
         running = sched.running
         in_prefill = bool(sched.waiting) or any(r.in_prefill for r in running)
@@ -92,23 +95,27 @@ def generate(engine: LLMEngine, prompts: list[list[int]], output_len: int, timer
         if full:
             extra = k  # KV length after a verify step: num_tokens - 1 + (k + 1)
             context = sum(r.num_tokens + extra for r in running) / bs
-        sync(dev)
-        start = time.perf_counter()
         engine.step()
-        sync(dev)
+        if in_prefill:
+            sync(dev)
         end = time.perf_counter()
-        if timers is not None:
-            (v_ms, _), (d_ms, d_calls) = timers[0].take_ms(), timers[1].take_ms()
+        calls = (timers[0].take(), timers[1].take()) if timers is not None else None
         if in_prefill:
             rec.prefill_forwards += 1
             rec.prefill_ms = (end - t0) * 1e3
         elif full:
-            rec.step_ms.append((end - start) * 1e3)
+            # no synchronize between decode steps: with overlap scheduling the engine queues the next step before
+            # it reads this one's tokens, so the time between two returns of step() is the steady-state step time
+            rec.step_ms.append((end - last_return) * 1e3)
             rec.step_context.append(context)
-            if timers is not None:
-                rec.verify_ms.append(v_ms)
-                rec.draft_ms.append(d_ms)
-                rec.draft_calls.append(d_calls)
+            timed_calls.append(calls)
+        last_return = end
+    sync(dev)
+    for calls in timed_calls if timers is not None else []:
+        (v_ms, _), (d_ms, d_calls) = calls_ms(calls[0]), calls_ms(calls[1])
+        rec.verify_ms.append(v_ms)
+        rec.draft_ms.append(d_ms)
+        rec.draft_calls.append(d_calls)
     rec.e2e_ms = (time.perf_counter() - t0) * 1e3
     rec.outputs = [list(r.output_ids) for r in reqs]
     if k:
@@ -250,7 +257,7 @@ def run_batches(engine, prompts_all, args, bar, label, timers=None, k=0) -> dict
         generate(engine, prompts, min(args.output_len, args.warmup_steps + 1 + k), timers, k)
         if timers is not None:
             for t in timers:
-                t.take_ms()
+                t.take()
         bar.set_description(f"{label} bs={bs}")
         out[bs] = generate(engine, prompts, args.output_len, timers, k)
         bar.update(1)
@@ -341,6 +348,8 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--warmup_steps", type=int, default=3, help="decode steps of the warm-up generation per batch size")
     p.add_argument("--chunked_prefill_size", type=int, default=None, help="token budget per forward (engine default)")
     p.add_argument("--graph_max_batch_size", type=int, default=None, help="CUDA-graph decode buckets (engine default; 0: eager)")
+    p.add_argument("--disable_overlap", action="store_true",
+                   help="the engine reads each step's tokens before queuing the next (no overlap scheduling)")
     p.add_argument("--bw_repeats", type=int, default=20)
     p.add_argument("--mtp_mode", default=None, help="eagle_with_att or vanilla_with_att")
     p.add_argument("--mtp_step", type=int, default=1)

@@ -105,15 +105,18 @@ class ForwardTimer:
 
         obj.forward = timed
 
-    def take_ms(self) -> tuple[float, int]:
-        """Total ms and number of calls since the last take (call after a synchronize)."""
-        total = sum(c[0].elapsed_time(c[1]) if isinstance(c, tuple) else c for c in self.calls)
-        n = len(self.calls)
-        self.calls = []
-        return total, n
+    def take(self) -> list:
+        """The calls since the last take; their times are read by `calls_ms` once the device has finished them."""
+        calls, self.calls = self.calls, []
+        return calls
 
     def remove(self) -> None:
         del self.obj.forward
+
+
+def calls_ms(calls: list) -> tuple[float, int]:
+    """Total ms and number of timed calls (call after a synchronize: CUDA events must have completed)."""
+    return sum(c[0].elapsed_time(c[1]) if isinstance(c, tuple) else c for c in calls), len(calls)
 
 
 class MultiTimer:
@@ -122,9 +125,8 @@ class MultiTimer:
     def __init__(self, timers: list[ForwardTimer]):
         self.timers = timers
 
-    def take_ms(self) -> tuple[float, int]:
-        parts = [t.take_ms() for t in self.timers]
-        return sum(p[0] for p in parts), sum(p[1] for p in parts)
+    def take(self) -> list:
+        return [c for t in self.timers for c in t.take()]
 
     def remove(self) -> None:
         for t in self.timers:

@@ -72,3 +72,22 @@ def test_mtp_verify_graphs_stay_exact_at_high_acceptance(monkeypatch, tiny_dense
     assert [o.token_ids for o in outs] == plain
     assert sum(o.spec.accepted_per_step * o.spec.num_steps for o in outs) > 0
     assert caches.kv_pool.num_free == free_kv and caches.req_manager.num_free == free_req
+
+
+@pytest.mark.parametrize("mtp", [{}, dict(mtp_mode="eagle_with_att", mtp_step=2)], ids=["plain", "mtp"])
+def test_overlap_scheduling_matches_the_synchronous_loop(tiny_dense_mtp3_dir, mtp):
+    """bf16 with CUDA graphs: queuing the next step before reading the current one changes no token (greedy, a stop
+    token, a seeded sampling request) and leaves every slot free."""
+    params = [GREEDY, SamplingParams(temperature=0.0, max_new_tokens=24, stop_token_ids=[7, 11, 64]),
+              SamplingParams(temperature=0.9, top_p=0.9, max_new_tokens=24, seed=3, ignore_eos=True)]  # fmt: skip
+
+    def run(disable_overlap):
+        llm = LLM(tiny_dense_mtp3_dir, device="cuda", dtype="bfloat16", max_model_len=64, graph_max_batch_size=8,
+                  disable_overlap=disable_overlap, **mtp)  # fmt: skip
+        caches = llm.engine.model.caches
+        free = (caches.kv_pool.num_free, caches.req_manager.num_free)
+        outs = [o.token_ids for o in llm.generate(PROMPTS, params)]
+        assert (caches.kv_pool.num_free, caches.req_manager.num_free) == free
+        return outs
+
+    assert run(disable_overlap=False) == run(disable_overlap=True)
