@@ -88,7 +88,7 @@ def generate(engine: LLMEngine, prompts: list[list[int]], output_len: int, timer
         if full and k:  # a full verify block now, and room for a full next block whatever gets accepted
             full = all(
                 r.draft is not None
-                and len(r.draft.tokens) == k
+                and r.draft.num_drafts == k
                 and r.params.max_new_tokens - len(r.output_ids) >= 2 * k + 2
                 for r in running
             )

@@ -7,6 +7,7 @@ does step N's bookkeeping; a LaunchedStep is what the engine holds between a run
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -36,9 +37,10 @@ class HostCopy:
 class LaunchedStep:
     """reqs: the requests that get tokens from this step, in row order. tokens: [B] sampled tokens on the device
     (the next decode step's input ids) with their host copy; None where the runner produced host results
-    directly (`results`)."""
+    directly (`results`) or queued a verify step (`spec`)."""
 
     reqs: list[Request]
     tokens: torch.Tensor | None = None
     host_tokens: HostCopy | None = None
     results: list[tuple[Request, list[int]]] = field(default_factory=list)
+    spec: Any = None  # SpecRunner: the queued verify step (spec_runner.VerifyLaunch)

@@ -25,9 +25,13 @@ class DraftBlock:
     """The next verify block of a request: [token at `start`, *tokens] at positions start..start+len(tokens).
     Its KV slots are allocated and written into req_to_token when the drafts are made."""
 
-    start: int
-    slots: torch.Tensor  # [1 + len(tokens)] int32 host
-    tokens: list[int] = field(default_factory=list)
+    start: int  # -1 while the block made on the device (overlap) waits for the accept lengths before it
+    slots: torch.Tensor  # [1 + number of drafts] int32 host
+    tokens: list[int] = field(default_factory=list)  # empty until the host has them (blocks made on the device)
+
+    @property
+    def num_drafts(self) -> int:
+        return self.slots.numel() - 1
 
 
 @dataclass

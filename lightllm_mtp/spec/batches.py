@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 import torch
 
@@ -87,4 +88,87 @@ def chain_step_batch(reqs: list[Request], tokens: list[int], positions: list[int
         b_has_initial_state=torch.ones(n, dtype=torch.bool, device=device),
         b_logits_index=torch.arange(n, dtype=torch.int64, device=device),
         max_q_len=1,
+    )
+
+
+# ---- the next verify step built on the device (overlap scheduling, eagle mode, uniform blocks) -------------
+@dataclass
+class NextBlocks:
+    """The next verify blocks of a batch, derived on the device from a verify step that has not reached the host."""
+
+    b_req_idx: torch.Tensor  # [B] int32
+    start: torch.Tensor  # [B] int64: position of each block's row 0 (the newest emitted token)
+    last_tokens: torch.Tensor  # [B] int64: that token
+    first_drafts: torch.Tensor  # [B] int64: d_1, the draft pass's prediction at the anchor row
+    anchor_hidden: torch.Tensor  # [B, H]: the draft module's hidden at the anchor row (eagle chain input)
+    slots: torch.Tensor  # [B * (k+1)] int32 host: the blocks' KV slots, already in req_to_token
+    slots_dev: torch.Tensor  # [B, k+1] int32
+
+
+def next_blocks_on_device(v, sel, kv_pool, req_manager, k: int) -> NextBlocks:
+    """v: the previous step's VerifyLaunch (uniform blocks of k+1 rows, first draft pass run); sel: its rows to
+    continue (a slice or an index tensor). Allocates the new blocks' KV slots and writes them into req_to_token at
+    positions start..start+k, all without a host sync.
+
+    With accept length a (tokens emitted by the previous block, which started at s): the newest token sits at
+    s + a, so the new block starts there; the anchor row is a - 1 (its input is that token), and its draft-pass
+    argmax is d_1."""
+    q = k + 1
+    accept = v.result.b_accept_len[sel].to(torch.int64)
+    bsz, dev = accept.shape[0], accept.device
+    anchor = (accept - 1)[:, None]
+    hidden = v.draft_out.hidden.view(len(v.reqs), q, -1)[sel]
+    start = v.start[sel] + accept
+    b_req_idx = v.batch.b_req_idx[sel]
+    slots = kv_pool.alloc(bsz * q)
+    slots_dev = slots.to(dev, non_blocking=True).view(bsz, q)
+    positions = start[:, None] + torch.arange(q, device=dev)
+    req_manager.req_to_token[b_req_idx.to(torch.int64)[:, None], positions] = slots_dev
+    return NextBlocks(
+        b_req_idx=b_req_idx,
+        start=start,
+        last_tokens=v.result.emitted[sel].gather(1, anchor).squeeze(1),
+        first_drafts=v.draft_argmax[sel].gather(1, anchor).squeeze(1),
+        anchor_hidden=hidden[torch.arange(bsz, device=dev), accept - 1],
+        slots=slots,
+        slots_dev=slots_dev,
+    )
+
+
+def chain_batch_on_device(nxt: NextBlocks, tokens: torch.Tensor, j: int) -> ForwardBatch:
+    """Eagle chain step j (0-based) inside the next blocks: draft d_{j+1} (`tokens` [B]) at block row j, predicting
+    d_{j+2}."""
+    bsz = tokens.shape[0]
+    dev = tokens.device
+    positions = nxt.start + j
+    return ForwardBatch(
+        mode=ForwardMode.DECODE,
+        input_ids=tokens,
+        positions=positions,
+        mem_index=nxt.slots_dev[:, j].contiguous(),
+        b_req_idx=nxt.b_req_idx,
+        b_seq_len=(positions + 1).to(torch.int32),
+        b1_cu_q_len=torch.arange(bsz + 1, dtype=torch.int32, device=dev),
+        b_has_initial_state=torch.ones(bsz, dtype=torch.bool, device=dev),
+        b_logits_index=torch.arange(bsz, dtype=torch.int64, device=dev),
+        max_q_len=1,
+    )
+
+
+def verify_batch_on_device(nxt: NextBlocks, drafts: torch.Tensor, k: int) -> ForwardBatch:
+    """The next blocks [last token, d_1..d_k] (drafts [B, k] on the device) as a VERIFY batch."""
+    bsz, q = drafts.shape[0], k + 1
+    dev = drafts.device
+    return ForwardBatch(
+        mode=ForwardMode.VERIFY,
+        input_ids=torch.cat([nxt.last_tokens[:, None], drafts], dim=1).flatten(),
+        positions=(nxt.start[:, None] + torch.arange(q, device=dev)).flatten(),
+        mem_index=nxt.slots_dev.flatten(),
+        b_req_idx=nxt.b_req_idx,
+        b_seq_len=(nxt.start + q).to(torch.int32),
+        b1_cu_q_len=torch.arange(bsz + 1, dtype=torch.int32, device=dev) * q,
+        b_has_initial_state=torch.ones(bsz, dtype=torch.bool, device=dev),
+        b_logits_index=torch.arange(bsz * q, dtype=torch.int64, device=dev),
+        max_q_len=q,
+        keep_all_hidden=True,
     )

@@ -22,15 +22,22 @@ from dataclasses import dataclass
 
 import torch
 
-from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode
+from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode, ModelOutput
 from lightllm_mtp.engine.cuda_graph import CudaGraphSet, GraphedForward
-from lightllm_mtp.engine.launched_step import LaunchedStep
+from lightllm_mtp.engine.launched_step import HostCopy, LaunchedStep
 from lightllm_mtp.engine.model_runner import ModelRunner
-from lightllm_mtp.engine.request import DraftBlock, Request
+from lightllm_mtp.engine.request import DraftBlock, Request, RequestStatus
 from lightllm_mtp.engine.scheduler import ScheduledRequest
-from lightllm_mtp.spec.batches import chain_step_batch, draft_pass_batch, verify_batch
+from lightllm_mtp.spec.batches import (
+    chain_batch_on_device,
+    chain_step_batch,
+    draft_pass_batch,
+    next_blocks_on_device,
+    verify_batch,
+    verify_batch_on_device,
+)
 from lightllm_mtp.spec.config import MtpMode, SpecConfig
-from lightllm_mtp.spec.verify import verify_block
+from lightllm_mtp.spec.verify import VerifyResult, verify_block
 
 
 @dataclass
@@ -41,10 +48,34 @@ class RowGroup:
     first_row: int
     num_rows: int
     emitted: list[int]
+    block: DraftBlock | None = None  # the verify block these rows ran (None: prompt rows)
 
     @property
     def last_position(self) -> int:  # position of the newest committed token once `emitted` is appended
         return self.req.num_tokens - 1 + len(self.emitted)
+
+
+@dataclass
+class VerifyLaunch:
+    """A verify step queued on the device: what `_collect_verify` reads back and `launch_after` starts from."""
+
+    reqs: list[Request]
+    blocks: list[DraftBlock]  # the block each request verifies
+    batch: ForwardBatch
+    hidden: torch.Tensor  # [T, H] target final-norm hidden of every row
+    result: VerifyResult  # accept lengths and emitted tokens, on the device
+    draft_out: ModelOutput | None  # the first draft module's pass over the rows (uniform blocks only)
+    draft_argmax: torch.Tensor | None  # [B, k+1] its argmax per row
+    start: torch.Tensor | None  # [B] block start positions on the device (uniform blocks only)
+    host: HostCopy  # [B, 1 + max_q + (max_q - 1) (+ max_q)]: accept length, emitted, drafts (, draft argmax)
+
+
+def _padded(rows: list[list[int]]) -> torch.Tensor:
+    """[B, max len] int64 host tensor, -1 padded."""
+    out = torch.full((len(rows), max(map(len, rows))), -1, dtype=torch.int64)
+    for b, row in enumerate(rows):
+        out[b, : len(row)] = torch.tensor(row, dtype=torch.int64)
+    return out
 
 
 class SpecRunner:
@@ -80,17 +111,45 @@ class SpecRunner:
 
     @torch.inference_mode()
     def launch(self, scheduled: list[ScheduledRequest]) -> LaunchedStep:
+        """Prompt chunks run to the end here (prefill + drafting); verify blocks are queued on the device and read
+        back in `collect`."""
         prefill = [s for s in scheduled if s.request.in_prefill]
         generating = [s.request for s in scheduled if not s.request.in_prefill]
-        out = self._prefill(prefill) if prefill else []
-        out += self._verify(generating) if generating else []
-        return LaunchedStep([r for r, _ in out], results=out)
+        results = self._prefill(prefill) if prefill else []
+        verify = None
+        if generating:
+            batch, _ = verify_batch(generating, self.device)
+            drafts = [r.draft.tokens for r in generating]
+            verify = self._launch_verify(generating, batch, _padded(drafts).to(self.device, non_blocking=True))
+        return LaunchedStep([r for r, _ in results] + generating, results=results, spec=verify)
 
+    @torch.inference_mode()
     def launch_after(self, prev: LaunchedStep, reqs: list[Request]) -> LaunchedStep | None:
-        return None
+        """The verify step after `prev` for `reqs` (a subsequence of prev's requests), queued before prev's accept
+        lengths reach the host: every input of the next blocks is on the device (emitted tokens, first drafts from
+        the draft pass, start positions). Eagle mode with uniform blocks of k drafts only; None otherwise."""
+        v: VerifyLaunch | None = prev.spec
+        if not self.eagle or prev.results or v is None or v.draft_argmax is None:
+            return None
+        if any(self.max_model_len - r.num_tokens < 2 * self.k + 2 for r in reqs):
+            return None  # the next block might need fewer drafts (_num_drafts): it is built on the host instead
+        rows = {id(r): i for i, r in enumerate(v.reqs)}
+        index = [rows[id(r)] for r in reqs]
+        sel = slice(None) if index == list(range(len(v.reqs))) else torch.tensor(index).to(self.device)
+        nxt = next_blocks_on_device(v, sel, self.runner.kv_pool, self.runner.req_manager, self.k)
+        for b, r in enumerate(reqs):
+            r.draft = DraftBlock(start=-1, slots=nxt.slots[b * (self.k + 1) : (b + 1) * (self.k + 1)])
+        drafts, hidden = [nxt.first_drafts], nxt.anchor_hidden
+        for j in range(self.k - 1):  # eagle chain: d_2..d_k on the device
+            out = self.draft_forwards[0].forward(chain_batch_on_device(nxt, drafts[-1], j), hidden)
+            drafts.append(out.logits.argmax(dim=-1))
+            hidden = out.hidden
+        drafts_t = torch.stack(drafts, dim=1)
+        batch = verify_batch_on_device(nxt, drafts_t, self.k)
+        return LaunchedStep(list(reqs), spec=self._launch_verify(list(reqs), batch, drafts_t, nxt.start))
 
     def collect(self, step: LaunchedStep) -> list[tuple[Request, list[int]]]:
-        return step.results
+        return step.results + (self._collect_verify(step.spec) if step.spec is not None else [])
 
     # ---- prefill -----------------------------------------------------------------------------------
     def _prefill(self, scheduled: list[ScheduledRequest]) -> list[tuple[Request, list[int]]]:
@@ -113,18 +172,23 @@ class SpecRunner:
         return [(g.req, g.emitted) for g in groups if g.emitted]
 
     # ---- verify ------------------------------------------------------------------------------------
-    def _verify(self, reqs: list[Request]) -> list[tuple[Request, list[int]]]:
-        batch, positions = verify_batch(reqs, self.device)
+    def _launch_verify(
+        self, reqs: list[Request], batch: ForwardBatch, drafts: torch.Tensor, start: torch.Tensor | None = None
+    ) -> VerifyLaunch:
+        """Target forward over the blocks, the accept rule and the accept-length scatter on the device; with uniform
+        blocks also the first draft module's pass (its inputs, the emitted tokens, are on the device already).
+        One device-to-host copy then carries accept lengths, emitted tokens, the pass's argmax and the drafts.
+        drafts [B, max_q - 1] int64 on the device (-1 padded); start [B] block start positions on the device
+        (None: taken from the batch)."""
+        blocks = [r.draft for r in reqs]
         out = self.runner.forward(batch)
-        q_lens = [1 + len(r.draft.tokens) for r in reqs]
-        max_q = max(q_lens)
-        drafts = torch.full((len(reqs), max_q - 1), -1, dtype=torch.int64)
-        for b, r in enumerate(reqs):
-            drafts[b, : len(r.draft.tokens)] = torch.tensor(r.draft.tokens, dtype=torch.int64)
-        if min(q_lens) == max_q:  # uniform blocks: a view, no copy
-            logits = out.logits.view(len(reqs), max_q, -1)
+        q_lens = [len(b.slots) for b in blocks]
+        max_q, bsz = max(q_lens), len(reqs)
+        uniform = min(q_lens) == max_q
+        if uniform:  # a view, no copy
+            logits = out.logits.view(bsz, max_q, -1)
         else:
-            logits = out.logits.new_zeros(len(reqs), max_q, out.logits.shape[-1])
+            logits = out.logits.new_zeros(bsz, max_q, out.logits.shape[-1])
             first = 0
             for b, q in enumerate(q_lens):
                 logits[b, :q] = out.logits[first : first + q]
@@ -132,7 +196,7 @@ class SpecRunner:
         temps, top_ps, top_ks = self.runner.sampling_tensors(reqs)
         result = verify_block(
             logits,
-            drafts.to(self.device, non_blocking=True),
+            drafts,
             torch.tensor([q - 1 for q in q_lens]).to(self.device, non_blocking=True),
             temps,
             top_ps,
@@ -141,40 +205,60 @@ class SpecRunner:
             greedy_only=all(r.params.temperature <= 0 for r in reqs),
         )
         self.runner.req_manager.req_to_accept_len[batch.b_req_idx] = result.b_accept_len
-        parts = [result.b_accept_len[:, None].to(torch.int64), result.emitted]
-        first_pass = None
-        if min(q_lens) == max_q:
-            # uniform blocks: the first draft pass's inputs (the emitted tokens; 0 on rejected rows) are already on
-            # the device, so it runs before the host sees the accept lengths and its argmax rides the same copy
-            tokens = result.emitted.clamp_min(0).flatten()
+        parts = [result.b_accept_len[:, None].to(torch.int64), result.emitted, drafts]
+        draft_out = argmax = None
+        if uniform:
+            tokens = result.emitted.clamp_min(0).flatten()  # 0 on rejected rows: their draft inputs do not matter
             draft_out = self.draft_forwards[0].forward(draft_pass_batch(batch, tokens, None), out.hidden)
-            parts.append(draft_out.logits.argmax(dim=-1).view(len(reqs), max_q))
-            first_pass = (draft_out, parts[-1])
-        # the step's one host round trip for the target: accept lengths, emitted tokens (and first drafts) together
-        host = torch.cat(parts, dim=1).tolist()
-        if first_pass is not None:
-            first_pass = (first_pass[0], [t for row in host for t in row[1 + max_q :]])
-        groups, row_next, first = [], [], 0
-        for r, q, row in zip(reqs, q_lens, host):
-            emitted = row[1 : 1 + row[0]]
-            # rows past the accepted prefix are rejected; their draft inputs do not matter
-            row_next += emitted + [0] * (q - len(emitted))
-            groups.append(RowGroup(r, first, q, emitted))
+            argmax = draft_out.logits.argmax(dim=-1).view(bsz, max_q)
+            parts.append(argmax)
+        if start is None:
+            start = batch.positions.view(bsz, max_q)[:, 0] if uniform else None
+        return VerifyLaunch(
+            reqs, blocks, batch, out.hidden, result, draft_out, argmax, start, HostCopy(torch.cat(parts, dim=1))
+        )
+
+    def _collect_verify(self, v: VerifyLaunch) -> list[tuple[Request, list[int]]]:
+        """The host half of a verify step: commit accepted KV slots, then draft passes and next blocks for the
+        requests whose next step was not queued already (`launch_after` made theirs on the device)."""
+        host = v.host.tolist()  # waits for this step's copy only
+        max_q = max(len(b.slots) for b in v.blocks)
+        groups, row_next, positions, first = [], [], [], 0
+        live = []
+        for r, block, row in zip(v.reqs, v.blocks, host):
+            q = len(block.slots)
+            if r.status is not RequestStatus.FINISHED:  # finished since the launch: its slots are released
+                if not block.tokens:  # drafts made on the device: the host sees them now
+                    block.tokens = [t for t in row[1 + max_q : 1 + max_q + q - 1]]
+                emitted = row[1 : 1 + row[0]]
+                groups.append(RowGroup(r, first, q, emitted, block))
+                live.append(first)
+            else:
+                emitted = [0]
+            row_next += emitted + [0] * (q - len(emitted))  # rows past the accepted prefix are rejected
+            positions += range(block.start, block.start + q)
             first += q
-        self._draft(batch, positions, out.hidden, row_next, groups, commit=self._commit_verified, first_pass=first_pass)
+        first_pass = None
+        if v.draft_argmax is not None:
+            first_pass = (v.draft_out, [t for row in host for t in row[2 * max_q :]])
+        self._draft(v.batch, positions, v.hidden, row_next, groups, commit=self._commit_verified, first_pass=first_pass)
         return [(g.req, g.emitted) for g in groups]
 
     def _commit_verified(self, groups: list[RowGroup]) -> None:
         rejected = []
         for g in groups:
-            r, a = g.req, len(g.emitted)
-            assert r.draft is not None
-            r.kv_slots.append(r.draft.slots[:a])
-            rejected.append(r.draft.slots[a:])
-            r.spec_stats.record(len(r.draft.tokens), a - 1, self.k)
+            r, a, block = g.req, len(g.emitted), g.block
+            assert block is not None
+            r.kv_slots.append(block.slots[:a])
+            rejected.append(block.slots[a:])
+            r.spec_stats.record(len(block.tokens), a - 1, self.k)
             r.num_computed += a
-            r.draft = None
-        self.runner.kv_pool.free(torch.cat(rejected))
+            if r.draft is block:
+                r.draft = None
+            else:  # the next block was made on the device by launch_after: its start is known now
+                r.draft.start = g.last_position
+        if rejected:
+            self.runner.kv_pool.free(torch.cat(rejected))
 
     # ---- drafting ----------------------------------------------------------------------------------
     def _draft(
@@ -221,7 +305,9 @@ class SpecRunner:
                 )
         if commit is not None:
             commit(groups)
-        self._next_blocks([g for g in groups if g.emitted and self._continues(g)], proposals, last_hidden)
+        self._next_blocks(
+            [g for g in groups if g.emitted and g.req.draft is None and self._continues(g)], proposals, last_hidden
+        )
 
     def _next_blocks(self, groups: list[RowGroup], proposals: dict, last_hidden: dict) -> None:
         """KV slots and page-table entries for each request's next verify block [last token, d_1..d_k'] (one

@@ -9,8 +9,8 @@ from lightllm_mtp.engine.request import RequestStatus
 from lightllm_mtp.sampling_params import SamplingParams
 
 PROMPTS = [[5, 17, 300, 42, 9, 77, 1024, 3, 58, 600, 11], [900, 4, 4, 250], [31, 8, 222, 1500, 64, 2, 7], [3, 3]]
-MTP = [{}]
-MTP_IDS = ["plain"]
+MTP = [{}, dict(mtp_mode="eagle_with_att", mtp_step=1), dict(mtp_mode="eagle_with_att", mtp_step=3)]
+MTP_IDS = ["plain", "eagle_k1", "eagle_k3"]
 
 
 def make_engine(model_dir, overlap: bool, **kwargs) -> LLMEngine:
@@ -64,7 +64,25 @@ def test_overlap_gives_the_tokens_of_the_synchronous_loop(tiny_dense_dir, mtp, c
     got = run(engine, PROMPTS, params)
     assert [r.output_ids for r in got] == [r.output_ids for r in expected]
     assert [r.finish_reason for r in got] == [r.finish_reason for r in expected]
+    assert [r.spec_stats for r in got] == [r.spec_stats for r in expected]  # the same drafts, accepted alike
     assert ahead[0] > 0
+    assert_idle(engine)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_overlap_on_the_trained_checkpoint_drafts_alike(trained_dense_dir, k):
+    """Real acceptance (long accepted blocks): verify steps built on the device propose exactly the drafts the host
+    path proposes, so tokens and per-position acceptance match the synchronous loop."""
+    params = SamplingParams(temperature=0.0, max_new_tokens=40)
+    prompts = [[int(t) for t in range(40, 40 + n)] for n in (30, 12, 21)]
+    expected = run(make_engine(trained_dense_dir, overlap=False, mtp_mode="eagle_with_att", mtp_step=k), prompts,
+                   [params] * 3)  # fmt: skip
+    engine = make_engine(trained_dense_dir, overlap=True, mtp_mode="eagle_with_att", mtp_step=k)
+    ahead = count_launch_ahead(engine)
+    got = run(engine, prompts, [params] * 3)
+    assert [r.output_ids for r in got] == [r.output_ids for r in expected]
+    assert [r.spec_stats for r in got] == [r.spec_stats for r in expected]
+    assert sum(r.spec_stats.num_accepted for r in got) > 0 and ahead[0] > 0
     assert_idle(engine)
 
 

@@ -23,3 +23,5 @@ def oracle_drafts(monkeypatch, reference, corrupt_every: int):
                 r.draft.tokens[j] = good if (r.draft.start + j) % corrupt_every else (good + 1) % 1000
 
     monkeypatch.setattr(SpecRunner, "_draft", patched)
+    # the host must see (and replace) every proposal: no verify step built on the device ahead of it
+    monkeypatch.setattr(SpecRunner, "launch_after", lambda self, prev, reqs: None)

@@ -46,7 +46,8 @@ class TpPartBaseModel:
     ffn_class: type[Layer]  # declared by each model package
 
     def __init__(self, model_dir: str | Path | None, cfg: ModelConfig, rt: RuntimeShape, weights: Weights | None = None):
-        """Loads `model_dir` through the one loader, or takes already-made `weights` (random-weight benchmarks)."""
+        """Loads `model_dir` through the one loader, or takes already-made `weights` (random-weight benchmarks; the
+        dict is consumed: each layer's entries are dropped once the layer is built)."""
         self.cfg = cfg
         self.rt = rt
         if weights is None:
@@ -87,6 +88,8 @@ class TpPartBaseModel:
                 state_layer += 1
             ffn = self.ffn_class(cfg, f"{prefix}mlp.", weights)
             self.layers.append(DecoderLayer(cfg, prefix, weights, mixer, ffn))
+            for name in [n for n in weights if n.startswith(prefix)]:  # free what the layer fused (e.g. gate_up) now:
+                del weights[name]  # the peak stays one layer above the weights (a 27B model fits an 80 GB GPU)
 
     def _init_caches(self) -> ModelCaches:
         cfg, rt = self.cfg, self.rt
