@@ -142,8 +142,8 @@ class ModelRunner:
     def sampling_tensors(self, reqs: list[Request]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(temperatures [B] fp32, top_ps [B] fp32, top_ks [B] int32) on the device."""
         dev = self.device
-        values = torch.tensor([[r.params.temperature, r.params.top_p, r.params.top_k] for r in reqs], dtype=torch.float32)
-        values = values.to(dev, non_blocking=True)
+        values = [[r.params.temperature, r.params.top_p, r.params.top_k] for r in reqs]
+        values = torch.tensor(values, dtype=torch.float32).to(dev, non_blocking=True)
         return values[:, 0], values[:, 1], values[:, 2].to(torch.int32)
 
     def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:

@@ -135,7 +135,9 @@ class SpecRunner:
             return None  # the next block might need fewer drafts (_num_drafts): it is built on the host instead
         rows = {id(r): i for i, r in enumerate(v.reqs)}
         index = [rows[id(r)] for r in reqs]
-        sel = slice(None) if index == list(range(len(v.reqs))) else torch.tensor(index).to(self.device)
+        sel = slice(None)
+        if index != list(range(len(v.reqs))):
+            sel = torch.tensor(index).to(self.device, non_blocking=True)
         nxt = next_blocks_on_device(v, sel, self.runner.kv_pool, self.runner.req_manager, self.k)
         for b, r in enumerate(reqs):
             r.draft = DraftBlock(start=-1, slots=nxt.slots[b * (self.k + 1) : (b + 1) * (self.k + 1)])
