@@ -226,15 +226,13 @@ class SpecRunner:
         host = v.host.tolist()  # waits for this step's copy only
         max_q = max(len(b.slots) for b in v.blocks)
         groups, row_next, positions, first = [], [], [], 0
-        live = []
         for r, block, row in zip(v.reqs, v.blocks, host):
             q = len(block.slots)
             if r.status is not RequestStatus.FINISHED:  # finished since the launch: its slots are released
                 if not block.tokens:  # drafts made on the device: the host sees them now
-                    block.tokens = [t for t in row[1 + max_q : 1 + max_q + q - 1]]
+                    block.tokens = row[1 + max_q : 1 + max_q + q - 1]
                 emitted = row[1 : 1 + row[0]]
                 groups.append(RowGroup(r, first, q, emitted, block))
-                live.append(first)
             else:
                 emitted = [0]
             row_next += emitted + [0] * (q - len(emitted))  # rows past the accepted prefix are rejected

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The GPU runs of the open performance targets, one device call each (each well under 10 minutes on an H100):
+#   bash benchmark/gpu_runs.sh tests    # GPU tests (kernels, engine, overlap vs synchronous loop)
+#   bash benchmark/gpu_runs.sh 27b      # 27B: no-spec + MTP k=1 at B=1,32, overlap on, then off (same machine)
+#   bash benchmark/gpu_runs.sh 35b      # 35B-A3B: no-spec at B=1,32
+#   bash benchmark/gpu_runs.sh peer     # 27B: our engine vs HF transformers generate at B=1,8 (ours freed first)
+# Results go to $OUT (the device tool's folder) or benchmark/results; each JSON holds its exact command.
+# fla-core travels as a wheel in .whl/ (benchmark/README.md, "GPU runs").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+export PYTHONUNBUFFERED=1 LIGHTLLM_MTP_DISABLE_PROGRESS_BARS=1
+out=${OUT:-benchmark/results}
+bench() { python3 benchmark/static_inference.py --device cuda --input_len 1024 "$@"; }
+case "${1:-}" in
+  tests) python3 -m pytest -q -m gpu unit_tests test ;;
+  27b)
+    bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 48 --mtp_mode eagle_with_att --mtp_step 1 \
+      --mtp_accept_rate 0.8,0.95 --plot --out "$out/static_qwen3.5-27b_mtp_k1.json"
+    bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 48 --mtp_mode eagle_with_att --mtp_step 1 \
+      --mtp_accept_rate 0.8,0.95 --disable_overlap --out "$out/static_qwen3.5-27b_mtp_k1_no_overlap.json" ;;
+  35b) bench --model_shape qwen3.5-35b-a3b --batch_sizes 1,32 --output_len 48 --plot --out "$out/static_qwen3.5-35b-a3b.json" ;;
+  peer) bench --model_shape qwen3.5-27b --batch_sizes 1,8 --output_len 32 --hf_peer --hf_batch_sizes 1,8 \
+      --out "$out/static_qwen3.5-27b_hf_peer.json" ;;
+  *) echo "usage: $0 tests|27b|35b|peer" >&2; exit 2 ;;
+esac
