@@ -150,6 +150,7 @@ class SpecRunner:
         batch = verify_batch_on_device(nxt, drafts_t, self.k)
         return LaunchedStep(list(reqs), spec=self._launch_verify(list(reqs), batch, drafts_t, nxt.start))
 
+    @torch.inference_mode()
     def collect(self, step: LaunchedStep) -> list[tuple[Request, list[int]]]:
         return step.results + (self._collect_verify(step.spec) if step.spec is not None else [])
 

@@ -2,6 +2,7 @@
 synchronous loop, wastes nothing it does not free, and really runs ahead in steady decode."""
 
 import pytest
+import torch
 
 from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.engine.llm_engine import LLMEngine
@@ -129,3 +130,53 @@ def test_abort_with_a_queued_step(tiny_dense_dir, mtp):
     for r in reqs:  # the last queued step is dropped once its requests are gone
         engine.abort(r)
     assert engine._inflight is None
+
+
+def emulate_graph_output_buffers(monkeypatch) -> list[int]:
+    """On CPU, make every uniform-layout forward behave like a CUDA-graph replay: its logits and hidden are views of
+    one static buffer per (forward function, mode, rows per request) that the next call of that layout overwrites.
+    Code that reads a forward's output after the same layout ran again (e.g. a queued step's draft pass) would then
+    see the newer values, as on the GPU."""
+    from lightllm_mtp.common.basemodel.forward_batch import ModelOutput
+    from lightllm_mtp.engine.cuda_graph import GraphedForward
+
+    buffers: dict = {}
+    calls = [0]
+    inner = GraphedForward.forward
+
+    def replay_like(self, batch, *hidden):
+        out = inner(self, batch, *hidden)
+        uniform = batch.num_tokens == batch.batch_size * batch.max_q_len == batch.b_logits_index.shape[0]
+        if not uniform:
+            return out
+        key = (id(self), batch.mode, batch.max_q_len)
+        static = buffers.get(key)
+        if static is None or static.logits.shape[0] < out.logits.shape[0]:
+            static = buffers[key] = ModelOutput(
+                logits=torch.empty(64 * batch.max_q_len, out.logits.shape[1]),
+                hidden=torch.empty(64 * batch.max_q_len, out.hidden.shape[1]),
+            )
+        n = out.logits.shape[0]
+        static.logits[:n].copy_(out.logits)
+        static.hidden[:n].copy_(out.hidden)
+        calls[0] += 1
+        return ModelOutput(logits=static.logits[:n], hidden=static.hidden[:n])
+
+    monkeypatch.setattr(GraphedForward, "forward", replay_like)
+    return calls
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_overlap_reads_no_output_a_later_graph_replay_overwrote(monkeypatch, trained_dense_dir, k):
+    """With graph-like static outputs, overlap scheduling still drafts exactly as the synchronous loop does."""
+    calls = emulate_graph_output_buffers(monkeypatch)
+    params = SamplingParams(temperature=0.0, max_new_tokens=30)
+    prompts = [[int(t) for t in range(50, 50 + n)] for n in (17, 9, 25)]
+    mtp = dict(mtp_mode="eagle_with_att", mtp_step=k)
+    expected = run(make_engine(trained_dense_dir, overlap=False, **mtp), prompts, [params] * 3)
+    engine = make_engine(trained_dense_dir, overlap=True, **mtp)
+    ahead = count_launch_ahead(engine)
+    got = run(engine, prompts, [params] * 3)
+    assert [r.output_ids for r in got] == [r.output_ids for r in expected]
+    assert [r.spec_stats for r in got] == [r.spec_stats for r in expected]
+    assert ahead[0] > 0 and calls[0] > 0
