@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+MIN_TEMPERATURE = 0.01  # positive temperatures below this are raised to it
 
 
 @dataclass(frozen=True)
@@ -16,8 +19,11 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        t = self.temperature
+        if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
+        if 0 < t < MIN_TEMPERATURE:  # logits / t would overflow float32 (vLLM clamps the same way)
+            object.__setattr__(self, "temperature", MIN_TEMPERATURE)
         if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not isinstance(self.top_k, int) or self.top_k < -1:

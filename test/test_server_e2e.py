@@ -28,8 +28,8 @@ COMMON = ["--device", "cpu", "--max_req_total_len", "128", "--log_level", "warni
 
 
 @pytest.fixture(scope="module")
-def mtp_server(tiny_dense_dir, tmp_path_factory):
-    flags = ["--model_dir", str(tiny_dense_dir), "--mtp_mode", "eagle_with_att", "--mtp_step", "2",
+def mtp_server(trained_dense_dir, tmp_path_factory):
+    flags = ["--model_dir", str(trained_dense_dir), "--mtp_mode", "eagle_with_att", "--mtp_step", "2",
              "--running_max_req_size", "16", "--chunked_prefill_size", "64", "--api_key", KEY, *COMMON]  # fmt: skip
     with ServerProcess(flags, tmp_path_factory.mktemp("mtp_server") / "server.log") as server:
         yield server
@@ -37,8 +37,8 @@ def mtp_server(tiny_dense_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def dp_server(tiny_dense_dir, tmp_path_factory):
-    flags = ["--model_dir", str(tiny_dense_dir), "--dp", "2", "--running_max_req_size", "8", *COMMON]
+def dp_server(trained_dense_dir, tmp_path_factory):
+    flags = ["--model_dir", str(trained_dense_dir), "--dp", "2", "--running_max_req_size", "8", *COMMON]
     with ServerProcess(flags, tmp_path_factory.mktemp("dp_server") / "server.log") as server:
         yield server
     assert server.proc.returncode == 0, server.log_tail()
@@ -55,7 +55,7 @@ def model_name(server, key=KEY):
 def greedy_texts(server, key=KEY):
     c, model = client(server, key), model_name(server, key)
     extra = {"ignore_eos": True}
-    return [c.completions.create(model=model, prompt=p, max_tokens=10, temperature=0, extra_body=extra).choices[0].text
+    return [c.completions.create(model=model, prompt=p, max_tokens=32, temperature=0, extra_body=extra).choices[0].text
             for p in PROMPTS]  # fmt: skip
 
 
@@ -81,9 +81,9 @@ def wait_idle(server, timeout_s=15.0):
         time.sleep(0.1)
 
 
-def test_openai_client_completions_and_chat(mtp_server, tiny_dense_dir):
+def test_openai_client_completions_and_chat(mtp_server, trained_dense_dir):
     c, model = client(mtp_server), model_name(mtp_server)
-    assert model == Path(tiny_dense_dir).name
+    assert model == Path(trained_dense_dir).name
     extra = {"ignore_eos": True, "return_mtp_stats": True}
     full = c.completions.create(model=model, prompt=PROMPTS[0], max_tokens=7, temperature=0, extra_body=extra)
     assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens == 7
@@ -106,8 +106,13 @@ def test_openai_client_completions_and_chat(mtp_server, tiny_dense_dir):
 
 
 def test_mtp_on_and_off_give_identical_greedy_text(mtp_server, dp_server):
+    """The trained checkpoint: MTP accepts long blocks (the multi-token accept path), and the text is unchanged."""
     with_mtp, without = greedy_texts(mtp_server), greedy_texts(dp_server, key="unused")
     assert with_mtp == without and all(with_mtp)
+    c, model = client(mtp_server), model_name(mtp_server)
+    extra = {"ignore_eos": True, "return_mtp_stats": True}
+    out = c.completions.create(model=model, prompt=PROMPTS[2], max_tokens=32, temperature=0, extra_body=extra)
+    assert out.usage.model_extra["mtp"]["mean_accepted_tokens_per_step"] > 1.3
 
 
 def test_stop_strings_and_lightllm_endpoints(mtp_server):

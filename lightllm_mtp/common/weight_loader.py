@@ -62,7 +62,7 @@ def load_tensors(
     for spec in specs:
         sources = _sources(spec, where)
         if sources is None:
-            missing.append(spec.name)
+            missing.append(_describe_missing(spec, where))
             continue
         for src in sources:
             wanted[where[src]].append(TensorSpec(src, ()))
@@ -81,6 +81,11 @@ def load_tensors(
     out: dict[str, torch.Tensor] = {}
     errors: list[str] = []
     for spec in specs:
+        if spec.name not in raw:
+            bad = _misshaped_parts(spec, raw)
+            if bad:
+                errors += bad
+                continue
         tensor = raw[spec.name] if spec.name in raw else _stack(spec, raw)
         if tuple(tensor.shape) != tuple(spec.shape):
             errors.append(f"{spec.name}: expected shape {tuple(spec.shape)}, found {tuple(tensor.shape)}")
@@ -100,6 +105,30 @@ def _sources(spec: TensorSpec, where: dict[str, str]) -> list[str] | None:
         if all(n in where for n in names):
             return names
     return None
+
+
+def _describe_missing(spec: TensorSpec, where: dict[str, str]) -> str:
+    """The spec's name, and where the checkpoint holds some of its per-expert parts, the parts it lacks."""
+    if spec.stacked_from is None:
+        return spec.name
+    names = [n for group in spec.stacked_from for n in group]
+    absent = [n for n in names if n not in where]
+    if len(absent) == len(names):
+        return spec.name
+    shown = ", ".join(absent[:4]) + (f" and {len(absent) - 4} more" if len(absent) > 4 else "")
+    return f"{spec.name} (per-expert parts missing: {shown})"
+
+
+def _misshaped_parts(spec: TensorSpec, raw: dict[str, torch.Tensor]) -> list[str]:
+    """Per-expert parts whose shape does not fit the fused spec: each of a group's n parts holds 1/n of its rows."""
+    assert spec.stacked_from is not None
+    errors = []
+    for group in spec.stacked_from:
+        expected = (spec.shape[1] // len(group), *spec.shape[2:])
+        for name in group:
+            if tuple(raw[name].shape) != expected:
+                errors.append(f"{name}: expected shape {expected}, found {tuple(raw[name].shape)}")
+    return errors
 
 
 def _stack(spec: TensorSpec, raw: dict[str, torch.Tensor]) -> torch.Tensor:

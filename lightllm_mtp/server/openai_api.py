@@ -8,6 +8,7 @@ from typing import AsyncIterator
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
+from jinja2 import TemplateError
 
 from lightllm_mtp.server.engine_client import EngineClient, RequestStream
 from lightllm_mtp.server.protocol import ApiError, ChatCompletionRequest, CompletionRequest, SamplingRequest, parse_body
@@ -80,9 +81,10 @@ def _chat_prompt(tokenizer, req: ChatCompletionRequest) -> str:
         raise ApiError(400, "this model's tokenizer has no chat template: use /v1/completions", param="messages")
     try:
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-    except ValueError as e:
-        raise ApiError(400, str(e), param="messages") from None
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        # the template itself may reject the conversation (Qwen's raise_exception, e.g. a misplaced system message)
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except (ValueError, TemplateError) as e:
+        raise ApiError(400, f"the chat template rejected these messages: {e}", param="messages") from None
 
 
 def _submit(client: EngineClient, req: SamplingRequest, prompt_ids: list[int], max_new: int, endpoint: str):

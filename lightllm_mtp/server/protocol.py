@@ -7,6 +7,8 @@ value, an unsupported feature) becomes one `ApiError`: HTTP 4xx with
 
 from __future__ import annotations
 
+import math
+
 import json
 from typing import Literal, TypeVar
 
@@ -98,8 +100,8 @@ class SamplingRequest(BaseModel):
     @field_validator("temperature")
     @classmethod
     def _temperature(cls, v):
-        if v < 0:
-            raise ValueError(f"must be >= 0, got {v}")
+        if not math.isfinite(v) or v < 0:
+            raise ValueError(f"must be a finite number >= 0, got {v}")
         return v
 
     @field_validator("top_p")

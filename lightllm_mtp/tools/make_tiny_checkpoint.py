@@ -178,8 +178,8 @@ def build_tiny_checkpoint(
 ) -> Path:
     """Write the tiny checkpoint into `out_dir` (created if needed) and return it as a Path.
 
-    `fused_experts` (MoE only): None keeps the layout HF's save_pretrained writes (per-expert names in
-    transformers 5.23); True/False force fused 3-D / per-expert tensors for both the main model and mtp.*.
+    `fused_experts` (MoE only): None writes the published Qwen3.5 layout (fused 3-D experts in the main model,
+    per-expert in mtp.*); True/False force fused 3-D / per-expert tensors for both the main model and mtp.*.
     """
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
@@ -211,8 +211,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tie_word_embeddings", action="store_true")
     layout = parser.add_mutually_exclusive_group()
-    layout.add_argument("--fused_experts", dest="fused_experts", action="store_true", default=None)
-    layout.add_argument("--per_expert", dest="fused_experts", action="store_false")
+    layout.add_argument("--fused_experts", dest="fused_experts", action="store_true", default=None,
+                        help="MoE: fused 3-D experts in the main model and mtp.* (default: the published Qwen3.5 "
+                        "layout, fused in the main model, per expert in mtp.*)")
+    layout.add_argument("--per_expert", dest="fused_experts", action="store_false",
+                        help="MoE: per-expert experts.{e}.{gate,up,down}_proj.weight in the main model and mtp.*")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     a = args

@@ -2,7 +2,8 @@
 
 HF's `...ForConditionalGeneration.save_pretrained` writes config.json (text fields under text_config),
 generation_config.json and `model.language_model.*` / `model.visual.*` / `lm_head.weight`; the `mtp.*` tensors are
-added to the same `model-0000i-of-0000n.safetensors` shards, with the MoE experts fused or per expert throughout.
+added to the same `model-0000i-of-0000n.safetensors` shards. MoE experts: fused in the main model and per expert in
+mtp.* as published for Qwen3.5, or either layout throughout.
 """
 
 from __future__ import annotations
@@ -105,7 +106,8 @@ def write_published_checkpoint(
     """Save an HF `...ForConditionalGeneration` (config.json, generation_config.json) with transformers, then
     re-shard its weights plus the `mtp.*` tensors into `model-0000i-of-0000n.safetensors` + index.
 
-    `fused_experts` (MoE only): None keeps the layout HF's save_pretrained writes; True/False force fused 3-D or
+    `fused_experts` (MoE only): None writes the published Qwen3.5 layout (fused 3-D `experts.gate_up_proj` /
+    `experts.down_proj` in the main model, per-expert `mtp.layers.0.mlp.experts.{e}.*`); True/False force fused or
     per-expert tensors for both the main model and mtp.*. `dtype` casts every tensor (config.json says so)."""
     import transformers
 
@@ -125,8 +127,9 @@ def write_published_checkpoint(
     tensors: dict[str, torch.Tensor] = {}
     for shard in sorted(out.glob("model*.safetensors")):  # HF writes one file without an index when it fits
         tensors.update(load_file(str(shard)))
-    hf_fused = any(name.endswith("experts.gate_up_proj") for name in tensors)
-    fused = hf_fused if fused_experts is None else fused_experts
-    tensors.update(mtp)
-    tensors = fuse_experts(tensors) if fused else split_experts(tensors)
+    if fused_experts is None:  # as published for Qwen3.5 MoE: fused main-model experts, per-expert MTP experts
+        tensors = fuse_experts(tensors) | split_experts(mtp)
+    else:
+        tensors.update(mtp)
+        tensors = fuse_experts(tensors) if fused_experts else split_experts(tensors)
     write_shards(out, tensors, shard_bytes)

@@ -53,3 +53,22 @@ def test_per_expert_tensors_stack_into_fused_spec(tmp_path):
     spec = TensorSpec("e.gate_up", (2, 4, 3), stacked_from=(("e.0.gate", "e.0.up"), ("e.1.gate", "e.1.up")))
     out = load_tensors(tmp_path, [spec], torch.float32, "cpu")["e.gate_up"]
     assert torch.equal(out[1], torch.cat([gate[1], up[1]]))
+
+
+PER_EXPERT = TensorSpec("e.gate_up", (2, 4, 3), stacked_from=(("e.0.gate", "e.0.up"), ("e.1.gate", "e.1.up")))
+
+
+def test_missing_per_expert_part_is_named(tmp_path):
+    tensors = {"e.0.gate": torch.randn(2, 3), "e.0.up": torch.randn(2, 3), "e.1.gate": torch.randn(2, 3)}
+    write_sharded(tmp_path, {"s.safetensors": tensors})
+    with pytest.raises(WeightLoadError, match=r"e\.gate_up \(per-expert parts missing: e\.1\.up\)"):
+        load_tensors(tmp_path, [PER_EXPERT], torch.float32, "cpu")
+
+
+@pytest.mark.parametrize("bad_shape", [(2, 5), (3, 3)])
+def test_misshaped_per_expert_part_is_named(tmp_path, bad_shape):
+    tensors = {"e.0.gate": torch.randn(2, 3), "e.0.up": torch.randn(2, 3), "e.1.gate": torch.randn(2, 3)}
+    tensors["e.1.up"] = torch.randn(*bad_shape)
+    write_sharded(tmp_path, {"s.safetensors": tensors})
+    with pytest.raises(WeightLoadError, match=rf"e\.1\.up: expected shape \(2, 3\), found \({bad_shape[0]}, {bad_shape[1]}\)"):
+        load_tensors(tmp_path, [PER_EXPERT], torch.float32, "cpu")

@@ -37,7 +37,10 @@ def test_valid_requests_and_their_sampling_params():
         (CompletionRequest, {"prompt": ""}, "prompt", "the prompt is empty"),
         (CompletionRequest, {"prompt": ["a", "b"]}, "prompt", "batched prompts are not supported"),
         (CompletionRequest, {"prompt": "a", "max_tokens": 0}, "max_tokens", "must be at least 1"),
-        (CompletionRequest, {"prompt": "a", "temperature": -1}, "temperature", "must be >= 0"),
+        (CompletionRequest, {"prompt": "a", "temperature": -1}, "temperature", "must be a finite number >= 0"),
+        (CompletionRequest, b'{"prompt": "a", "temperature": NaN}', "temperature", "must be a finite number"),
+        (CompletionRequest, b'{"prompt": "a", "temperature": Infinity}', "temperature", "must be a finite number"),
+        (CompletionRequest, b'{"prompt": "a", "top_p": NaN}', "top_p", "must be in (0, 1]"),
         (CompletionRequest, {"prompt": "a", "temperature": "hot"}, "temperature", "valid number"),
         (CompletionRequest, {"prompt": "a", "top_p": 0}, "top_p", "must be in (0, 1]"),
         (CompletionRequest, {"prompt": "a", "top_k": -3}, "top_k", "must be -1, 0"),
@@ -70,3 +73,27 @@ def test_non_text_chat_content_is_rejected():
     chat = parse(ChatCompletionRequest, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})
     with pytest.raises(ValueError, match="only text content parts"):
         chat.messages[0].text()
+
+
+def test_generate_with_a_nan_temperature_is_a_bad_request():
+    req = parse(GenerateRequest, b'{"inputs": "x", "parameters": {"do_sample": true, "temperature": NaN}}')
+    with pytest.raises(ValueError, match="finite number"):
+        req.parameters.sampling_params()
+
+
+def test_a_chat_template_that_rejects_the_messages_is_a_bad_request():
+    from jinja2 import TemplateError
+
+    from lightllm_mtp.server.openai_api import _chat_prompt
+
+    class Tokenizer:
+        chat_template = "{{ raise_exception('System message must be at the beginning.') }}"
+
+        def apply_chat_template(self, *args, **kwargs):
+            raise TemplateError("System message must be at the beginning.")
+
+    chat = parse(ChatCompletionRequest, {"messages": [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}]})
+    with pytest.raises(ApiError) as e:
+        _chat_prompt(Tokenizer(), chat)
+    assert e.value.status == 400 and e.value.body()["error"]["param"] == "messages"
+    assert "System message must be at the beginning" in e.value.body()["error"]["message"]

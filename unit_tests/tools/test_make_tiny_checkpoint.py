@@ -63,6 +63,12 @@ def test_index_matches_shards_and_names_follow_published_layout(model_dir):
     assert not any(".layers.3.linear_attn." in n or ".layers.0.self_attn." in n for n in main)
 
 
+def _fused_shapes(shapes: dict[str, tuple]) -> dict[str, tuple]:
+    """name -> shape with per-expert `experts.{e}.*` entries folded into the fused 3-D names and shapes."""
+    fused = fuse_experts({n: torch.empty(s) for n, s in shapes.items()})
+    return {n: tuple(t.shape) for n, t in fused.items()}
+
+
 def test_mtp_tensors_mirror_a_main_full_attention_layer(model_dir):
     tensors = read_tensors(model_dir)
     assert tensors["mtp.fc.weight"][1] == (H, 2 * H)
@@ -70,7 +76,8 @@ def test_mtp_tensors_mirror_a_main_full_attention_layer(model_dir):
         assert tensors[f"mtp.{name}.weight"][1] == (H,)
     main = {n[len("model.language_model.layers.3.") :]: s for n, (_, s) in tensors.items() if ".layers.3." in n}
     mtp = {n[len("mtp.layers.0.") :]: s for n, (_, s) in tensors.items() if n.startswith("mtp.layers.0.")}
-    assert mtp == main
+    # the same tensors up to the expert layout (MoE: fused in the main model, per expert in mtp.*, as published)
+    assert _fused_shapes(mtp) == _fused_shapes(main)
     assert {"input_layernorm.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight"} <= set(mtp)
     assert not any(n.startswith("mtp.layers.1.") for n in tensors)
     assert not any("embed_tokens" in n or "lm_head" in n for n in tensors if n.startswith("mtp."))
@@ -78,14 +85,18 @@ def test_mtp_tensors_mirror_a_main_full_attention_layer(model_dir):
 
 def test_moe_expert_layout(tiny_moe_dir, tmp_path):
     tensors = read_tensors(Path(tiny_moe_dir))
-    # transformers' save_pretrained writes per-expert weights; the mtp layer follows the same convention
-    for prefix in ("model.language_model.layers.0.mlp.", "mtp.layers.0.mlp."):
-        assert tensors[prefix + "experts.7.gate_proj.weight"][1] == (32, H)
-        assert tensors[prefix + "experts.7.down_proj.weight"][1] == (H, 32)
+    # as published for Qwen3.5 MoE: fused 3-D experts in the main model, per-expert tensors in the MTP layer
+    main, mtp = "model.language_model.layers.0.mlp.", "mtp.layers.0.mlp."
+    assert tensors[main + "experts.gate_up_proj"][1] == (8, 64, H)
+    assert tensors[main + "experts.down_proj"][1] == (8, H, 32)
+    assert not any(n.startswith(main + "experts.0.") for n in tensors)
+    assert tensors[mtp + "experts.7.gate_proj.weight"][1] == (32, H)
+    assert tensors[mtp + "experts.7.down_proj.weight"][1] == (H, 32)
+    assert mtp + "experts.gate_up_proj" not in tensors
+    for prefix in (main, mtp):
         assert tensors[prefix + "gate.weight"][1] == (8, H)
         assert tensors[prefix + "shared_expert.up_proj.weight"][1] == (48, H)
         assert tensors[prefix + "shared_expert_gate.weight"][1] == (1, H)
-        assert prefix + "experts.gate_up_proj" not in tensors
 
 
 def test_tied_variant_has_no_lm_head(tiny_dense_tied_dir, tiny_dense_dir):
