@@ -149,7 +149,7 @@ class LLMEngine:
         self._drop_idle_inflight()
         return outputs
 
-    def _launch_next(self, step: LaunchedStep):
+    def _launch_next(self, step: LaunchedStep) -> LaunchedStep | None:
         """The step after `step`, queued now, or None when its rows depend on `step`'s tokens."""
         running = self.scheduler.running
         if not step.reqs or len(step.reqs) != len(running) or self.scheduler.can_admit():

@@ -12,7 +12,7 @@ import math
 import json
 from typing import Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
 from lightllm_mtp.sampling_params import SamplingParams
 
@@ -81,7 +81,7 @@ class SamplingRequest(BaseModel):
     n: int = 1
     seed: int | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None  # extension
+    stop_token_ids: list[StrictInt] | None = None  # extension
     ignore_eos: bool = False  # extension
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -177,7 +177,7 @@ class SamplingRequest(BaseModel):
 
 
 class CompletionRequest(SamplingRequest):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]  # strict: true / false are not token ids
     echo: bool = False
     logprobs: int | None = None
     best_of: int | None = None

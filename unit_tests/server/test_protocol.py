@@ -36,6 +36,7 @@ def test_valid_requests_and_their_sampling_params():
         (CompletionRequest, {}, "prompt", "Field required"),
         (CompletionRequest, {"prompt": ""}, "prompt", "the prompt is empty"),
         (CompletionRequest, {"prompt": ["a", "b"]}, "prompt", "batched prompts are not supported"),
+        (CompletionRequest, {"prompt": [True, False]}, "prompt", "valid integer"),
         (CompletionRequest, {"prompt": "a", "max_tokens": 0}, "max_tokens", "must be at least 1"),
         (CompletionRequest, {"prompt": "a", "temperature": -1}, "temperature", "must be a finite number >= 0"),
         (CompletionRequest, b'{"prompt": "a", "temperature": NaN}', "temperature", "must be a finite number"),
