@@ -68,6 +68,7 @@ class VerifyLaunch:
     draft_argmax: torch.Tensor | None  # [B, k+1] its argmax per row
     start: torch.Tensor | None  # [B] block start positions on the device (uniform blocks only)
     host: HostCopy  # [B, 1 + max_q + (max_q - 1) (+ max_q)]: accept length, emitted, drafts (, draft argmax)
+    followed: bool = False  # launch_after built the next step from this one (draft passes, next blocks)
 
 
 def _padded(rows: list[list[int]]) -> torch.Tensor:
@@ -127,9 +128,10 @@ class SpecRunner:
     def launch_after(self, prev: LaunchedStep, reqs: list[Request]) -> LaunchedStep | None:
         """The verify step after `prev` for `reqs` (a subsequence of prev's requests), queued before prev's accept
         lengths reach the host: every input of the next blocks is on the device (emitted tokens, first drafts from
-        the draft pass, start positions). Eagle mode with uniform blocks of k drafts only; None otherwise."""
+        the draft pass, start positions). Uniform blocks of k drafts only (eagle chain or vanilla passes on the
+        device); None otherwise."""
         v: VerifyLaunch | None = prev.spec
-        if not self.eagle or prev.results or v is None or v.draft_argmax is None:
+        if prev.results or v is None or v.draft_argmax is None:
             return None
         if any(self.max_model_len - r.num_tokens < 2 * self.k + 2 for r in reqs):
             return None  # the next block might need fewer drafts (_num_drafts): it is built on the host instead
@@ -141,18 +143,42 @@ class SpecRunner:
         nxt = next_blocks_on_device(v, sel, self.runner.kv_pool, self.runner.req_manager, self.k)
         for b, r in enumerate(reqs):
             r.draft = DraftBlock(start=-1, slots=nxt.slots[b * (self.k + 1) : (b + 1) * (self.k + 1)])
-        drafts, hidden = [nxt.first_drafts], nxt.anchor_hidden
-        for j in range(self.k - 1):  # eagle chain: d_2..d_k on the device
-            out = self.draft_forwards[0].forward(chain_batch_on_device(nxt, drafts[-1], j), hidden)
-            drafts.append(out.logits.argmax(dim=-1))
-            hidden = out.hidden
-        drafts_t = torch.stack(drafts, dim=1)
+        v.followed = True
+        drafts = self._chain_on_device(nxt) if self.eagle else self._vanilla_passes_on_device(v, sel)
+        drafts_t = torch.stack([nxt.first_drafts, *drafts], dim=1)
         batch = verify_batch_on_device(nxt, drafts_t, self.k)
         return LaunchedStep(list(reqs), spec=self._launch_verify(list(reqs), batch, drafts_t, nxt.start))
 
     @torch.inference_mode()
     def collect(self, step: LaunchedStep) -> list[tuple[Request, list[int]]]:
         return step.results + (self._collect_verify(step.spec) if step.spec is not None else [])
+
+    def _chain_on_device(self, nxt) -> list[torch.Tensor]:
+        """Eagle: the one MTP module run k-1 more times inside the next blocks -> [d_2, ..., d_k], each [B]."""
+        drafts, tokens, hidden = [], nxt.first_drafts, nxt.anchor_hidden
+        for j in range(self.k - 1):
+            out = self.draft_forwards[0].forward(chain_batch_on_device(nxt, tokens, j), hidden)
+            tokens, hidden = out.logits.argmax(dim=-1), out.hidden
+            drafts.append(tokens)
+        return drafts
+
+    def _vanilla_passes_on_device(self, v: VerifyLaunch, sel) -> list[torch.Tensor]:
+        """Vanilla: modules 1..k-1 over the verified rows (as `_draft` does on the host) -> [d_2, ..., d_k], each [B]
+        from the anchor row. Module m's input at block row r is the token m + 1 positions ahead: emitted[r + m]
+        where that is committed (r + m < accept length), else module m-1's prediction at row r."""
+        bsz, q = len(v.reqs), self.k + 1
+        accept = v.result.b_accept_len.to(torch.int64)
+        rows = torch.arange(q, device=accept.device)[None, :]
+        emitted = torch.nn.functional.pad(v.result.emitted.clamp_min(0), (0, self.k))
+        out, argmax, drafts = v.draft_out, v.draft_argmax, []
+        anchor = (accept[sel] - 1)[:, None]
+        for m in range(1, self.k):
+            ahead = emitted[:, m : m + q]
+            tokens = torch.where(rows + m < accept[:, None], ahead, argmax).flatten()
+            out = self.draft_forwards[m].forward(draft_pass_batch(v.batch, tokens, None), out.hidden)
+            argmax = out.logits.argmax(dim=-1).view(bsz, q)
+            drafts.append(argmax[sel].gather(1, anchor).squeeze(1))
+        return drafts
 
     # ---- prefill -----------------------------------------------------------------------------------
     def _prefill(self, scheduled: list[ScheduledRequest]) -> list[tuple[Request, list[int]]]:
@@ -239,6 +265,9 @@ class SpecRunner:
             row_next += emitted + [0] * (q - len(emitted))  # rows past the accepted prefix are rejected
             positions += range(block.start, block.start + q)
             first += q
+        if v.followed:  # the draft passes and the next blocks already ran on the device (launch_after)
+            self._commit_verified(groups)
+            return [(g.req, g.emitted) for g in groups]
         first_pass = None
         if v.draft_argmax is not None:
             first_pass = (v.draft_out, [t for row in host for t in row[2 * max_q :]])
