@@ -91,3 +91,32 @@ def test_overlap_scheduling_matches_the_synchronous_loop(tiny_dense_mtp3_dir, mt
         return outs
 
     assert run(disable_overlap=False) == run(disable_overlap=True)
+
+
+@pytest.mark.parametrize("mtp", [{}, dict(mtp_mode="eagle_with_att", mtp_step=2), dict(mtp_mode="vanilla_with_att",
+                                 mtp_step=2)], ids=["plain", "eagle", "vanilla"])  # fmt: skip
+def test_queuing_the_next_step_never_waits_for_the_device(tiny_dense_mtp3_dir, mtp):
+    """Overlap only pays if `launch_after` queues the next step without a device sync (a blocking copy, .item(),
+    .tolist() of a device tensor): CUDA's sync debug mode reports every such call made while it runs."""
+    import warnings
+
+    llm = LLM(tiny_dense_mtp3_dir, device="cuda", dtype="bfloat16", max_model_len=64, graph_max_batch_size=8, **mtp)
+    runner = llm.engine.runner
+    inner, launched, syncs = runner.launch_after, [0], []
+
+    def checked(prev, reqs):
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                step = inner(prev, reqs)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        syncs.extend(str(w.message) for w in caught if "synchroniz" in str(w.message).lower())
+        launched[0] += step is not None
+        return step
+
+    runner.launch_after = checked
+    llm.generate(PROMPTS, GREEDY)
+    assert launched[0] > 0
+    assert not syncs, syncs[:3]
