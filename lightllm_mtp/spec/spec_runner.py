@@ -328,11 +328,11 @@ class SpecRunner:
                     last_hidden[id(g.req)] = out.hidden[anchors[id(g.req)]]
             if j + 1 < len(self.draft_forwards):  # vanilla: module j+1 sees the token j+2 ahead of each row
                 hidden = out.hidden
-                tokens = torch.tensor(
-                    [self._token_ahead(g, positions[i], j + 2, pred.get(i)) for g in groups
-                     for i in range(g.first_row, g.first_row + g.num_rows)],
-                    dtype=torch.int64,
-                )
+                ahead = [0] * len(positions)  # rows of a request that finished since the launch keep 0
+                for g in groups:
+                    for i in range(g.first_row, g.first_row + g.num_rows):
+                        ahead[i] = self._token_ahead(g, positions[i], j + 2, pred.get(i))
+                tokens = torch.tensor(ahead, dtype=torch.int64)
         if commit is not None:
             commit(groups)
         self._next_blocks(

@@ -227,3 +227,30 @@ def test_vanilla_mode_overlap_drafts_alike(trained_with_three_mtp_layers, k):
     assert [r.spec_stats for r in got] == [r.spec_stats for r in expected]
     assert ahead[0] > 0 and all(a > 0 for r in got for a in r.spec_stats.accepted_at[:2])
     assert_idle(engine)
+
+
+def test_vanilla_mode_with_a_stop_token_and_an_abort_while_a_step_is_queued(trained_with_three_mtp_layers):
+    """A request that stops (or is aborted) while its next verify step is queued leaves a dead row in that step; the
+    host-side draft passes of that step must still cover every row of the batch."""
+    mtp = dict(mtp_mode="vanilla_with_att", mtp_step=2, max_model_len=96)
+    prompts = [[int(t) for t in range(60, 60 + n)] for n in (21, 8, 13)]
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=30, ignore_eos=True)
+    probe = run(make_engine(trained_with_three_mtp_layers, overlap=False, **mtp), prompts, [greedy] * 3)
+    params = [greedy, SamplingParams(temperature=0.0, max_new_tokens=30, stop_token_ids=[probe[1].output_ids[8]]),
+              greedy]  # fmt: skip
+    expected = run(make_engine(trained_with_three_mtp_layers, overlap=False, **mtp), prompts, params)
+    engine = make_engine(trained_with_three_mtp_layers, overlap=True, **mtp)
+    got = run(engine, prompts, params)
+    assert [r.output_ids for r in got] == [r.output_ids for r in expected]
+    assert [r.spec_stats for r in got] == [r.spec_stats for r in expected]
+    assert_idle(engine)
+
+    reqs = [engine.add_request(p, greedy) for p in prompts]
+    for _ in range(3):
+        engine.step_outputs()
+    assert engine._inflight is not None and len(engine._inflight.reqs) == 3
+    engine.abort(reqs[1])
+    while engine.has_unfinished():
+        engine.step_outputs()
+    assert [reqs[0].output_ids, reqs[2].output_ids] == [probe[0].output_ids, probe[2].output_ids]
+    assert_idle(engine)
