@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from lightllm_mtp.kernels.gated_delta_rule import gated_delta_rule_decode_ref
+from lightllm_mtp.kernels.gdn_gating import gdn_gating
 from lightllm_mtp.kernels.triton_utils import triton_available, use_triton
 
 
@@ -25,38 +26,52 @@ def gated_delta_rule_verify(
     b1_cu_q_len: torch.Tensor,
     b_num_accepted: torch.Tensor,
     max_q_len: int | None = None,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q, k [T, nk, dk]; v [T, nv, dv]; g, beta [T, nv] fp32; ssm_state [R, nv, dk, dv] fp32;
     b_state_base, b_num_accepted [B]; b1_cu_q_len [B+1]; max_q_len: host bound on block length (None: 8).
+    With A_log and dt_bias [nv], g and beta are the raw gate inputs a and b [T, nv] (row-strided views allowed)
+    and the gates are computed inside the kernel, as `gdn_gating` does (one launch less per layer).
     Returns o [T, nv, dv] in v.dtype."""
     if q.shape != k.shape or q.ndim != 3 or v.ndim != 3 or q.shape[0] != v.shape[0]:
         raise ValueError(f"gated_delta_rule_verify: bad q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     if g.shape != v.shape[:2] or beta.shape != v.shape[:2]:
         raise ValueError("gated_delta_rule_verify: g and beta must be [T, nv]")
+    if (A_log is None) != (dt_bias is None) or (A_log is not None and (A_log.shape != (v.shape[1],) or dt_bias.shape != (v.shape[1],))):
+        raise ValueError("gated_delta_rule_verify: A_log and dt_bias go together, each [nv]")
     if ssm_state.dtype != torch.float32 or ssm_state.shape[1:] != (v.shape[1], q.shape[2], v.shape[2]):
         raise ValueError(f"gated_delta_rule_verify: ssm_state must be fp32 [R, nv, dk, dv], got "
                          f"{ssm_state.dtype} {tuple(ssm_state.shape)}")
     if b_state_base.shape != b_num_accepted.shape or b1_cu_q_len.shape[0] != b_state_base.shape[0] + 1:
         raise ValueError("gated_delta_rule_verify: b_state_base, b_num_accepted must be [B], b1_cu_q_len [B+1]")
     if use_triton(q):
-        return _verify_triton(q, k, v, g, beta, ssm_state, b_state_base, b1_cu_q_len, b_num_accepted, max_q_len or 8)
+        return _verify_triton(
+            q, k, v, g, beta, ssm_state, b_state_base, b1_cu_q_len, b_num_accepted, max_q_len or 8, A_log, dt_bias
+        )
+    if A_log is not None:
+        g, beta = gdn_gating(g, beta, A_log, dt_bias)
     return gated_delta_rule_verify_ref(q, k, v, g, beta, ssm_state, b_state_base, b1_cu_q_len, b_num_accepted)
 
 
-def _verify_triton(q, k, v, g, beta, ssm_state, b_state_base, b1_cu_q_len, b_num_accepted, max_q_len):
+def _verify_triton(
+    q, k, v, g, beta, ssm_state, b_state_base, b1_cu_q_len, b_num_accepted, max_q_len, A_log=None, dt_bias=None
+):
     nk, dk = q.shape[1], q.shape[2]
     nv, dv = v.shape[1], v.shape[2]
     q, k, v = (t if t.stride(2) == 1 else t.contiguous() for t in (q, k, v))
-    g, beta = g.contiguous(), beta.contiguous()
+    g, beta = (t if t.stride(1) == 1 else t.contiguous() for t in (g, beta))
+    fused = A_log is not None
     out = torch.empty(v.shape, dtype=v.dtype, device=v.device)  # contiguous even when v is a column slice
     block_v = min(32, triton.next_power_of_2(dv))
     grid = (b_state_base.shape[0], nv, triton.cdiv(dv, block_v))
     _gdn_verify_kernel[grid](
-        q, k, v, g, beta, ssm_state, b_state_base, b1_cu_q_len, b_num_accepted, out,
+        q, k, v, g, beta, A_log if fused else g, dt_bias if fused else g, ssm_state, b_state_base, b1_cu_q_len,
+        b_num_accepted, out,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-        ssm_state.stride(0), ssm_state.stride(1), ssm_state.stride(2),
-        dk ** -0.5, NV=nv, GROUP=nv // nk, DK=dk, DV=dv, BLOCK_K=triton.next_power_of_2(dk), BLOCK_V=block_v,
-        MAX_Q=max_q_len,
+        ssm_state.stride(0), ssm_state.stride(1), ssm_state.stride(2), g.stride(0), beta.stride(0),
+        dk ** -0.5, GROUP=nv // nk, DK=dk, DV=dv, BLOCK_K=triton.next_power_of_2(dk), BLOCK_V=block_v,
+        MAX_Q=max_q_len, FUSED_GATES=fused,
     )
     return out
 
@@ -65,13 +80,15 @@ if triton_available():
     import triton
     import triton.language as tl
 
+    from lightllm_mtp.kernels.gdn_gating import gdn_gates
+
     @triton.jit
     def _gdn_verify_kernel(
-        q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, base_ptr, cu_ptr, acc_ptr, out_ptr,
+        q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, state_ptr, base_ptr, cu_ptr, acc_ptr, out_ptr,
         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_sr, stride_sh, stride_sk,
-        scale, NV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr,
-        BLOCK_V: tl.constexpr, MAX_Q: tl.constexpr,
-    ):
+        stride_gt, stride_bt, scale, GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr,
+        BLOCK_V: tl.constexpr, MAX_Q: tl.constexpr, FUSED_GATES: tl.constexpr,
+    ):  # with FUSED_GATES, g_ptr / beta_ptr hold the raw gate inputs a / b
         # One program per (request, value head, V tile): the [dk, V tile] state slice lives in registers from the
         # committed row (num_accepted - 1) through the block; the state after token i is stored in row base + i.
         b = tl.program_id(0)
@@ -96,9 +113,13 @@ if triton_available():
                 qv = qv * tl.rsqrt(tl.sum(qv * qv) + 1e-6) * scale
                 kv = kv * tl.rsqrt(tl.sum(kv * kv) + 1e-6)
                 vv = tl.load(v_ptr + t * stride_vt + h * stride_vh + offs_v, mask=mask_v, other=0.0).to(tl.float32)
-                decay = tl.exp(tl.load(g_ptr + t * NV + h))
-                beta = tl.load(beta_ptr + t * NV + h)
-                state = state * decay
+                if FUSED_GATES:
+                    g, beta = gdn_gates(tl.load(g_ptr + t * stride_gt + h), tl.load(beta_ptr + t * stride_bt + h),
+                                        tl.load(A_log_ptr + h), tl.load(dt_bias_ptr + h))  # fmt: skip
+                else:
+                    g = tl.load(g_ptr + t * stride_gt + h)
+                    beta = tl.load(beta_ptr + t * stride_bt + h)
+                state = state * tl.exp(g)
                 delta = beta * (vv - tl.sum(state * kv[:, None], axis=0))
                 state = state + kv[:, None] * delta[None, :]
                 o = tl.sum(state * qv[:, None], axis=0)

@@ -12,7 +12,7 @@ pytest.importorskip("triton")
 SCRIPT = textwrap.dedent(
     """
     import torch
-    from lightllm_mtp.kernels import causal_conv1d_spec as conv, gated_delta_rule_spec as gdn
+    from lightllm_mtp.kernels import causal_conv1d_spec as conv, gated_delta_rule_spec as gdn, gdn_gating as gating
     torch.manual_seed(0)
     for k in (1, 3):
         for rnd in range(2):
@@ -39,6 +39,17 @@ SCRIPT = textwrap.dedent(
             ref = gdn.gated_delta_rule_verify_ref(q, kk, v, g, beta, ss, base, cu, acc)
             out = gdn._verify_triton(q, kk, v, g, beta, ss2, base, cu, acc, k + 1)
             assert out.is_contiguous()
+            torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(ss2, ss, atol=1e-5, rtol=1e-5)
+            # gates computed in the kernel from the raw a, b (column slices of the projection, as in the layer)
+            ab = torch.randn(T, 2 * nv + 3)
+            a, b = ab[:, :nv], ab[:, nv + 1 : 2 * nv + 1]
+            A_log, dt_bias = torch.randn(nv), torch.randn(nv)
+            g, beta = gating.gdn_gating_ref(a, b, A_log, dt_bias)
+            ss, ss2 = torch.randn(3 * rows, nv, d, d) * 0.1, None
+            ss2 = ss.clone()
+            ref = gdn.gated_delta_rule_verify_ref(q, kk, v, g, beta, ss, base, cu, acc)
+            out = gdn._verify_triton(q, kk, v, a, b, ss2, base, cu, acc, k + 1, A_log, dt_bias)
             torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(ss2, ss, atol=1e-5, rtol=1e-5)
     print("OK")

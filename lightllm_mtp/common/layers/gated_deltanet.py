@@ -82,12 +82,13 @@ class GatedDeltaNet(Layer):
         q = q.reshape(t, self.nk, self.dk)
         k = k.reshape(t, self.nk, self.dk)
         v = v.reshape(t, self.nv, self.dv)
-        g, beta = gdn_gating(a, b, self.A_log, self.dt_bias)
-        if mode is ForwardMode.VERIFY:
+        if mode is ForwardMode.VERIFY:  # gates computed inside the kernel from a, b
             o = gated_delta_rule_verify(
-                q, k, v, g, beta, ssm_state, b_ssm_row, batch.b1_cu_q_len, b_num_accepted, max_q_len=batch.max_q_len
+                q, k, v, a, b, ssm_state, b_ssm_row, batch.b1_cu_q_len, b_num_accepted, max_q_len=batch.max_q_len,
+                A_log=self.A_log, dt_bias=self.dt_bias,
             )
         else:
+            g, beta = gdn_gating(a, b, self.A_log, self.dt_bias)
             o = gated_delta_rule_prefill(
                 q, k, v, g, beta, ssm_state, b_ssm_row, batch.b1_cu_q_len, batch.b_has_initial_state
             )
