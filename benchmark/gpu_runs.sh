@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU runs of the open performance targets, one device call each (each well under 10 minutes on an H100):
+# The GPU runs behind the performance targets, one device call each (each well under 10 minutes on an H100):
 #   bash benchmark/gpu_runs.sh tests    # GPU tests (kernels, engine, overlap vs synchronous loop)
 #   bash benchmark/gpu_runs.sh 27b      # 27B: no-spec + MTP k=1 at B=1,32, overlap on, then off (same machine)
 #   bash benchmark/gpu_runs.sh 35b      # 35B-A3B: no-spec at B=1,32
@@ -19,11 +19,11 @@ case "${1:-}" in
   tests) python3 -m pytest -q -m gpu unit_tests test ;;
   27b)
     bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 48 --mtp_mode eagle_with_att --mtp_step 1 \
-      --mtp_accept_rate 0.8,0.95 --plot --out "$out/static_qwen3.5-27b_mtp_k1.json"
+      --mtp_accept_rate 0.8,0.95 --plot --out "$out/static_qwen3.5-27b_mtp_k1_h100.json"
     bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 48 --mtp_mode eagle_with_att --mtp_step 1 \
-      --mtp_accept_rate 0.8,0.95 --disable_overlap --out "$out/static_qwen3.5-27b_mtp_k1_no_overlap.json" ;;
-  35b) bench --model_shape qwen3.5-35b-a3b --batch_sizes 1,32 --output_len 48 --plot --out "$out/static_qwen3.5-35b-a3b.json" ;;
+      --mtp_accept_rate 0.8,0.95 --disable_overlap --out "$out/static_qwen3.5-27b_mtp_k1_h100_no_overlap.json" ;;
+  35b) bench --model_shape qwen3.5-35b-a3b --batch_sizes 1,32 --output_len 48 --plot --out "$out/static_qwen3.5-35b-a3b_h100.json" ;;
   peer) bench --model_shape qwen3.5-27b --batch_sizes 1,8 --output_len 32 --hf_peer --hf_batch_sizes 1,8 \
-      --out "$out/static_qwen3.5-27b_hf_peer.json" ;;
+      --out "$out/static_qwen3.5-27b_hf_peer_h100.json" ;;
   *) echo "usage: $0 tests|27b|35b|peer" >&2; exit 2 ;;
 esac
