@@ -12,7 +12,7 @@ import torch
 
 from lightllm_mtp.kernels.gated_delta_rule import gated_delta_rule_decode_ref
 from lightllm_mtp.kernels.gdn_gating import gdn_gating
-from lightllm_mtp.kernels.triton_utils import triton_available, use_triton
+from lightllm_mtp.kernels.triton_utils import num_sms, triton_available, use_triton
 
 
 def gated_delta_rule_verify(
@@ -63,15 +63,20 @@ def _verify_triton(
     g, beta = (t if t.stride(1) == 1 else t.contiguous() for t in (g, beta))
     fused = A_log is not None
     out = torch.empty(v.shape, dtype=v.dtype, device=v.device)  # contiguous even when v is a column slice
-    block_v = min(32, triton.next_power_of_2(dv))
+    # the decode kernel's tiling rule (gated_delta_rule._launch_decode): V tiles of 64 once there are ~16 programs
+    # per SM (large batches stream the state faster), 32 below
+    small = b_state_base.shape[0] * nv * triton.cdiv(dv, 32) < 16 * num_sms(v.device)
+    block_v = min(triton.next_power_of_2(dv), 32 if small else 64)
+    block_k = triton.next_power_of_2(dk)
     grid = (b_state_base.shape[0], nv, triton.cdiv(dv, block_v))
     _gdn_verify_kernel[grid](
         q, k, v, g, beta, A_log if fused else g, dt_bias if fused else g, ssm_state, b_state_base, b1_cu_q_len,
         b_num_accepted, out,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         ssm_state.stride(0), ssm_state.stride(1), ssm_state.stride(2), g.stride(0), beta.stride(0),
-        dk ** -0.5, GROUP=nv // nk, DK=dk, DV=dv, BLOCK_K=triton.next_power_of_2(dk), BLOCK_V=block_v,
+        dk ** -0.5, GROUP=nv // nk, DK=dk, DV=dv, BLOCK_K=block_k, BLOCK_V=block_v,
         MAX_Q=max_q_len, FUSED_GATES=fused,
+        num_warps=2 if block_k * block_v <= 4096 else (4 if block_k * block_v <= 8192 else 8),
     )
     return out
 
