@@ -11,8 +11,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from lightllm_mtp.kernels import gated_delta_rule_spec as gdn
-from lightllm_mtp.kernels.gdn_gating import gdn_gating_ref
+from lightllm_mtp.kernels.gdn import gated_delta_rule_verify as gdn
+from lightllm_mtp.kernels.gdn.gdn_gating import gdn_gating_ref
 
 torch.manual_seed(0)
 dev = "cuda"

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from lightllm_mtp.common.weight_loader import TensorSpec
+from lightllm_mtp.common.tensor_spec import TensorSpec
 from lightllm_mtp.config.model_config import ModelConfig
 
 ROUTED_EXPERT_SUFFIXES = ("experts.gate_up_proj", "experts.down_proj")

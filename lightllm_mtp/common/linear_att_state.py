@@ -1,8 +1,8 @@
 """Per-request Gated DeltaNet state: causal-conv window and fp32 SSM state.
 
 Without speculation a request owns one conv slot of K-1 columns and one SSM row. With `spec_steps` = k
-draft tokens per step the conv slot is widened to K-1+k columns (see kernels/causal_conv1d_spec.py) and the
-request owns k+1 consecutive SSM rows, one per verify position (see kernels/gated_delta_rule_spec.py); the
+draft tokens per step the conv slot is widened to K-1+k columns (see kernels/gdn/causal_conv1d_verify.py) and the
+request owns k+1 consecutive SSM rows, one per verify position (see kernels/gdn/gated_delta_rule_verify.py); the
 committed state is selected by the request's accept length (ReqManager.req_to_accept_len).
 """
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from lightllm_mtp.common.weight_loader import TensorSpec
+from lightllm_mtp.common.tensor_spec import TensorSpec
 
 
 def random_tensors(

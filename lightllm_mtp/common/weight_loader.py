@@ -8,34 +8,20 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
+from lightllm_mtp.common.random_weights import random_tensors
+from lightllm_mtp.common.tensor_spec import TensorSpec
+from lightllm_mtp.config.runtime import LoadFormat
 from lightllm_mtp.env import ENV
-
-
-class LoadFormat(Enum):
-    AUTO = "auto"  # safetensors shards of the model directory
-    DUMMY = "dummy"  # random tensors of the declared shapes, made on the device (benchmarks at real shapes)
 
 
 class WeightLoadError(ValueError):
     """The checkpoint lacks declared tensors or has them in the wrong shape."""
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str  # checkpoint tensor name
-    shape: tuple[int, ...]
-    keep_fp32: bool = False  # stays fp32 whatever the model dtype (e.g. GDN A_log)
-    # Alternative source when `name` is absent: rows of each inner tuple are concatenated (dim 0), the
-    # results stacked on a new dim 0. Used for per-expert MoE checkpoints: ((e0.gate, e0.up), (e1.gate, ...)).
-    stacked_from: tuple[tuple[str, ...], ...] | None = None
 
 
 def shard_index(model_dir: Path) -> dict[str, str]:
@@ -141,7 +127,5 @@ def load_weights(
 ) -> dict[str, torch.Tensor]:
     """The loading entry point of models and drafts: checkpoint tensors, or random ones for LoadFormat.DUMMY."""
     if load_format is LoadFormat.DUMMY:
-        from lightllm_mtp.common.random_weights import random_tensors
-
         return random_tensors(specs, dtype, device, seed)
     return load_tensors(model_dir, specs, dtype, device)

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from lightllm_mtp.common.weight_loader import LoadFormat
-from lightllm_mtp.spec.config import SpecConfig
+from lightllm_mtp.config.runtime import LoadFormat
+from lightllm_mtp.config.spec_config import SpecConfig
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from lightllm_mtp.common.basemodel.basemodel import RuntimeShape
-from lightllm_mtp.common.weight_loader import LoadFormat
+from lightllm_mtp.config.runtime import RuntimeShape
+from lightllm_mtp.config.runtime import LoadFormat
 from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.engine.launched_step import LaunchedStep
@@ -20,8 +20,8 @@ from lightllm_mtp.engine.scheduler import Scheduler
 from lightllm_mtp.env import ENV
 from lightllm_mtp.models.registry import create_model
 from lightllm_mtp.sampling_params import SamplingParams
-from lightllm_mtp.spec.draft_factory import create_drafts
-from lightllm_mtp.spec.spec_runner import SpecRunner
+from lightllm_mtp.spec_decode.draft_factory import create_drafts
+from lightllm_mtp.spec_decode.spec_runner import SpecRunner
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from lightllm_mtp.engine.cuda_graph import CudaGraphSet, GraphedForward
 from lightllm_mtp.engine.launched_step import HostCopy, LaunchedStep
 from lightllm_mtp.engine.request import Request
 from lightllm_mtp.engine.scheduler import ScheduledRequest
-from lightllm_mtp.kernels.sampling import greedy_sample, sample
+from lightllm_mtp.kernels.sampling.sampling import greedy_sample, sample
 
 
 class ModelRunner:

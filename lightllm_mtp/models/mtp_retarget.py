@@ -23,8 +23,10 @@ from lightllm_mtp.common.layers.base import Layer
 from lightllm_mtp.common.layers.decoder_layer import DecoderLayer
 from lightllm_mtp.common.layers.gated_attention import GatedAttention
 from lightllm_mtp.common.layers.norm import RMSNorm
-from lightllm_mtp.common.weight_loader import LoadFormat, TensorSpec, WeightLoadError, load_weights, shard_index
-from lightllm_mtp.kernels.rmsnorm import add_rmsnorm
+from lightllm_mtp.common.tensor_spec import TensorSpec
+from lightllm_mtp.common.weight_loader import WeightLoadError, load_weights, shard_index
+from lightllm_mtp.config.runtime import LoadFormat
+from lightllm_mtp.kernels.norm.rmsnorm import add_rmsnorm
 
 
 class MtpWeightRetargetMixin:

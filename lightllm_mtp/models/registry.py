@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from lightllm_mtp.common.basemodel.basemodel import RuntimeShape, TpPartBaseModel
+from lightllm_mtp.common.basemodel.basemodel import TpPartBaseModel
+from lightllm_mtp.config.runtime import RuntimeShape
 from lightllm_mtp.config.model_config import ModelConfig, ModelType
 
 SUPPORTED_MODELS: dict[ModelType, str] = {

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.config.model_config import ModelConfig
-from lightllm_mtp.spec.config import MAX_MTP_STEP, MtpMode
+from lightllm_mtp.config.spec_config import MAX_MTP_STEP, MtpMode
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 

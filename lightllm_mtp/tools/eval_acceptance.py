@@ -52,7 +52,7 @@ def evaluate(args) -> dict:
     from transformers import AutoTokenizer
 
     from lightllm_mtp import LLM, SamplingParams
-    from lightllm_mtp.tools.tiny_corpus import heldout_prompts, split_corpus
+    from lightllm_mtp.training.tiny_corpus import heldout_prompts, split_corpus
 
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
     corpus = split_corpus()
@@ -98,8 +98,8 @@ def evaluate(args) -> dict:
 
 def heldout_losses(args, tokenizer, corpus) -> dict:
     """Main / MTP loss and MTP agreement of the checkpoint's weights on held-out windows (HF forward, fp32 on CPU)."""
-    from lightllm_mtp.tools.tiny_corpus import token_stream
-    from lightllm_mtp.tools.trainable_mtp import load_tiny_mtp_model, stream_losses
+    from lightllm_mtp.training.tiny_corpus import token_stream
+    from lightllm_mtp.training.trainable_mtp import load_tiny_mtp_model, stream_losses
 
     model = load_tiny_mtp_model(args.model_dir).to(args.device)
     cuda = args.device.startswith("cuda")

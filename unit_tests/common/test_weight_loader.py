@@ -4,7 +4,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from lightllm_mtp.common.weight_loader import TensorSpec, WeightLoadError, load_tensors
+from lightllm_mtp.common.tensor_spec import TensorSpec
+from lightllm_mtp.common.weight_loader import WeightLoadError, load_tensors
 
 
 def write_sharded(tmp_path, shards: dict[str, dict[str, torch.Tensor]]):

@@ -24,7 +24,7 @@ def _close(actual, expected, **tol):
 def check_rmsnorm():
     import torch
 
-    from lightllm_mtp.kernels.rmsnorm import rmsnorm_ref, rmsnorm_triton
+    from lightllm_mtp.kernels.norm.rmsnorm import rmsnorm_ref, rmsnorm_triton
 
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(40, generator=gen) * 0.2
@@ -45,7 +45,7 @@ def check_rmsnorm():
 def check_add_rmsnorm():
     import torch
 
-    from lightllm_mtp.kernels.rmsnorm import add_rmsnorm_ref, add_rmsnorm_triton
+    from lightllm_mtp.kernels.norm.rmsnorm import add_rmsnorm_ref, add_rmsnorm_triton
 
     gen = torch.Generator().manual_seed(1)
     w = torch.randn(48, generator=gen) * 0.2
@@ -60,7 +60,7 @@ def check_add_rmsnorm():
 def check_gated_rmsnorm():
     import torch
 
-    from lightllm_mtp.kernels.gated_rmsnorm import gated_rmsnorm_ref, gated_rmsnorm_triton
+    from lightllm_mtp.kernels.norm.gated_rmsnorm import gated_rmsnorm_ref, gated_rmsnorm_triton
 
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(5, 4, 24, generator=gen) * 2
@@ -73,7 +73,7 @@ def check_gated_rmsnorm():
 def check_silu_and_mul():
     import torch
 
-    from lightllm_mtp.kernels.silu_and_mul import silu_and_mul_ref, silu_and_mul_triton
+    from lightllm_mtp.kernels.activation.silu_and_mul import silu_and_mul_ref, silu_and_mul_triton
 
     gen = torch.Generator().manual_seed(3)
     for x in (torch.randn(5, 2 * 24, generator=gen) * 3, torch.randn(2, 3, 2 * 40, generator=gen),
@@ -86,7 +86,7 @@ def check_silu_and_mul():
 def check_sigmoid_gate_mul():
     import torch
 
-    from lightllm_mtp.kernels.output_gate import sigmoid_gate_mul_ref, sigmoid_gate_mul_triton
+    from lightllm_mtp.kernels.attention.output_gate import sigmoid_gate_mul_ref, sigmoid_gate_mul_triton
 
     gen = torch.Generator().manual_seed(4)
     both = torch.randn(6, 2, 40, generator=gen) * 4
@@ -97,7 +97,7 @@ def check_sigmoid_gate_mul():
 def check_gdn_gating():
     import torch
 
-    from lightllm_mtp.kernels.gdn_gating import gdn_gating_ref, gdn_gating_triton
+    from lightllm_mtp.kernels.gdn.gdn_gating import gdn_gating_ref, gdn_gating_triton
 
     gen = torch.Generator().manual_seed(5)
     proj = torch.randn(7, 20, generator=gen) * 8
@@ -114,7 +114,7 @@ def check_gdn_gating():
 def check_partial_rope():
     import torch
 
-    from lightllm_mtp.kernels.rotary import apply_partial_rope_ref, apply_partial_rope_triton, build_rope_cache
+    from lightllm_mtp.kernels.attention.rotary import apply_partial_rope_ref, apply_partial_rope_triton, build_rope_cache
 
     gen = torch.Generator().manual_seed(6)
     t, hq, hk, d = 5, 3, 2, 24
@@ -133,7 +133,7 @@ def check_partial_rope():
 def check_causal_conv1d_update():
     import torch
 
-    from lightllm_mtp.kernels.causal_conv1d import causal_conv1d_update_ref, causal_conv1d_update_triton
+    from lightllm_mtp.kernels.gdn.causal_conv1d import causal_conv1d_update_ref, causal_conv1d_update_triton
 
     gen = torch.Generator().manual_seed(7)
     c = 150  # > one channel block of 128, not a multiple of it
@@ -152,7 +152,7 @@ def check_causal_conv1d_update():
 def check_gated_delta_rule_decode():
     import torch
 
-    from lightllm_mtp.kernels.gated_delta_rule import gated_delta_rule_decode_ref, gated_delta_rule_decode_triton
+    from lightllm_mtp.kernels.gdn.gated_delta_rule import gated_delta_rule_decode_ref, gated_delta_rule_decode_triton
 
     gen = torch.Generator().manual_seed(8)
     bsz, nk, nv, dk, dv = 3, 2, 4, 16, 24  # dv not a power of two: masked V tiles
@@ -174,7 +174,7 @@ def check_gated_delta_rule_decode():
 def check_gated_delta_rule_decode_fused():
     import torch
 
-    from lightllm_mtp.kernels.gated_delta_rule import (
+    from lightllm_mtp.kernels.gdn.gated_delta_rule import (
         gated_delta_rule_decode_fused_ref,
         gated_delta_rule_decode_fused_triton,
     )
@@ -215,7 +215,7 @@ def _run_all() -> dict:
     torch.set_num_threads(1)
     import triton  # noqa: F401  (imported here, after TRITON_INTERPRET is set)
 
-    from lightllm_mtp.kernels.rmsnorm import _rmsnorm_kernel
+    from lightllm_mtp.kernels.norm.rmsnorm import _rmsnorm_kernel
 
     results = {}
     if type(_rmsnorm_kernel).__name__ != "InterpretedFunction":

@@ -3,7 +3,7 @@
 import pytest
 
 from lightllm_mtp.server.args import build_parser, parse_server_args
-from lightllm_mtp.spec.config import MtpMode
+from lightllm_mtp.config.spec_config import MtpMode
 
 
 def parse_error(capsys, argv):

@@ -10,8 +10,8 @@ from safetensors import safe_open
 
 from lightllm_mtp import LLM, SamplingParams
 from lightllm_mtp.models.mtp_retarget import MtpWeightRetargetMixin
-from lightllm_mtp.tools.train_tiny import parse_args, train
-from lightllm_mtp.tools.trainable_mtp import load_tiny_mtp_model
+from lightllm_mtp.training.train_tiny import parse_args, train
+from lightllm_mtp.training.trainable_mtp import load_tiny_mtp_model
 
 TOY = ["--hidden_size", "64", "--num_hidden_layers", "4", "--seq_len", "48", "--batch_size", "4",
        "--vocab_size", "1024", "--corpus_chars", "150000", "--eval_windows", "4", "--log_every", "1",
@@ -66,7 +66,7 @@ def test_checkpoint_layout_config_and_log(trained, arch):
     assert (text["linear_num_key_heads"], text["linear_num_value_heads"], text["num_key_value_heads"]) == (2, 4, 2)
     assert (out / "tokenizer.json").is_file()
     saved = json.loads((out / "train_log.json").read_text())
-    assert saved["command"].startswith("python -m lightllm_mtp.tools.train_tiny --arch " + arch)
+    assert saved["command"].startswith("python -m lightllm_mtp.training.train_tiny --arch " + arch)
     assert saved["python"] and saved["corpus"]["heldout_files"] and len(saved["curve"]) == 4
     for point in saved["curve"] + [saved["heldout_final"]]:
         assert math.isfinite(point["main_loss"]) and math.isfinite(point["mtp_loss"])

@@ -7,10 +7,7 @@ state, and runs prefill / decode forwards over a ForwardBatch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-
-import torch
 
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ModelOutput
 from lightllm_mtp.common.kv_pool import KvPool
@@ -22,24 +19,12 @@ from lightllm_mtp.common.layers.gated_deltanet import GatedDeltaNet
 from lightllm_mtp.common.layers.norm import RMSNorm
 from lightllm_mtp.common.linear_att_state import LinearAttState
 from lightllm_mtp.common.req_manager import ReqManager
-from lightllm_mtp.common.weight_loader import LoadFormat, TensorSpec, load_weights
+from lightllm_mtp.common.tensor_spec import TensorSpec
+from lightllm_mtp.common.weight_loader import load_weights
 from lightllm_mtp.config.model_config import LayerType, ModelConfig
-from lightllm_mtp.kernels.rmsnorm import add_rmsnorm
-from lightllm_mtp.kernels.rotary import build_rope_cache
-
-
-@dataclass(frozen=True)
-class RuntimeShape:
-    """Sizes the engine fixes before the model is built."""
-
-    dtype: torch.dtype
-    device: torch.device
-    max_reqs: int  # concurrent request slots
-    max_model_len: int  # prompt + generated tokens per request
-    kv_pool_size: int  # token slots in the KV pool
-    spec_steps: int = 0  # MTP draft tokens per step: widens the conv slot, adds per-position SSM rows
-    draft_kv_layers: int = 0  # extra KV pool layers owned by MTP draft modules
-    load_format: LoadFormat = LoadFormat.AUTO
+from lightllm_mtp.config.runtime import RuntimeShape
+from lightllm_mtp.kernels.norm.rmsnorm import add_rmsnorm
+from lightllm_mtp.kernels.attention.rotary import build_rope_cache
 
 
 class TpPartBaseModel:

@@ -11,7 +11,7 @@ import torch
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch
 from lightllm_mtp.common.kv_pool import KvPool
 from lightllm_mtp.common.req_manager import ReqManager
-from lightllm_mtp.common.weight_loader import TensorSpec
+from lightllm_mtp.common.tensor_spec import TensorSpec
 from lightllm_mtp.config.model_config import ModelConfig
 
 Weights = Mapping[str, torch.Tensor]  # checkpoint name -> loaded tensor

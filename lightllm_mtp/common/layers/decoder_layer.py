@@ -5,9 +5,9 @@ import torch
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch
 from lightllm_mtp.common.layers.base import Layer, ModelCaches, Weights
 from lightllm_mtp.common.layers.norm import RMSNorm
-from lightllm_mtp.common.weight_loader import TensorSpec
+from lightllm_mtp.common.tensor_spec import TensorSpec
 from lightllm_mtp.config.model_config import ModelConfig
-from lightllm_mtp.kernels.rmsnorm import add_rmsnorm
+from lightllm_mtp.kernels.norm.rmsnorm import add_rmsnorm
 
 
 class DecoderLayer:

@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from lightllm_mtp.common.layers.base import Weights
-from lightllm_mtp.common.weight_loader import TensorSpec
+from lightllm_mtp.common.tensor_spec import TensorSpec
 from lightllm_mtp.config.model_config import ModelConfig
 
 

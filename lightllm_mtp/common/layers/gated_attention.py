@@ -8,14 +8,14 @@ import torch.nn.functional as F
 
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode
 from lightllm_mtp.common.layers.base import Layer, ModelCaches, Weights
-from lightllm_mtp.common.weight_loader import TensorSpec
+from lightllm_mtp.common.tensor_spec import TensorSpec
 from lightllm_mtp.config.model_config import ModelConfig
-from lightllm_mtp.kernels.decode_attention import decode_attention
-from lightllm_mtp.kernels.output_gate import sigmoid_gate_mul
-from lightllm_mtp.kernels.prefill_attention import prefill_attention
-from lightllm_mtp.kernels.rmsnorm import rmsnorm
-from lightllm_mtp.kernels.rotary import apply_partial_rope
-from lightllm_mtp.kernels.store_kv import store_kv
+from lightllm_mtp.kernels.attention.decode_attention import decode_attention
+from lightllm_mtp.kernels.attention.output_gate import sigmoid_gate_mul
+from lightllm_mtp.kernels.attention.prefill_attention import prefill_attention
+from lightllm_mtp.kernels.norm.rmsnorm import rmsnorm
+from lightllm_mtp.kernels.attention.rotary import apply_partial_rope
+from lightllm_mtp.kernels.attention.store_kv import store_kv
 
 
 class GatedAttention(Layer):

@@ -8,14 +8,14 @@ import torch.nn.functional as F
 
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode
 from lightllm_mtp.common.layers.base import Layer, ModelCaches, Weights
-from lightllm_mtp.common.weight_loader import TensorSpec
+from lightllm_mtp.common.tensor_spec import TensorSpec
 from lightllm_mtp.config.model_config import ModelConfig
-from lightllm_mtp.kernels.causal_conv1d import causal_conv1d_prefill
-from lightllm_mtp.kernels.causal_conv1d_spec import causal_conv1d_verify
-from lightllm_mtp.kernels.gated_delta_rule import gated_delta_rule_decode_fused, gated_delta_rule_prefill
-from lightllm_mtp.kernels.gated_delta_rule_spec import gated_delta_rule_verify
-from lightllm_mtp.kernels.gated_rmsnorm import gated_rmsnorm
-from lightllm_mtp.kernels.gdn_gating import gdn_gating
+from lightllm_mtp.kernels.gdn.causal_conv1d import causal_conv1d_prefill
+from lightllm_mtp.kernels.gdn.causal_conv1d_verify import causal_conv1d_verify
+from lightllm_mtp.kernels.gdn.gated_delta_rule import gated_delta_rule_decode_fused, gated_delta_rule_prefill
+from lightllm_mtp.kernels.gdn.gated_delta_rule_verify import gated_delta_rule_verify
+from lightllm_mtp.kernels.norm.gated_rmsnorm import gated_rmsnorm
+from lightllm_mtp.kernels.gdn.gdn_gating import gdn_gating
 
 
 class GatedDeltaNet(Layer):

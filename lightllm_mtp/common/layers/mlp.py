@@ -5,9 +5,9 @@ import torch.nn.functional as F
 
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch
 from lightllm_mtp.common.layers.base import Layer, ModelCaches, Weights
-from lightllm_mtp.common.weight_loader import TensorSpec
+from lightllm_mtp.common.tensor_spec import TensorSpec
 from lightllm_mtp.config.model_config import ModelConfig
-from lightllm_mtp.kernels.silu_and_mul import silu_and_mul
+from lightllm_mtp.kernels.activation.silu_and_mul import silu_and_mul
 
 
 def mlp_specs(prefix: str, hidden: int, inter: int) -> list[TensorSpec]:

@@ -6,10 +6,10 @@ import torch.nn.functional as F
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch
 from lightllm_mtp.common.layers.base import Layer, ModelCaches, Weights
 from lightllm_mtp.common.layers.mlp import GatedMLP, mlp_specs
-from lightllm_mtp.common.weight_loader import TensorSpec
+from lightllm_mtp.common.tensor_spec import TensorSpec
 from lightllm_mtp.config.model_config import ModelConfig
-from lightllm_mtp.kernels.fused_moe import fused_moe
-from lightllm_mtp.kernels.moe_routing import select_experts
+from lightllm_mtp.kernels.moe.fused_moe import fused_moe
+from lightllm_mtp.kernels.moe.moe_routing import select_experts
 
 
 class SparseMoE(Layer):

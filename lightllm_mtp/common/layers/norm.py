@@ -3,9 +3,9 @@ from __future__ import annotations
 import torch
 
 from lightllm_mtp.common.layers.base import Weights
-from lightllm_mtp.common.weight_loader import TensorSpec
+from lightllm_mtp.common.tensor_spec import TensorSpec
 from lightllm_mtp.config.model_config import ModelConfig
-from lightllm_mtp.kernels.rmsnorm import rmsnorm
+from lightllm_mtp.kernels.norm.rmsnorm import rmsnorm
 
 
 class RMSNorm:

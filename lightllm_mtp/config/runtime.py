@@ -1,0 +1,26 @@
+"""The runtime record fixed before a model is built: dtype, device, sizes, and where the weights come from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+
+
+class LoadFormat(Enum):
+    AUTO = "auto"  # safetensors shards of the model directory
+    DUMMY = "dummy"  # random tensors of the declared shapes, made on the device (benchmarks at real shapes)
+
+@dataclass(frozen=True)
+class RuntimeShape:
+    """Sizes the engine fixes before the model is built."""
+
+    dtype: torch.dtype
+    device: torch.device
+    max_reqs: int  # concurrent request slots
+    max_model_len: int  # prompt + generated tokens per request
+    kv_pool_size: int  # token slots in the KV pool
+    spec_steps: int = 0  # MTP draft tokens per step: widens the conv slot, adds per-position SSM rows
+    draft_kv_layers: int = 0  # extra KV pool layers owned by MTP draft modules
+    load_format: LoadFormat = LoadFormat.AUTO

@@ -1,0 +1,112 @@
+"""Verification of a draft block: which drafted tokens the target model accepts, and what it emits.
+
+A request's verify block has q = 1 + k rows: row 0 is the last committed token, rows 1..k the drafts
+d_1..d_k. The target's row i predicts the token after row i's input, so row i is compared with d_{i+1}.
+
+Greedy (temperature 0): accept d_{i+1} while it equals argmax(target row i); the first mismatching row m
+emits its argmax instead (all k accepted -> row k emits a bonus token). Emitted: d_1..d_m, t_m.
+
+Sampling (temperature > 0), the speculative-sampling rule that leaves the target distribution unchanged:
+with p = target probabilities of row i and q = draft probabilities (one-hot at d when drafts are greedy),
+accept d = d_{i+1} with probability min(1, p(d) / q(d)); on the first rejection emit a token drawn from
+norm(max(0, p - q)) and stop; if every draft is accepted emit a draw from the last row's p. All rows of a
+batch are decided together on the device (no host round trip); a temperature-0 row in a mixed batch has a
+one-hot p, for which this rule is exactly the greedy one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lightllm_mtp.kernels.sampling.sampling import processed_probs
+
+
+@dataclass
+class VerifyResult:
+    b_accept_len: torch.Tensor  # [B] int32: tokens emitted by each request (accepted drafts + 1), >= 1
+    emitted: torch.Tensor  # [B, max_q] int64: emitted tokens, row-padded with -1
+
+
+def verify_block(
+    target_logits: torch.Tensor,
+    b_draft_tokens: torch.Tensor,
+    b_num_drafts: torch.Tensor,
+    temperatures: torch.Tensor,
+    top_ps: torch.Tensor,
+    top_ks: torch.Tensor,
+    generators: list[torch.Generator | None],
+    draft_probs: torch.Tensor | None = None,
+    greedy_only: bool = False,
+) -> VerifyResult:
+    """target_logits [B, max_q, V] fp32 (rows past 1 + b_num_drafts[b] are ignored);
+    b_draft_tokens [B, max_q - 1] int64; b_num_drafts [B]; temperatures, top_ps, top_ks [B];
+    draft_probs [B, max_q - 1, V] or None for greedy (one-hot) drafts. greedy_only: the caller knows every
+    temperature is 0 (no host round trip to find the sampling rows)."""
+    bsz, max_q, vocab = target_logits.shape
+    if b_draft_tokens.shape != (bsz, max_q - 1):
+        raise ValueError(f"verify_block: b_draft_tokens must be [{bsz}, {max_q - 1}], got {tuple(b_draft_tokens.shape)}")
+    if draft_probs is not None and draft_probs.shape != (bsz, max_q - 1, vocab):
+        raise ValueError(f"verify_block: draft_probs must be [{bsz}, {max_q - 1}, {vocab}]")
+    if greedy_only:
+        target = target_logits.argmax(dim=-1)
+        m = _leading_matches(target, b_draft_tokens, b_num_drafts)
+        keep = torch.arange(max_q, device=target.device)[None, :] <= m[:, None]
+        return VerifyResult(b_accept_len=(m + 1).to(torch.int32), emitted=torch.where(keep, target, -1))
+    return _speculative_rows(target_logits, b_draft_tokens, b_num_drafts, temperatures, top_ps, top_ks, generators,
+                             draft_probs)
+
+
+def _speculative_rows(logits, drafts, num_drafts, temps, top_ps, top_ks, generators, draft_probs) -> VerifyResult:
+    """The sampling rule for every row at once, on the device, no host sync. Temperature-0 rows get one-hot
+    target probabilities, for which the rule (strict u * q(d) < p(d)) is exactly greedy first-mismatch."""
+    bsz, max_q, vocab = logits.shape
+    k, dev = max_q - 1, logits.device
+    probs = processed_probs(
+        logits.reshape(-1, vocab), temps.repeat_interleave(max_q), top_ps.repeat_interleave(max_q),
+        top_ks.repeat_interleave(max_q),
+    ).view(bsz, max_q, vocab)  # fmt: skip
+    rows = torch.arange(bsz, device=dev)
+    d = drafts.clamp_min(0)  # [B, k]
+    m = torch.zeros(bsz, dtype=torch.int64, device=dev)
+    if k > 0:
+        p_d = probs[:, :k].gather(2, d[..., None]).squeeze(-1)  # [B, k]
+        q_d = torch.ones_like(p_d) if draft_probs is None else draft_probs.gather(2, d[..., None]).squeeze(-1)
+        u = _per_row(lambda g, r: torch.rand(r.stop - r.start, k, device=dev, generator=g), generators)
+        accept = (u * q_d < p_d) & (torch.arange(k, device=dev)[None, :] < num_drafts[:, None])
+        m = torch.cumprod(accept.to(torch.int64), dim=1).sum(dim=1)
+    row_p = probs[rows, m]  # [B, V] target distribution after the last accepted draft
+    final = row_p
+    if k > 0:
+        rejected = m < num_drafts
+        d_m = d[rows, m.clamp(max=k - 1)]
+        if draft_probs is None:  # one-hot draft: p with the rejected token removed
+            residual = row_p.scatter(1, d_m[:, None], 0.0)
+        else:
+            residual = (row_p - draft_probs[rows, m.clamp(max=k - 1)]).clamp_min(0.0)
+        total = residual.sum(dim=1, keepdim=True)
+        residual = torch.where(total > 0, residual / total.clamp_min(1e-30), row_p)
+        final = torch.where(rejected[:, None], residual, row_p)
+    last = _per_row(lambda g, r: torch.multinomial(final[r], 1, generator=g).squeeze(1), generators)
+    cols = torch.arange(max_q, device=dev)[None, :]
+    emitted = torch.where(cols < m[:, None], torch.nn.functional.pad(d, (0, 1)), -1)
+    emitted[rows, m] = last
+    return VerifyResult(b_accept_len=(m + 1).to(torch.int32), emitted=emitted)
+
+
+def _per_row(draw, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """draw(generator, rows: slice) -> random tensor for those rows. Rows of requests with their own generator (a
+    seed) are drawn from it, the others from the default generator in one call."""
+    out = draw(None, slice(0, len(generators)))
+    for b, g in enumerate(generators):
+        if g is not None:
+            out[b] = draw(g, slice(b, b + 1))[0]
+    return out
+
+
+def _leading_matches(target: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor) -> torch.Tensor:
+    """target [B, max_q] argmax per row, drafts [B, max_q - 1] -> [B] number of leading drafts equal to target."""
+    col = torch.arange(drafts.shape[1], device=target.device)
+    match = (target[:, :-1] == drafts) & (col[None, :] < num_drafts[:, None])
+    return torch.cumprod(match.to(torch.int64), dim=1).sum(dim=1)

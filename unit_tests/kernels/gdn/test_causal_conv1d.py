@@ -1,0 +1,120 @@
+"""Causal conv1d + SiLU with per-request state against HF causal_conv1d_fn / causal_conv1d_update."""
+
+import pytest
+import torch
+from transformers.models.qwen3_5.modeling_qwen3_5 import causal_conv1d_fn, causal_conv1d_update as hf_update
+
+from lightllm_mtp.kernels.gdn.causal_conv1d import causal_conv1d_prefill, causal_conv1d_update
+
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
+
+
+def _hf_prefill(x, weight, history):
+    """x [L, C], history [C, K-1] or None -> (silu conv outputs of the L new rows [L, C] fp32, last K-1 inputs)."""
+    seq = x.float().t()
+    if history is not None:
+        seq = torch.cat([history.float(), seq], dim=1)
+    y = causal_conv1d_fn(seq[None], weight.float(), None, activation="silu")[0]  # [C, len]
+    kw = weight.shape[1]
+    full = torch.cat([torch.zeros(seq.shape[0], kw - 1), seq], dim=1)
+    return y[:, -x.shape[0] :].t(), full[:, -(kw - 1) :]
+
+
+def _batch(q_lens, channels, dtype, seed, slots, num_slots, width, kernel):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(sum(q_lens), channels, generator=gen).to(dtype)
+    weight = (torch.randn(channels, kernel, generator=gen) * 0.5).to(dtype)
+    state = torch.randn(num_slots, channels, width, generator=gen).to(dtype)
+    cu = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32)
+    return x, weight, state, torch.tensor(slots, dtype=torch.int32), cu
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kernel,width", [(4, 3), (4, 6), (3, 2)])
+def test_prefill_matches_hf(dtype, kernel, width):
+    q_lens, slots, has_init = [6, 1, 2, 13], [4, 0, 2, 5], [False, True, True, False]
+    x, weight, state, idx, cu = _batch(q_lens, 10, dtype, 40 + kernel + width, slots, 7, width, kernel)
+    before = state.clone()
+    out = causal_conv1d_prefill(x, weight, state, idx, cu, torch.tensor(has_init))
+    assert out.dtype == dtype and out.shape == x.shape
+    for b, (slot, init) in enumerate(zip(slots, has_init)):
+        rows = slice(int(cu[b]), int(cu[b + 1]))
+        history = before[slot, :, : kernel - 1] if init else None
+        y, last = _hf_prefill(x[rows], weight, history)
+        torch.testing.assert_close(out[rows].float(), y, **TOL[dtype])
+        torch.testing.assert_close(state[slot, :, : kernel - 1].float(), last.to(dtype).float(), rtol=0, atol=0)
+        torch.testing.assert_close(state[slot, :, kernel - 1 :], before[slot, :, kernel - 1 :], rtol=0, atol=0)
+    untouched = [s for s in range(7) if s not in slots]
+    assert torch.equal(state[untouched], before[untouched])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_update_matches_hf(dtype):
+    kernel, slots = 4, [3, 0, 5]
+    x, weight, state, idx, _ = _batch([1, 1, 1], 12, dtype, 7, slots, 6, 5, kernel)
+    hf_state = state[slots, :, : kernel - 1].float().clone()
+    before = state.clone()
+    expected = hf_update(x.float()[:, :, None], hf_state, weight.float(), None, "silu")[:, :, 0]
+    out = causal_conv1d_update(x, weight, state, idx)
+    torch.testing.assert_close(out.float(), expected, **TOL[dtype])
+    torch.testing.assert_close(state[slots, :, : kernel - 1].float(), hf_state.to(dtype).float(), rtol=0, atol=0)
+    torch.testing.assert_close(state[:, :, kernel - 1 :], before[:, :, kernel - 1 :], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("splits", [[4, 1, 6], [1, 1, 9], [2, 9]])
+def test_chunked_prefill_and_decode_equal_one_prefill(splits):
+    """Prefill in pieces (state carried) then decode steps == one prefill of the whole sequence."""
+    channels, kernel, total, decode_steps = 8, 4, 11, 3
+    gen = torch.Generator().manual_seed(sum(splits) * 13 + len(splits))
+    seq = torch.randn(total + decode_steps, channels, generator=gen)
+    weight = torch.randn(channels, kernel, generator=gen)
+    slot = torch.tensor([1], dtype=torch.int32)
+    one_state = torch.randn(3, channels, kernel - 1, generator=gen)  # junk: has_initial_state=False ignores it
+    full = causal_conv1d_prefill(
+        seq, weight, one_state, slot, torch.tensor([0, total + decode_steps], dtype=torch.int32), torch.tensor([False])
+    )
+    state = torch.randn(3, channels, kernel - 1, generator=gen)
+    pieces, start = [], 0
+    for i, n in enumerate(splits):
+        cu = torch.tensor([0, n], dtype=torch.int32)
+        pieces.append(causal_conv1d_prefill(seq[start : start + n], weight, state, slot, cu, torch.tensor([i > 0])))
+        start += n
+    for _ in range(decode_steps):
+        pieces.append(causal_conv1d_update(seq[start : start + 1], weight, state, slot))
+        start += 1
+    torch.testing.assert_close(torch.cat(pieces), full, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(state[1], one_state[1], rtol=1e-6, atol=1e-6)
+
+
+def test_validation():
+    x, w = torch.randn(5, 6), torch.randn(6, 4)
+    state = torch.zeros(2, 6, 3)
+    idx = torch.tensor([0], dtype=torch.int32)
+    cu = torch.tensor([0, 5], dtype=torch.int32)
+    with pytest.raises(ValueError, match=": weight must"):
+        causal_conv1d_prefill(x, torch.randn(5, 4), state, idx, cu, torch.tensor([False]))
+    with pytest.raises(ValueError, match="conv_state width"):
+        causal_conv1d_prefill(x, w, torch.zeros(2, 6, 2), idx, cu, torch.tensor([False]))
+    with pytest.raises(ValueError, match=": b_has_initial_state must"):
+        causal_conv1d_prefill(x, w, state, idx, cu, torch.tensor([0]))
+    with pytest.raises(ValueError, match=": b_state_idx must"):
+        causal_conv1d_update(x, w, state, idx)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bsz", [1, 8, 32])
+@pytest.mark.parametrize("width", [3, 5])
+def test_update_triton_matches_reference_gpu(bsz, width):
+    from lightllm_mtp.kernels.gdn.causal_conv1d import causal_conv1d_update_ref, causal_conv1d_update_triton
+
+    torch.manual_seed(bsz + width)
+    dev, dt, c, kernel = "cuda", torch.bfloat16, 10240, 4
+    weight = (torch.randn(c, kernel, device=dev) * 0.5).to(dt)
+    state = torch.randn(bsz + 3, c, width, device=dev).to(dt)
+    ref_state = state.clone()
+    idx = torch.randperm(bsz + 3, device=dev)[:bsz].to(torch.int32)
+    for _ in range(3):
+        x = torch.randn(bsz, c + 6144 + 96, device=dev).to(dt)[:, :c]  # strided rows, as in the layer
+        out = causal_conv1d_update_triton(x, weight, state, idx)
+        torch.testing.assert_close(out, causal_conv1d_update_ref(x, weight, ref_state, idx), rtol=1.6e-2, atol=1e-2)
+        assert torch.equal(state, ref_state)

@@ -1,0 +1,73 @@
+"""Speculative conv1d and per-position gated delta rule vs step-by-step references, random accept lengths."""
+
+import pytest
+import torch
+
+from lightllm_mtp.kernels.gdn.causal_conv1d import causal_conv1d_update
+from lightllm_mtp.kernels.gdn.causal_conv1d_verify import causal_conv1d_verify
+from lightllm_mtp.kernels.gdn.gated_delta_rule import gated_delta_rule_decode
+from lightllm_mtp.kernels.gdn.gated_delta_rule_verify import gated_delta_rule_verify
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+def test_conv_verify_matches_stepwise_updates_over_rounds(k):
+    torch.manual_seed(k)
+    channels, kernel, bsz, rounds = 6, 4, 3, 4
+    weight = torch.randn(channels, kernel)
+    wide = torch.zeros(bsz, channels, kernel - 1 + k)
+    wide[:, :, : kernel - 1] = torch.randn(bsz, channels, kernel - 1)
+    narrow = wide[:, :, : kernel - 1].clone()  # committed history of the step-by-step reference
+    accepted = torch.ones(bsz, dtype=torch.int32)
+    for _ in range(rounds):
+        q_lens = torch.randint(1, k + 2, (bsz,))
+        cu = torch.cat([torch.zeros(1, dtype=torch.int64), q_lens.cumsum(0)]).to(torch.int32)
+        x = torch.randn(int(cu[-1]), channels)
+        out = causal_conv1d_verify(x, weight, wide, torch.arange(bsz, dtype=torch.int32), cu, accepted)
+        new_accepted = torch.stack([torch.randint(1, int(q) + 1, ()) for q in q_lens]).to(torch.int32)
+        for b in range(bsz):
+            state = narrow[b : b + 1].clone()
+            for i in range(int(q_lens[b])):
+                row = int(cu[b]) + i
+                ref = causal_conv1d_update(x[row : row + 1], weight, state, torch.zeros(1, dtype=torch.int32))
+                torch.testing.assert_close(out[row : row + 1], ref)
+                if i + 1 == int(new_accepted[b]):
+                    narrow[b] = state[0]
+        accepted = new_accepted
+    for b in range(bsz):  # committed window = columns [a-1, a-1+K-1)
+        a = int(accepted[b])
+        torch.testing.assert_close(wide[b, :, a - 1 : a - 1 + kernel - 1], narrow[b])
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_gdn_verify_writes_state_after_each_position(k):
+    torch.manual_seed(10 + k)
+    nk, nv, dk, dv, bsz, rounds = 2, 4, 8, 8, 3, 3
+    rows = k + 1
+    ssm = torch.zeros(bsz * rows, nv, dk, dv)
+    ssm[::rows] = torch.randn(bsz, nv, dk, dv) * 0.1
+    ref_state = ssm[::rows].clone()
+    base = torch.arange(bsz, dtype=torch.int32) * rows
+    accepted = torch.ones(bsz, dtype=torch.int32)
+    for _ in range(rounds):
+        q_lens = torch.randint(1, k + 2, (bsz,))
+        cu = torch.cat([torch.zeros(1, dtype=torch.int64), q_lens.cumsum(0)]).to(torch.int32)
+        t = int(cu[-1])
+        q, kk = torch.randn(t, nk, dk), torch.randn(t, nk, dk)
+        v = torch.randn(t, nv, dv)
+        g = -torch.rand(t, nv)
+        beta = torch.rand(t, nv)
+        out = gated_delta_rule_verify(q, kk, v, g, beta, ssm, base, cu, accepted)
+        new_accepted = torch.stack([torch.randint(1, int(n) + 1, ()) for n in q_lens]).to(torch.int32)
+        for b in range(bsz):
+            state = ref_state[b : b + 1].clone()
+            for i in range(int(q_lens[b])):
+                r = int(cu[b]) + i
+                o = gated_delta_rule_decode(
+                    q[r : r + 1], kk[r : r + 1], v[r : r + 1], g[r : r + 1], beta[r : r + 1], state,
+                    torch.zeros(1, dtype=torch.int32),
+                )
+                torch.testing.assert_close(out[r : r + 1], o)
+                torch.testing.assert_close(ssm[int(base[b]) + i], state[0])
+                if i + 1 == int(new_accepted[b]):
+                    ref_state[b] = state[0]
+        accepted = new_accepted
