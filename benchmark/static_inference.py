@@ -85,13 +85,8 @@ def generate(engine: LLMEngine, prompts: list[list[int]], output_len: int, timer
         running = sched.running
         in_prefill = bool(sched.waiting) or any(r.in_prefill for r in running)
         full = not in_prefill and len(running) == bs
-        if full and k:  # a full verify block now, and room for a full next block whatever gets accepted
-            full = all(
-                r.draft is not None
-                and r.draft.num_drafts == k
-                and r.params.max_new_tokens - len(r.output_ids) >= 2 * k + 2
-                for r in running
-            )
+        if full and k:  # a verify block now (always k drafts far from max_model_len), and room for the next one
+            full = all(r.blocks and r.params.max_new_tokens - len(r.output_ids) >= 2 * k + 2 for r in running)
         if full:
             extra = k  # KV length after a verify step: num_tokens - 1 + (k + 1)
             context = sum(r.num_tokens + extra for r in running) / bs
@@ -119,8 +114,8 @@ def generate(engine: LLMEngine, prompts: list[list[int]], output_len: int, timer
     rec.e2e_ms = (time.perf_counter() - t0) * 1e3
     rec.outputs = [list(r.output_ids) for r in reqs]
     if k:
-        steps = sum(r.spec_stats.num_steps for r in reqs)
-        rec.accepted_per_step = sum(r.spec_stats.num_accepted for r in reqs) / steps if steps else None
+        steps = sum(r.spec_stats.verify_steps for r in reqs)
+        rec.accepted_per_step = sum(r.spec_stats.accepted_drafts for r in reqs) / steps if steps else None
     return rec
 
 

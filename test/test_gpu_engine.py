@@ -59,7 +59,7 @@ def test_cuda_graph_padding_rows_leave_live_state_alone(tiny_dense_dir):
 def test_mtp_verify_graphs_stay_exact_at_high_acceptance(monkeypatch, tiny_dense_mtp3_dir, mode, step, corrupt_every):
     """Verify / draft-pass / eagle-chain CUDA graphs (3 requests replay the 4-request bucket) with oracle drafts:
     long accepted blocks, partial blocks and rejections must give the plain greedy tokens and free every slot."""
-    from unit_tests.spec.oracle_drafts import oracle_drafts
+    from unit_tests.spec_decode.oracle_drafts import oracle_drafts
 
     plain = tokens(LLM(tiny_dense_mtp3_dir, device="cuda", dtype="float32", max_model_len=64, graph_max_batch_size=0))
     oracle_drafts(monkeypatch, plain, corrupt_every)
@@ -70,7 +70,7 @@ def test_mtp_verify_graphs_stay_exact_at_high_acceptance(monkeypatch, tiny_dense
     free_kv, free_req = caches.kv_pool.num_free, caches.req_manager.num_free
     outs = llm.generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in outs] == plain
-    assert sum(o.spec.accepted_per_step * o.spec.num_steps for o in outs) > 0
+    assert sum(o.spec.accepted_drafts_per_step * o.spec.verify_steps for o in outs) > 0
     assert caches.kv_pool.num_free == free_kv and caches.req_manager.num_free == free_req
 
 

@@ -1,9 +1,9 @@
 """Per-request Gated DeltaNet state: causal-conv window and fp32 SSM state.
 
-Without speculation a request owns one conv slot of K-1 columns and one SSM row. With `spec_steps` = k
+Without speculation a request owns one conv slot of K-1 columns and one SSM row. With `num_draft_tokens` = k
 draft tokens per step the conv slot is widened to K-1+k columns (see kernels/gdn/causal_conv1d_verify.py) and the
 request owns k+1 consecutive SSM rows, one per verify position (see kernels/gdn/gated_delta_rule_verify.py); the
-committed state is selected by the request's accept length (ReqManager.req_to_accept_len).
+committed state is selected by the request's accept length (ForwardBatch.b_accept_len).
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ class LinearAttState:
         value_head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
-        spec_steps: int = 0,
+        num_draft_tokens: int = 0,
     ):
-        self.rows_per_req = 1 + spec_steps
+        self.rows_per_req = 1 + num_draft_tokens
         # conv[layer, slot]: [conv_dim, K-1+k] most recent inputs, oldest first (model dtype).
         self.conv = torch.zeros(
-            num_layers, num_slots, conv_dim, conv_kernel - 1 + spec_steps, dtype=dtype, device=device
+            num_layers, num_slots, conv_dim, conv_kernel - 1 + num_draft_tokens, dtype=dtype, device=device
         )
         # ssm[layer, slot * rows_per_req + i]: [nv, dk, dv] recurrent state, always fp32.
         self.ssm = torch.zeros(

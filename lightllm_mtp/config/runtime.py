@@ -21,6 +21,6 @@ class RuntimeShape:
     max_reqs: int  # concurrent request slots
     max_model_len: int  # prompt + generated tokens per request
     kv_pool_size: int  # token slots in the KV pool
-    spec_steps: int = 0  # MTP draft tokens per step: widens the conv slot, adds per-position SSM rows
+    num_draft_tokens: int = 0  # MTP draft tokens per step: widens the conv slot, adds per-position SSM rows
     draft_kv_layers: int = 0  # extra KV pool layers owned by MTP draft modules
     load_format: LoadFormat = LoadFormat.AUTO

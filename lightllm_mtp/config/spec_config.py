@@ -26,16 +26,16 @@ class MtpMode(Enum):
 @dataclass(frozen=True)
 class SpecConfig:
     mode: MtpMode
-    num_steps: int  # draft tokens per step (mtp_step), 1..MAX_MTP_STEP
+    num_draft_tokens: int  # k, draft tokens per verify step (the CLI's mtp_step), 1..MAX_MTP_STEP
     draft_model_dir: str | None = None  # None: the mtp.* tensors of the main checkpoint
 
     def __post_init__(self) -> None:
-        if not isinstance(self.num_steps, int) or not 1 <= self.num_steps <= MAX_MTP_STEP:
-            raise ValueError(f"mtp_step must be an int in [1, {MAX_MTP_STEP}], got {self.num_steps!r}")
+        if not isinstance(self.num_draft_tokens, int) or not 1 <= self.num_draft_tokens <= MAX_MTP_STEP:
+            raise ValueError(f"mtp_step must be an int in [1, {MAX_MTP_STEP}], got {self.num_draft_tokens!r}")
 
     @property
     def num_draft_modules(self) -> int:
-        return 1 if self.mode is MtpMode.EAGLE_WITH_ATT else self.num_steps
+        return 1 if self.mode is MtpMode.EAGLE_WITH_ATT else self.num_draft_tokens
 
     @classmethod
     def from_args(cls, mtp_mode: str | None, mtp_step: int, draft_model_dir: str | None) -> "SpecConfig | None":

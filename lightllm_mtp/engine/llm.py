@@ -12,18 +12,9 @@ from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.engine.llm_engine import LLMEngine
 from lightllm_mtp.env import ENV
 from lightllm_mtp.sampling_params import SamplingParams
+from lightllm_mtp.spec_decode.stats import SpecStats
 
 Prompt = str | list[int]
-
-
-@dataclass(frozen=True)
-class SpecOutputStats:
-    """MTP acceptance of one request (all zero without MTP)."""
-
-    num_steps: int  # verify steps
-    accepted_per_step: float  # mean accepted drafts per verify step
-    tokens_per_step: float  # mean emitted tokens per verify step (accepted + 1)
-    acceptance_per_position: list[float]  # [mtp_step] accepted / proposed at draft position j
 
 
 @dataclass(frozen=True)
@@ -32,7 +23,7 @@ class RequestOutput:
     token_ids: list[int]  # generated tokens, a final stop/eos token included
     text: str  # detokenized generated tokens (special tokens skipped)
     finish_reason: str  # "stop" | "length"
-    spec: SpecOutputStats
+    spec: SpecStats  # MTP acceptance (all zero without MTP)
 
 
 class LLM:
@@ -97,7 +88,7 @@ class LLM:
                 token_ids=list(r.output_ids),
                 text=self._decode(r.output_ids),
                 finish_reason=r.finish_reason.value if r.finish_reason else "abort",
-                spec=_spec_stats(r),
+                spec=r.spec_stats,
             )
             for r in reqs
         ]
@@ -115,16 +106,6 @@ class LLM:
         if self.tokenizer is None:
             return ""
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
-
-
-def _spec_stats(req) -> SpecOutputStats:
-    s = req.spec_stats
-    return SpecOutputStats(
-        num_steps=s.num_steps,
-        accepted_per_step=s.num_accepted / s.num_steps if s.num_steps else 0.0,
-        tokens_per_step=s.mean_accepted_tokens_per_step,
-        acceptance_per_position=s.acceptance_per_position,
-    )
 
 
 def _load_tokenizer(model_dir: str | Path):

@@ -13,15 +13,17 @@ from lightllm_mtp.config.runtime import RuntimeShape
 from lightllm_mtp.config.runtime import LoadFormat
 from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.config.model_config import ModelConfig
-from lightllm_mtp.engine.launched_step import LaunchedStep
 from lightllm_mtp.engine.model_runner import ModelRunner
+from lightllm_mtp.engine.spec_runner import SpecRunner
+from lightllm_mtp.engine.step import LaunchedStep, StepRunner
 from lightllm_mtp.engine.request import FinishReason, Request, RequestStatus
 from lightllm_mtp.engine.scheduler import Scheduler
 from lightllm_mtp.env import ENV
 from lightllm_mtp.models.registry import create_model
 from lightllm_mtp.sampling_params import SamplingParams
-from lightllm_mtp.spec_decode.draft_factory import create_drafts
-from lightllm_mtp.spec_decode.spec_runner import SpecRunner
+from lightllm_mtp.spec_decode.draft_factory import create_proposer
+from lightllm_mtp.spec_decode.draft_state import DraftState
+from lightllm_mtp.spec_decode.step_builder import StepBuilder
 
 
 @dataclass(frozen=True)
@@ -61,24 +63,30 @@ class LLMEngine:
             max_reqs=args.max_batch_size,
             max_model_len=self.max_model_len,
             kv_pool_size=kv_pool_size,
-            spec_steps=spec.num_steps if spec else 0,
+            num_draft_tokens=spec.num_draft_tokens if spec else 0,
             draft_kv_layers=spec.num_draft_modules if spec else 0,
             load_format=LoadFormat(args.load_format),
         )
         self.model = create_model(args.model_dir, cfg, rt)
         graph_max = min(args.graph_max_batch_size, args.max_batch_size)
-        model_runner = ModelRunner(self.model, graph_max, spec_steps=spec.num_steps if spec else 0)
-        self.runner: ModelRunner | SpecRunner = model_runner
+        model_runner = ModelRunner(self.model, graph_max, num_draft_tokens=spec.num_draft_tokens if spec else 0)
+        self.runner: StepRunner = model_runner
         if spec is not None:
-            drafts = create_drafts(self.model, spec, args.model_dir)
-            self.runner = SpecRunner(model_runner, drafts, spec, self.max_model_len)
+            caches = self.model.caches
+            state = DraftState(args.max_batch_size, spec.num_draft_tokens, args.torch_device)
+            builder = StepBuilder(state, caches.req_manager.req_to_token, self.max_model_len, caches.kv_pool.hold_slot)
+            proposer = create_proposer(
+                self.model, spec, args.model_dir, builder, model_runner.graph_max_batch_size, model_runner.graph_pool
+            )
+            self.runner = SpecRunner(model_runner, proposer, builder)
         self.model_runner = model_runner
         self.scheduler = Scheduler(
             args.max_batch_size,
             args.chunked_prefill_size,
             kv_pool_size,
             self.max_model_len,
-            decode_tokens=1 + (spec.num_steps if spec else 0),
+            tokens_per_step=self.runner.max_tokens_per_step,
+            lookahead_slots=self.runner.lookahead_slots,
         )
         self.eos_token_ids = frozenset(cfg.eos_token_ids) | _generation_config_eos(Path(args.model_dir))
         self._ids = itertools.count()
@@ -159,10 +167,8 @@ class LLMEngine:
             if req.status is not RequestStatus.RUNNING or req.in_prefill:
                 return None
             room = min(req.params.max_new_tokens - len(req.output_ids), self.max_model_len - req.num_tokens)
-            if room > self.runner.max_tokens_per_step:
+            if room > 1:  # room 1: this step's token is its last. Less certain: a wasted row if it does finish
                 continuing.append(req)
-            elif room > 1:  # may or may not finish by length in this step
-                return None
         if not continuing or not self.scheduler.fits_decode_rows(len(continuing)):
             return None
         return self.runner.launch_after(step, continuing)
@@ -205,7 +211,7 @@ class LLMEngine:
 
     def _finish(self, req: Request, reason: FinishReason) -> None:
         req.finish_reason = reason
-        self.model_runner.release(req)
+        self.runner.release(req)
         self.scheduler.finish(req)
 
 

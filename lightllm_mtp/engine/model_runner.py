@@ -6,17 +6,17 @@ import torch
 
 from lightllm_mtp.common.basemodel.basemodel import TpPartBaseModel
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode, ModelOutput
-from lightllm_mtp.engine.cuda_graph import CudaGraphSet, GraphedForward
-from lightllm_mtp.engine.launched_step import HostCopy, LaunchedStep
+from lightllm_mtp.common.basemodel.cuda_graph import CudaGraphSet, GraphedForward
+from lightllm_mtp.engine.step import DecodeStep, HostCopy
 from lightllm_mtp.engine.request import Request
 from lightllm_mtp.engine.scheduler import ScheduledRequest
 from lightllm_mtp.kernels.sampling.sampling import greedy_sample, sample
 
 
 class ModelRunner:
-    def __init__(self, model: TpPartBaseModel, graph_max_batch_size: int = 0, spec_steps: int = 0):
+    def __init__(self, model: TpPartBaseModel, graph_max_batch_size: int = 0, num_draft_tokens: int = 0):
         """CUDA graphs (on GPU, graph_max_batch_size > 0) cover the step's uniform layout: decode rows, or with
-        MTP (spec_steps = k) verify blocks of k+1 rows."""
+        MTP (num_draft_tokens = k) verify blocks of k+1 rows."""
         self.model = model
         self.device = model.rt.device
         self.kv_pool = model.caches.kv_pool
@@ -25,7 +25,7 @@ class ModelRunner:
         self.graph_pool = torch.cuda.graph_pool_handle() if self.graph_max_batch_size > 0 else None
         graph_sets = []
         if self.graph_max_batch_size > 0:
-            mode, rows = (ForwardMode.VERIFY, spec_steps + 1) if spec_steps else (ForwardMode.DECODE, 1)
+            mode, rows = (ForwardMode.VERIFY, num_draft_tokens + 1) if num_draft_tokens else (ForwardMode.DECODE, 1)
             graph_sets.append(
                 CudaGraphSet(model.forward, model.caches, mode, rows, self.graph_max_batch_size, self.graph_pool)
             )
@@ -102,20 +102,20 @@ class ModelRunner:
         )
         return batch, sampled
 
-    @property
-    def max_tokens_per_step(self) -> int:
-        return 1
+    max_tokens_per_step = 1
+    lookahead_slots = 1  # a decode row queued for a request that finishes in the step before (overlap)
 
     @torch.inference_mode()
-    def launch(self, scheduled: list[ScheduledRequest]) -> LaunchedStep:
+    def launch(self, scheduled: list[ScheduledRequest]) -> DecodeStep:
         """Queues one forward and its sampling on the device; the tokens reach the host in `collect`."""
         return self._launch(scheduled, *self.build_batch(scheduled))
 
     @torch.inference_mode()
-    def launch_after(self, prev: LaunchedStep, reqs: list[Request]) -> LaunchedStep:
+    def launch_after(self, prev: DecodeStep, reqs: list[Request]) -> DecodeStep | None:
         """The decode step that follows `prev` for `reqs` (a subsequence of prev.reqs), queued before prev's tokens
         reach the host: its input ids are prev's sampled tokens, still on the device."""
-        assert prev.tokens is not None
+        if prev.tokens is None:
+            return None
         rows = {id(r): i for i, r in enumerate(prev.reqs)}
         index = [rows[id(r)] for r in reqs]
         ids = prev.tokens
@@ -124,19 +124,19 @@ class ModelRunner:
         scheduled = [ScheduledRequest(r, 1) for r in reqs]
         return self._launch(scheduled, *self.build_batch(scheduled, device_input_ids=ids))
 
-    def _launch(self, scheduled: list[ScheduledRequest], batch: ForwardBatch, sampled: list[Request]) -> LaunchedStep:
+    def _launch(self, scheduled: list[ScheduledRequest], batch: ForwardBatch, sampled: list[Request]) -> DecodeStep:
         out = self.forward(batch)
         for s in scheduled:
             s.request.num_computed += s.num_new_tokens
         if not sampled:
-            return LaunchedStep([])
-        tokens = self._sample(out.logits, sampled)
-        return LaunchedStep(sampled, tokens, HostCopy(tokens))
+            return DecodeStep([])
+        tokens = self.sample(out.logits, sampled)
+        return DecodeStep(sampled, tokens, HostCopy(tokens))
 
-    def collect(self, step: LaunchedStep) -> list[tuple[Request, list[int]]]:
+    def collect(self, step: DecodeStep) -> list[tuple[Request, list[int]]]:
         """(request, [sampled token]) for the requests that produced a token; waits for the step's tokens only."""
         if step.host_tokens is None:
-            return step.results
+            return []
         return [(r, [t]) for r, t in zip(step.reqs, step.host_tokens.tolist())]
 
     def sampling_tensors(self, reqs: list[Request]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -146,7 +146,7 @@ class ModelRunner:
         values = torch.tensor(values, dtype=torch.float32).to(dev, non_blocking=True)
         return values[:, 0], values[:, 1], values[:, 2].to(torch.int32)
 
-    def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+    def sample(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
         """Tokens [B] on the device, without a host sync."""
         sampled_rows = [i for i, r in enumerate(reqs) if r.params.temperature > 0]
         if not sampled_rows:
@@ -159,9 +159,9 @@ class ModelRunner:
         if req.kv_slots:
             self.kv_pool.free(torch.cat(req.kv_slots))
             req.kv_slots = []
-        if req.draft is not None:
-            self.kv_pool.free(req.draft.slots)
-            req.draft = None
+        if req.blocks:
+            self.kv_pool.free(torch.cat(req.blocks))
+            req.blocks = []
         if req.req_idx is not None:
             self.req_manager.free(req.req_idx)
             req.req_idx = None

@@ -6,6 +6,7 @@ from enum import Enum
 import torch
 
 from lightllm_mtp.sampling_params import SamplingParams
+from lightllm_mtp.spec_decode.stats import SpecStats
 
 
 class RequestStatus(Enum):
@@ -21,51 +22,6 @@ class FinishReason(Enum):
 
 
 @dataclass
-class DraftBlock:
-    """The next verify block of a request: [token at `start`, *tokens] at positions start..start+len(tokens).
-    Its KV slots are allocated and written into req_to_token when the drafts are made."""
-
-    start: int  # -1 while the block made on the device (overlap) waits for the accept lengths before it
-    slots: torch.Tensor  # [1 + number of drafts] int32 host
-    tokens: list[int] = field(default_factory=list)  # empty until the host has them (blocks made on the device)
-
-    @property
-    def num_drafts(self) -> int:
-        return self.slots.numel() - 1
-
-
-@dataclass
-class SpecStats:
-    """MTP acceptance of one request."""
-
-    num_steps: int = 0  # verify steps
-    num_drafts: int = 0  # drafted tokens verified
-    num_accepted: int = 0  # drafted tokens accepted
-    proposed_at: list[int] = field(default_factory=list)  # [k] drafts verified at draft position j
-    accepted_at: list[int] = field(default_factory=list)  # [k] drafts accepted at draft position j
-
-    def record(self, num_drafts: int, num_accepted: int, max_steps: int) -> None:
-        if not self.proposed_at:
-            self.proposed_at = [0] * max_steps
-            self.accepted_at = [0] * max_steps
-        self.num_steps += 1
-        self.num_drafts += num_drafts
-        self.num_accepted += num_accepted
-        for j in range(num_drafts):
-            self.proposed_at[j] += 1
-            self.accepted_at[j] += int(j < num_accepted)
-
-    @property
-    def mean_accepted_tokens_per_step(self) -> float:
-        """Tokens emitted per verify step (accepted drafts + 1)."""
-        return (self.num_accepted + self.num_steps) / self.num_steps if self.num_steps else 0.0
-
-    @property
-    def acceptance_per_position(self) -> list[float]:
-        return [a / p if p else 0.0 for a, p in zip(self.accepted_at, self.proposed_at)]
-
-
-@dataclass
 class Request:
     request_id: int
     prompt_ids: list[int]
@@ -78,8 +34,9 @@ class Request:
     kv_slots: list[torch.Tensor] = field(default_factory=list)  # host int32 KV slots, in position order
     num_computed: int = 0  # tokens whose KV / linear state is stored
     reserved_tokens: int = 0  # KV slots the scheduler set aside for this request
-    draft: DraftBlock | None = None  # MTP: the verify block of the next step
-    spec_stats: SpecStats = field(default_factory=SpecStats)
+    # MTP: host KV slots of the open verify blocks, oldest first (the next one to verify, then any queued ahead)
+    blocks: list[torch.Tensor] = field(default_factory=list)
+    spec_stats: SpecStats = SpecStats()
 
     @property
     def num_tokens(self) -> int:

@@ -2,9 +2,9 @@
 
 Every step runs the decode row of each generating request and fills the rest of the budget with prompt
 chunks (running requests mid-prompt first, then newly admitted ones). A request is admitted only when a
-request slot is free and its worst-case KV need (prompt + max_new_tokens, + mtp_step for the last verify block
-of drafts, capped at max_model_len) fits beside what running requests reserved, so a running request never
-runs out of KV slots.
+request slot is free and its worst-case KV need (prompt + max_new_tokens capped at max_model_len, plus the
+runner's lookahead slots: MTP verify blocks opened ahead, a decode row queued for a request that just finished)
+fits beside what running requests reserved, so a running request never runs out of KV slots.
 """
 
 from __future__ import annotations
@@ -23,10 +23,17 @@ class ScheduledRequest:
 
 class Scheduler:
     def __init__(
-        self, max_batch_size: int, token_budget: int, kv_capacity: int, max_model_len: int, decode_tokens: int = 1
+        self,
+        max_batch_size: int,
+        token_budget: int,
+        kv_capacity: int,
+        max_model_len: int,
+        tokens_per_step: int = 1,
+        lookahead_slots: int = 0,
     ):
         self.max_batch_size = max_batch_size
-        self.decode_tokens = decode_tokens  # budget one generating request costs per step (1 + mtp_step)
+        self.tokens_per_step = tokens_per_step  # budget one generating request costs per step (k + 1 under MTP)
+        self.lookahead_slots = lookahead_slots
         self.token_budget = token_budget
         self.kv_capacity = kv_capacity
         self.max_model_len = max_model_len
@@ -35,8 +42,7 @@ class Scheduler:
         self.reserved = 0
 
     def kv_need(self, req: Request) -> int:
-        spec_tail = self.decode_tokens - 1  # a verify block may hold drafts past max_new_tokens
-        return min(len(req.prompt_ids) + req.params.max_new_tokens + spec_tail, self.max_model_len)
+        return min(len(req.prompt_ids) + req.params.max_new_tokens, self.max_model_len) + self.lookahead_slots
 
     def add(self, req: Request) -> None:
         if self.kv_need(req) > self.kv_capacity:
@@ -54,7 +60,7 @@ class Scheduler:
         for req in self.running:  # decode rows first (a verify block each under MTP)
             if not req.in_prefill and budget > 0:
                 out.append(ScheduledRequest(req, 1))
-                budget -= self.decode_tokens
+                budget -= self.tokens_per_step
         for req in self.running:  # unfinished prompts
             if req.in_prefill and budget > 0:
                 n = min(len(req.prompt_ids) - req.num_computed, budget)
@@ -83,7 +89,7 @@ class Scheduler:
 
     def fits_decode_rows(self, n: int) -> bool:
         """Whether the token budget covers n decode rows (as `schedule()` would run them all)."""
-        return (n - 1) * self.decode_tokens < self.token_budget
+        return (n - 1) * self.tokens_per_step < self.token_budget
 
     def finish(self, req: Request) -> None:
         self.running.remove(req)

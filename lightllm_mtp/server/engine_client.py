@@ -18,11 +18,12 @@ from dataclasses import dataclass
 
 from lightllm_mtp.sampling_params import SamplingParams
 from lightllm_mtp.server.detokenizer import IncrementalDetokenizer
-from lightllm_mtp.server.messages import AbortRequest, AddRequest, SpecCounts, TokenDelta, WorkerOutput, WorkerStats
+from lightllm_mtp.server.messages import AbortRequest, AddRequest, TokenDelta, WorkerOutput, WorkerStats
 from lightllm_mtp.server.metrics import ServerMetrics
 from lightllm_mtp.server.protocol import ApiError
 from lightllm_mtp.server.router import Router
 from lightllm_mtp.server.worker_pool import WorkerPool
+from lightllm_mtp.spec_decode.stats import SpecStats
 
 logger = logging.getLogger("lightllm_mtp.server")
 WORKER_CHECK_S = 0.5  # how often the reader looks for dead workers
@@ -38,7 +39,7 @@ class Delta:
     error: str | None
     num_prompt_tokens: int
     num_output_tokens: int  # generated so far
-    spec: SpecCounts | None  # on the last delta of an MTP request
+    spec: SpecStats | None  # on the last delta of an MTP request
 
 
 class RequestStream:
@@ -187,7 +188,7 @@ class EngineClient:
             self._end(stream, reason, now, d.spec)
         return Delta(text, d.token_ids, reason, d.error, stream.num_prompt_tokens, stream.num_output_tokens, d.spec)
 
-    def _end(self, stream: RequestStream, reason: str, now: float, spec: SpecCounts | None) -> None:
+    def _end(self, stream: RequestStream, reason: str, now: float, spec: SpecStats | None) -> None:
         del self._streams[stream.rid]
         self.router.done(stream.rank)
         n, first = stream.num_output_tokens, stream.first_token_at

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lightllm_mtp.sampling_params import SamplingParams
+from lightllm_mtp.spec_decode.stats import SpecStats
 
 
 @dataclass(frozen=True)
@@ -31,38 +32,6 @@ class Shutdown:
 
 
 @dataclass(frozen=True)
-class SpecCounts:
-    """MTP acceptance counts (of one request, or summed over a worker's requests)."""
-
-    verify_steps: int = 0
-    accepted_drafts: int = 0
-    proposed_at: tuple[int, ...] = ()  # [mtp_step] drafts verified at draft position j
-    accepted_at: tuple[int, ...] = ()  # [mtp_step] drafts accepted at draft position j
-
-    def __add__(self, other: SpecCounts) -> SpecCounts:
-        n = max(len(self.proposed_at), len(other.proposed_at))
-
-        def add(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
-            return tuple((a[j] if j < len(a) else 0) + (b[j] if j < len(b) else 0) for j in range(n))
-
-        return SpecCounts(
-            self.verify_steps + other.verify_steps,
-            self.accepted_drafts + other.accepted_drafts,
-            add(self.proposed_at, other.proposed_at),
-            add(self.accepted_at, other.accepted_at),
-        )
-
-    @property
-    def tokens_per_step(self) -> float:
-        """Mean tokens emitted per verify step (accepted drafts + 1); 0 without verify steps."""
-        return (self.accepted_drafts + self.verify_steps) / self.verify_steps if self.verify_steps else 0.0
-
-    @property
-    def acceptance_per_position(self) -> list[float]:
-        return [a / p if p else 0.0 for a, p in zip(self.accepted_at, self.proposed_at)]
-
-
-@dataclass(frozen=True)
 class TokenDelta:
     """The tokens one request got in one worker step; on its last delta, why it ended."""
 
@@ -70,7 +39,7 @@ class TokenDelta:
     token_ids: list[int]
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     error: str | None = None  # with finish_reason "error": what went wrong (the request was rejected or failed)
-    spec: SpecCounts | None = None  # on the last delta of an MTP request
+    spec: SpecStats | None = None  # on the last delta of an MTP request
 
 
 @dataclass(frozen=True)
@@ -85,7 +54,7 @@ class WorkerStats:
     waiting: int
     finished_requests: int  # requests this worker ended (any reason), since start
     generated_tokens: int  # since start
-    spec: SpecCounts = field(default_factory=SpecCounts)  # since start, live requests included
+    spec: SpecStats = field(default_factory=SpecStats)  # since start, live requests included
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ from typing import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from lightllm_mtp.server.messages import SpecCounts, WorkerStats
+from lightllm_mtp.server.messages import WorkerStats
+from lightllm_mtp.spec_decode.stats import SpecStats
 
 PREFIX = "lightllm_mtp"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -83,7 +84,7 @@ class ServerMetrics:
         self.generation_tokens.inc(n)
         self.meter.add(n)
 
-    def on_finish(self, reason: str, duration_s: float, tpot_s: float | None, spec: SpecCounts | None) -> None:
+    def on_finish(self, reason: str, duration_s: float, tpot_s: float | None, spec: SpecStats | None) -> None:
         self.finished.labels(reason).inc()
         self.duration.observe(duration_s)
         if tpot_s is not None:
@@ -141,7 +142,7 @@ class WorkerCollector:
         labels = ["worker", "position"]
         proposed_at = CounterMetricFamily(f"{p}_spec_proposed_drafts_at_position", "Drafts verified", labels=labels)
         accepted_at = CounterMetricFamily(f"{p}_spec_accepted_drafts_at_position", "Drafts accepted", labels=labels)
-        total = SpecCounts()
+        total = SpecStats()
         for s in stats:
             w = str(s.rank)
             steps.add_metric([w], s.spec.verify_steps)

@@ -18,13 +18,13 @@ from lightllm_mtp.server.messages import (
     AbortRequest,
     AddRequest,
     Shutdown,
-    SpecCounts,
     TokenDelta,
     WorkerFailed,
     WorkerOutput,
     WorkerReady,
     WorkerStats,
 )
+from lightllm_mtp.spec_decode.stats import SpecStats
 
 logger = logging.getLogger("lightllm_mtp.worker")
 PARENT_CHECK_S = 1.0  # an idle worker checks this often that the front is still alive
@@ -62,7 +62,7 @@ class ModelWorker:
         self.rid_of: dict[int, int] = {}  # engine request_id -> server rid
         self.finished_requests = 0
         self.generated_tokens = 0
-        self.spec_done = SpecCounts()  # acceptance of requests that ended
+        self.spec_done = SpecStats()  # acceptance of requests that ended
         dev = engine_args.torch_device
         if dev.type == "cuda":
             name = torch.cuda.get_device_name(dev)
@@ -76,7 +76,7 @@ class ModelWorker:
                 max_model_len=self.engine.max_model_len,
                 vocab_size=self.engine.model_config.vocab_size,
                 eos_token_ids=tuple(sorted(self.engine.eos_token_ids)),
-                mtp_step=spec.num_steps if spec else 0,
+                mtp_step=spec.num_draft_tokens if spec else 0,
                 stats=self._stats(),
             )
         )
@@ -160,7 +160,7 @@ class ModelWorker:
         """The request's final delta; it leaves the live set."""
         del self.live[rid], self.rid_of[req.request_id]
         self.finished_requests += 1
-        spec = _spec_counts(req) if self.engine.spec else None
+        spec = req.spec_stats if self.engine.spec else None
         if spec is not None:
             self.spec_done = self.spec_done + spec
         return TokenDelta(rid, token_ids, reason, error=error, spec=spec)
@@ -170,7 +170,7 @@ class ModelWorker:
         spec = self.spec_done
         if self.engine.spec:
             for req in self.live.values():
-                spec = spec + _spec_counts(req)
+                spec = spec + req.spec_stats
         return WorkerStats(
             rank=self.rank,
             kv_used=u.kv_used,
@@ -184,8 +184,3 @@ class ModelWorker:
             generated_tokens=self.generated_tokens,
             spec=spec,
         )
-
-
-def _spec_counts(req) -> SpecCounts:
-    s = req.spec_stats
-    return SpecCounts(s.num_steps, s.num_accepted, tuple(s.proposed_at), tuple(s.accepted_at))

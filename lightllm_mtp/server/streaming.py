@@ -12,7 +12,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from lightllm_mtp.server.engine_client import Delta, EngineClient, RequestStream
-from lightllm_mtp.server.messages import SpecCounts
+from lightllm_mtp.spec_decode.stats import SpecStats
 from lightllm_mtp.server.protocol import ApiError
 
 
@@ -75,7 +75,7 @@ def error_event(delta: Delta) -> dict:
     return ApiError(500, delta.error or "generation failed", type="server_error").body()
 
 
-def mtp_usage(spec: SpecCounts | None) -> dict | None:
+def mtp_usage(spec: SpecStats | None) -> dict | None:
     if spec is None:
         return None
     return {

@@ -1,12 +1,18 @@
-"""The one draft factory: (model type, MTP mode) -> draft modules sharing the main model's managers."""
+"""The one draft factory: (model type, MTP mode) -> the proposer, its MTP modules sharing the main model's
+managers, behind their CUDA graphs."""
 
 from __future__ import annotations
 
 import importlib
 
 from lightllm_mtp.common.basemodel.basemodel import TpPartBaseModel
+from lightllm_mtp.common.basemodel.cuda_graph import CudaGraphSet, GraphedForward
+from lightllm_mtp.common.basemodel.forward_batch import ForwardMode
 from lightllm_mtp.config.model_config import ModelType
 from lightllm_mtp.config.spec_config import MtpMode, SpecConfig
+from lightllm_mtp.spec_decode.mtp_proposer import EagleMtpProposer, VanillaMtpProposer
+from lightllm_mtp.spec_decode.proposer import Proposer
+from lightllm_mtp.spec_decode.step_builder import StepBuilder
 
 _DENSE = "lightllm_mtp.models.qwen3_5_mtp.model:Qwen3_5MTPModel"
 _MOE = "lightllm_mtp.models.qwen3_5_moe_mtp.model:Qwen3_5MoeMTPModel"
@@ -16,21 +22,45 @@ SUPPORTED_DRAFTS: dict[tuple[ModelType, MtpMode], str] = {
     (ModelType.QWEN3_5_MOE, MtpMode.EAGLE_WITH_ATT): _MOE,
     (ModelType.QWEN3_5_MOE, MtpMode.VANILLA_WITH_ATT): _MOE,
 }
+_PROPOSERS = {MtpMode.EAGLE_WITH_ATT: EagleMtpProposer, MtpMode.VANILLA_WITH_ATT: VanillaMtpProposer}
 
 
 def create_drafts(main: TpPartBaseModel, spec: SpecConfig, main_model_dir: str) -> list:
-    """eagle: one module on mtp.layers.0; vanilla: module j on mtp.layers.j for j < mtp_step.
+    """eagle: one module on mtp.layers.0; vanilla: module j on mtp.layers.j for j < k.
     Draft module j owns KV pool layer (number of main full-attention layers) + j."""
     key = (main.cfg.model_type, spec.mode)
     if key not in SUPPORTED_DRAFTS:
         raise ValueError(f"no MTP draft for model type {key[0].value} in mode {key[1].value}")
     if spec.num_draft_modules > main.cfg.mtp_num_hidden_layers:
         raise ValueError(
-            f"mtp_mode {spec.mode.value} with mtp_step {spec.num_steps} needs {spec.num_draft_modules} MTP layers; "
-            f"the checkpoint config declares mtp_num_hidden_layers={main.cfg.mtp_num_hidden_layers}"
+            f"mtp_mode {spec.mode.value} with mtp_step {spec.num_draft_tokens} needs {spec.num_draft_modules} MTP "
+            f"layers; the checkpoint config declares mtp_num_hidden_layers={main.cfg.mtp_num_hidden_layers}"
         )
     module, cls_name = SUPPORTED_DRAFTS[key].split(":")
     cls = getattr(importlib.import_module(module), cls_name)
     model_dir = spec.draft_model_dir or main_model_dir
     first_kv = len(main.cfg.full_attention_layers)
     return [cls(main, model_dir, mtp_layer=j, kv_layer=first_kv + j) for j in range(spec.num_draft_modules)]
+
+
+def create_proposer(
+    main: TpPartBaseModel, spec: SpecConfig, main_model_dir: str, builder: StepBuilder, graph_max_batch_size: int,
+    graph_pool,
+) -> Proposer:  # fmt: skip
+    """The proposer of `spec.mode` over the checkpoint's MTP modules. With CUDA graphs (graph_max_batch_size > 0)
+    each module replays its pass over the verify blocks (EXTEND, k+1 rows per request) and the eagle module its
+    chain steps (DECODE, one row per request)."""
+    drafts = create_drafts(main, spec, main_model_dir)
+    k = spec.num_draft_tokens
+    modules = []
+    for j, draft in enumerate(drafts):
+        layouts = [(ForwardMode.EXTEND, k + 1)]
+        if spec.mode is MtpMode.EAGLE_WITH_ATT and k > 1:
+            layouts.append((ForwardMode.DECODE, 1))
+        graphs = [
+            CudaGraphSet(draft.forward, main.caches, mode, rows, graph_max_batch_size, graph_pool,
+                         hidden_size=main.cfg.hidden_size, hidden_dtype=main.rt.dtype)
+            for mode, rows in layouts
+        ] if graph_max_batch_size > 0 else []  # fmt: skip
+        modules.append(GraphedForward(draft.forward, graphs))
+    return _PROPOSERS[spec.mode](modules, builder)

@@ -22,22 +22,19 @@ from pathlib import Path
 import torch
 
 from lightllm_mtp.engine.llm import RequestOutput
+from lightllm_mtp.spec_decode.stats import SpecStats
 
 
 def aggregate(outputs: list[RequestOutput]) -> dict:
-    """Verify-step-weighted acceptance over requests."""
-    steps = sum(o.spec.num_steps for o in outputs)
-    if steps == 0:
+    """Acceptance over requests: their counts summed (so each verify step weighs the same)."""
+    total = sum((o.spec for o in outputs), SpecStats())
+    if total.verify_steps == 0:
         raise ValueError("no verify step ran: MTP was not active")
-    k = len(outputs[0].spec.acceptance_per_position)
-    weighted = lambda values: sum(v * o.spec.num_steps for v, o in zip(values, outputs)) / steps  # noqa: E731
     return {
-        "verify_steps": steps,
-        "tokens_per_step": round(weighted([o.spec.tokens_per_step for o in outputs]), 4),
-        "accepted_per_step": round(weighted([o.spec.accepted_per_step for o in outputs]), 4),
-        "acceptance_per_position": [
-            round(weighted([o.spec.acceptance_per_position[j] for o in outputs]), 4) for j in range(k)
-        ],
+        "verify_steps": total.verify_steps,
+        "tokens_per_step": round(total.tokens_per_step, 4),
+        "accepted_per_step": round(total.accepted_drafts_per_step, 4),
+        "acceptance_per_position": [round(a, 4) for a in total.acceptance_per_position],
     }
 
 

@@ -91,7 +91,7 @@ def test_verify_rows_widen_state_and_expert_count():
     ssm = NV * DK * DV * 4
     conv = CONV_DIM * (K - 1 + k) * BF16
     assert b.linear_state == 3 * 3 * (ssm * (k + 2) + 2 * conv)  # one row read, k+1 rows written
-    state = LinearAttState(3, 1, CONV_DIM, K, NV, DK, DV, torch.bfloat16, torch.device("cpu"), spec_steps=k)
+    state = LinearAttState(3, 1, CONV_DIM, K, NV, DK, DV, torch.bfloat16, torch.device("cpu"), num_draft_tokens=k)
     assert state.conv[:, 0].numel() * BF16 == 3 * conv
     assert b.experts_per_layer == pytest.approx(expected_distinct_experts(E, TOPK, 9))
 

@@ -44,21 +44,21 @@ def test_step_outputs_stream_every_token_once(tiny_dense_dir, mtp):
 
 def test_abort_frees_slots_in_every_state(tiny_dense_dir):
     """Waiting, mid-prompt (chunked) and generating MTP requests (with a pending draft block) all free at once."""
-    e = engine(tiny_dense_dir, chunked_prefill_size=12, mtp_mode="eagle_with_att", mtp_step=2)
+    e = engine(tiny_dense_dir, chunked_prefill_size=12, mtp_mode="eagle_with_att", mtp_step=2, disable_overlap=True)
     gen = e.add_request(PROMPTS[1], greedy(30))
     e.step()  # gen prefilled, its first draft block allocated
-    assert gen.draft is not None and gen.draft.slots.numel() == 3
+    assert gen.blocks and all(b.numel() == 3 for b in gen.blocks)  # one more when the next step is queued
     short = e.add_request(PROMPTS[2], greedy(30))
     long = e.add_request(PROMPTS[0] * 3, greedy(30))  # 33 tokens: several chunks
     queued = [e.add_request(PROMPTS[2], greedy(30)) for _ in range(2)]
     e.step()  # budget 12: gen's verify block (3), short's prompt (7), 2 tokens of long; the rest wait
-    assert long.in_prefill and long.kv_slots and gen.draft is not None and short.draft is not None
+    assert long.in_prefill and long.kv_slots and gen.blocks and short.blocks
     u = e.usage()
     assert (u.waiting, u.running, u.req_slots_used) == (2, 3, 3) and u.kv_used > 0 and u.kv_reserved > 0
     for r in [queued[-1], long, gen, short, queued[0]]:
         e.abort(r)
         assert r.finish_reason is FinishReason.ABORT and r.status is RequestStatus.FINISHED
-        assert r.req_idx is None and r.draft is None and not r.kv_slots
+        assert r.req_idx is None and not r.blocks and not r.kv_slots
     assert not e.has_unfinished()
     assert_idle(e)
     # the engine keeps serving after the aborts

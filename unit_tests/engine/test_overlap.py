@@ -89,7 +89,7 @@ def test_overlap_on_the_trained_checkpoint_drafts_alike(trained_dense_dir, k):
     got = run(engine, prompts, [params] * 3)
     assert [r.output_ids for r in got] == [r.output_ids for r in expected]
     assert [r.spec_stats for r in got] == [r.spec_stats for r in expected]
-    assert sum(r.spec_stats.num_accepted for r in got) > 0 and ahead[0] > 0
+    assert sum(r.spec_stats.accepted_drafts for r in got) > 0 and ahead[0] > 0
     assert_idle(engine)
 
 
@@ -144,7 +144,7 @@ def emulate_graph_output_buffers(monkeypatch) -> list[int]:
     Code that reads a forward's output after the same layout ran again (e.g. a queued step's draft pass) would then
     see the newer values, as on the GPU."""
     from lightllm_mtp.common.basemodel.forward_batch import ModelOutput
-    from lightllm_mtp.engine.cuda_graph import GraphedForward
+    from lightllm_mtp.common.basemodel.cuda_graph import GraphedForward
 
     buffers: dict = {}
     calls = [0]

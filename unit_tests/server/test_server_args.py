@@ -24,7 +24,7 @@ def test_defaults_and_lightllm_flag_names(tiny_dense_dir):
                            "512", "--chunked_prefill_size", "64", "--disable_cudagraph", "--data_type", "float32",
                            "--dp", "2", "--model_name", "tiny", "--api_key", "k", "--host", "0.0.0.0"])  # fmt: skip
     e = a.engine
-    assert e.spec_config.mode is MtpMode.EAGLE_WITH_ATT and e.spec_config.num_steps == 3
+    assert e.spec_config.mode is MtpMode.EAGLE_WITH_ATT and e.spec_config.num_draft_tokens == 3
     assert (e.max_batch_size, e.max_model_len, e.max_total_token_num, e.chunked_prefill_size) == (4, 256, 512, 64)
     assert (e.graph_max_batch_size, e.dtype, a.dp, a.model_name, a.is_loopback) == (0, "float32", 2, "tiny", False)
     assert [a.worker_engine_args(r).device for r in range(2)] == ["cpu", "cpu"]

@@ -4,7 +4,8 @@ output parses with prometheus_client's own parser."""
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from lightllm_mtp.server.messages import SpecCounts, WorkerStats
+from lightllm_mtp.server.messages import WorkerStats
+from lightllm_mtp.spec_decode.stats import SpecStats
 from lightllm_mtp.server.metrics import ServerMetrics, ThroughputMeter
 
 
@@ -21,12 +22,12 @@ def samples(m):
 
 def test_scrape_parses_and_aggregates_acceptance_over_workers():
     m = ServerMetrics(mtp_step=2)
-    workers = [stats(0, SpecCounts(4, 3, (4, 2), (2, 1)), kv_used=25), stats(1, SpecCounts(6, 1, (6, 1), (1, 0)))]
+    workers = [stats(0, SpecStats(verify_steps=4, accepted_drafts=3, proposed_at=(4, 2), accepted_at=(2, 1)), kv_used=25), stats(1, SpecStats(verify_steps=6, accepted_drafts=1, proposed_at=(6, 1), accepted_at=(1, 0)))]
     m.watch_workers(lambda: workers, lambda: [1, 0])
     m.requests.labels("completions").inc()
     m.on_first_token(0.02)
     m.on_tokens(5)
-    m.on_finish("length", 0.3, 0.05, SpecCounts(4, 3, (4, 2), (2, 1)))
+    m.on_finish("length", 0.3, 0.05, SpecStats(verify_steps=4, accepted_drafts=3, proposed_at=(4, 2), accepted_at=(2, 1)))
     s = samples(m)
     assert s[("lightllm_mtp_requests_total", (("endpoint", "completions"),))] == 1
     assert s[("lightllm_mtp_requests_finished_total", (("finish_reason", "length"),))] == 1
@@ -49,16 +50,16 @@ def test_scrape_parses_and_aggregates_acceptance_over_workers():
 
 def test_without_mtp_there_are_no_spec_metrics():
     m = ServerMetrics(mtp_step=0)
-    m.watch_workers(lambda: [stats(0, SpecCounts())], lambda: [0])
+    m.watch_workers(lambda: [stats(0, SpecStats())], lambda: [0])
     names = {name for name, _ in samples(m)}
     assert "lightllm_mtp_kv_used_tokens" in names and not any("spec" in n or "mtp_avg" in n for n in names)
 
 
 def test_spec_counts_add_and_rates():
-    total = SpecCounts(2, 1, (2,), (1,)) + SpecCounts(3, 2, (3, 2), (2, 0))
-    assert total == SpecCounts(5, 3, (5, 2), (3, 0))
+    total = SpecStats(verify_steps=2, accepted_drafts=1, proposed_at=(2,), accepted_at=(1,)) + SpecStats(verify_steps=3, accepted_drafts=2, proposed_at=(3, 2), accepted_at=(2, 0))
+    assert total == SpecStats(verify_steps=5, accepted_drafts=3, proposed_at=(5, 2), accepted_at=(3, 0))
     assert total.tokens_per_step == pytest.approx(8 / 5) and total.acceptance_per_position == [0.6, 0.0]
-    assert SpecCounts().tokens_per_step == 0.0
+    assert SpecStats().tokens_per_step == 0.0
 
 
 def test_throughput_meter_window(monkeypatch):

@@ -3,7 +3,7 @@
 import pytest
 
 from lightllm_mtp import LLM, SamplingParams
-from unit_tests.spec.oracle_drafts import oracle_drafts
+from unit_tests.spec_decode.oracle_drafts import oracle_drafts
 
 PROMPTS = [[5, 17, 300, 42, 9, 77, 1024, 3, 58, 600, 11, 12, 13], [900, 4, 4, 250], [31, 8, 222, 1500, 64, 2, 7]]
 MAX_NEW = [23, 9, 16]  # requests finish at different steps, mid-block for most k
@@ -30,7 +30,7 @@ def test_mtp_greedy_equals_plain_decoding(model_dir, reference, mode, step):
     llm = LLM(model_dir, max_model_len=64, mtp_mode=mode, mtp_step=step, chunked_prefill_size=5)
     outs = llm.generate(PROMPTS, [greedy(n) for n in MAX_NEW])
     assert [o.token_ids for o in outs] == reference
-    assert all(o.spec.num_steps > 0 for o in outs)
+    assert all(o.spec.verify_steps > 0 for o in outs)
 
 
 @pytest.mark.parametrize("mode", ["eagle_with_att", "vanilla_with_att"])
@@ -43,7 +43,7 @@ def test_high_acceptance_blocks_stay_exact(monkeypatch, model_dir, reference, mo
     free_kv, free_req = pool.num_free, reqs.num_free
     outs = llm.generate(PROMPTS, [greedy(n) for n in MAX_NEW])
     assert [o.token_ids for o in outs] == reference
-    accepted = sum(o.spec.accepted_per_step * o.spec.num_steps for o in outs)
+    accepted = sum(o.spec.accepted_drafts_per_step * o.spec.verify_steps for o in outs)
     assert accepted > 0
     if corrupt_every == 1000 and step > 1:
         assert min(o.spec.tokens_per_step for o in outs) > 1.5
@@ -79,19 +79,19 @@ def test_drafts_capped_near_max_model_len(model_dir):
 def test_blocks_stay_full_near_max_new_tokens(monkeypatch, tiny_dense_mtp3_dir):
     """Requests finishing at different steps keep k drafts to the end (uniform verify batches, the CUDA-graph
     layout) and still emit exactly max_new_tokens, equal to plain decoding."""
-    from lightllm_mtp.spec_decode import spec_runner
+    from lightllm_mtp.spec_decode.step_builder import StepBuilder
 
-    block_sizes = []
-    real = spec_runner.verify_batch
+    drafts_per_block = []
+    real = StepBuilder.verify_batch
 
-    def recording(reqs, device):
-        block_sizes.append([1 + len(r.draft.tokens) for r in reqs])
-        return real(reqs, device)
+    def recording(self, b_req_idx):
+        drafts_per_block.append(self.state.num_drafts[b_req_idx.long()].tolist())
+        return real(self, b_req_idx)
 
-    monkeypatch.setattr(spec_runner, "verify_batch", recording)
+    monkeypatch.setattr(StepBuilder, "verify_batch", recording)
     plain = LLM(tiny_dense_mtp3_dir, max_model_len=64).generate(PROMPTS, [greedy(n) for n in MAX_NEW])
     llm = LLM(tiny_dense_mtp3_dir, max_model_len=64, mtp_mode="eagle_with_att", mtp_step=3)
     outs = llm.generate(PROMPTS, [greedy(n) for n in MAX_NEW])
     assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
     assert [len(o.token_ids) for o in outs] == MAX_NEW
-    assert block_sizes and all(q == 4 for sizes in block_sizes for q in sizes)
+    assert drafts_per_block and all(n == 3 for sizes in drafts_per_block for n in sizes)

@@ -90,7 +90,7 @@ def test_engine_loads_and_mtp_greedy_equals_plain(trained, arch):
     llm = LLM(out, max_model_len=64, mtp_mode="eagle_with_att", mtp_step=2, chunked_prefill_size=8)
     outs = llm.generate(PROMPTS, params)
     assert [o.token_ids for o in outs] == plain
-    assert all(o.spec.num_steps > 0 for o in outs)
+    assert all(o.spec.verify_steps > 0 for o in outs)
 
 
 def record_first_draft_pass(monkeypatch):
@@ -159,18 +159,19 @@ def test_eval_acceptance_on_the_toy_checkpoint(trained, tmp_path):
     assert math.isfinite(result["heldout"]["main_loss"]) and result["heldout"]["windows"] == 2
 
 
-def test_acceptance_is_weighted_by_verify_steps():
-    from lightllm_mtp.engine.llm import RequestOutput, SpecOutputStats
+def test_acceptance_sums_the_counts_of_every_request():
+    from lightllm_mtp.engine.llm import RequestOutput
+    from lightllm_mtp.spec_decode.stats import SpecStats
     from lightllm_mtp.tools.eval_acceptance import aggregate
 
-    def output(steps, accepted, per_position):
-        spec = SpecOutputStats(steps, accepted, accepted + 1, per_position)
+    def output(steps, accepted_at):
+        spec = SpecStats(steps, 2 * steps, sum(accepted_at), (steps, steps), accepted_at)
         return RequestOutput([1], [2], "", "length", spec)
 
-    stats = aggregate([output(30, 1.5, [0.9, 0.6]), output(10, 0.5, [0.5, 0.0])])
+    stats = aggregate([output(30, (27, 18)), output(10, (5, 0))])
     assert stats["verify_steps"] == 40
     assert stats["accepted_per_step"] == pytest.approx((30 * 1.5 + 10 * 0.5) / 40)
     assert stats["tokens_per_step"] == pytest.approx(1 + (30 * 1.5 + 10 * 0.5) / 40)
     assert stats["acceptance_per_position"] == pytest.approx([(27 + 5) / 40, 18 / 40])
     with pytest.raises(ValueError, match="no verify step"):
-        aggregate([output(0, 0.0, [0.0])])
+        aggregate([output(0, (0, 0))])

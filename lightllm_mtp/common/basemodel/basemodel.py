@@ -84,7 +84,7 @@ class TpPartBaseModel:
         linear_state = LinearAttState(
             num_layers=len(cfg.linear_attention_layers),
             num_slots=rt.max_reqs + 1,
-            spec_steps=rt.spec_steps,
+            num_draft_tokens=rt.num_draft_tokens,
             conv_dim=cfg.linear_conv_dim,
             conv_kernel=cfg.linear_conv_kernel_dim,
             num_value_heads=cfg.linear_num_value_heads,
@@ -93,8 +93,9 @@ class TpPartBaseModel:
             dtype=rt.dtype,
             device=rt.device,
         )
-        req_manager = ReqManager(rt.max_reqs, rt.max_model_len, rt.device, linear_state)
-        cos, sin = build_rope_cache(cfg.rotary_dim, rt.max_model_len, cfg.rope_theta, rt.device)
+        req_manager = ReqManager(rt.max_reqs, rt.max_model_len, rt.device, linear_state, rt.num_draft_tokens)
+        # positions past max_model_len: padding rows of verify blocks near the end (ReqManager.padding_columns)
+        cos, sin = build_rope_cache(cfg.rotary_dim, req_manager.req_to_token.shape[1], cfg.rope_theta, rt.device)
         return ModelCaches(kv_pool=kv_pool, req_manager=req_manager, rope_cos=cos, rope_sin=sin)
 
     # ---- forward -----------------------------------------------------------------------------------

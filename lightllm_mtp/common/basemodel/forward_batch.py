@@ -32,6 +32,9 @@ class ForwardBatch:
     b_has_initial_state: torch.Tensor  # [B] bool: linear state carries a cached prefix
     b_logits_index: torch.Tensor  # [N] int64 rows of the T tokens whose logits are wanted
     max_q_len: int  # host copy, for kernels that size their grid by it
+    # VERIFY only: tokens each request's previous verify emitted (accepted drafts + 1; 1 after prefill). The GDN
+    # layers read their committed conv window and SSM row at index b_accept_len - 1.
+    b_accept_len: torch.Tensor | None = None  # [B] int32
     keep_all_hidden: bool = False  # ModelOutput.hidden covers all T rows (MTP drafting) instead of the logits rows
     # device tensors derived from the fields once per forward and shared by the layers (see `derived`)
     _derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)

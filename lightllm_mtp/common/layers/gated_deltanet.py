@@ -53,8 +53,7 @@ class GatedDeltaNet(Layer):
         t = x.shape[0]
         conv_dim = 2 * self.key_dim + self.value_dim
         qkv, z, b, a = F.linear(x, self.in_proj).split([conv_dim, self.value_dim, self.nv, self.nv], dim=-1)
-        req_manager = caches.req_manager
-        linear_state = req_manager.linear_state
+        linear_state = caches.req_manager.linear_state
         assert linear_state is not None
         conv_state, ssm_state = linear_state.layer(self.state_layer)
         # SSM rows: request r owns rows [r * rows_per_req, (r + 1) * rows_per_req); row 0 outside verify.
@@ -69,9 +68,9 @@ class GatedDeltaNet(Layer):
             o = gated_rmsnorm(o, z.reshape(t, self.nv, self.dv), self.norm_weight, self.eps)
             return F.linear(o.reshape(t, self.value_dim), self.out_proj)
         if mode is ForwardMode.VERIFY:
-            b_num_accepted = batch.derived("b_num_accepted", lambda: req_manager.req_to_accept_len[batch.b_req_idx])
+            assert batch.b_accept_len is not None, "a VERIFY batch carries b_accept_len"
             qkv = causal_conv1d_verify(
-                qkv, self.conv_weight, conv_state, batch.b_req_idx, batch.b1_cu_q_len, b_num_accepted,
+                qkv, self.conv_weight, conv_state, batch.b_req_idx, batch.b1_cu_q_len, batch.b_accept_len,
                 max_q_len=batch.max_q_len,
             )
         else:
@@ -84,7 +83,7 @@ class GatedDeltaNet(Layer):
         v = v.reshape(t, self.nv, self.dv)
         if mode is ForwardMode.VERIFY:  # gates computed inside the kernel from a, b
             o = gated_delta_rule_verify(
-                q, k, v, a, b, ssm_state, b_ssm_row, batch.b1_cu_q_len, b_num_accepted, max_q_len=batch.max_q_len,
+                q, k, v, a, b, ssm_state, b_ssm_row, batch.b1_cu_q_len, batch.b_accept_len, max_q_len=batch.max_q_len,
                 A_log=self.A_log, dt_bias=self.dt_bias,
             )
         else:

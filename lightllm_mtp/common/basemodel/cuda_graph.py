@@ -55,6 +55,7 @@ class CudaGraphSet:
         self.b1_cu_q_len = torch.arange(n + 1, dtype=torch.int32, device=dev) * q
         self.has_state = torch.ones(n, dtype=torch.bool, device=dev)
         self.logits_index = torch.arange(n * q, dtype=torch.int64, device=dev)
+        self.b_accept_len = torch.ones(n, dtype=torch.int32, device=dev) if mode is ForwardMode.VERIFY else None
         self.hidden = None
         if hidden_size is not None:
             self.hidden = torch.zeros(n * q, hidden_size, dtype=hidden_dtype, device=dev)
@@ -74,6 +75,7 @@ class CudaGraphSet:
             b1_cu_q_len=self.b1_cu_q_len[: size + 1],
             b_has_initial_state=self.has_state[:size],
             b_logits_index=self.logits_index[:rows],
+            b_accept_len=None if self.b_accept_len is None else self.b_accept_len[:size],
             max_q_len=self.q,
             keep_all_hidden=True,
         )
@@ -118,6 +120,8 @@ class CudaGraphSet:
         self.mem_index[:rows].copy_(batch.mem_index)
         self.b_req_idx[:b].copy_(batch.b_req_idx)
         self.b_seq_len[:b].copy_(batch.b_seq_len)
+        if self.b_accept_len is not None:
+            self.b_accept_len[:b].copy_(batch.b_accept_len)
         if self.hidden is not None:
             assert hidden is not None and hidden.shape[0] == rows
             self.hidden[:rows].copy_(hidden)
@@ -135,6 +139,8 @@ class CudaGraphSet:
         self.mem_index[b * q : size * q].fill_(caches.kv_pool.hold_slot)
         self.b_req_idx[b:size].fill_(caches.req_manager.hold_req)
         self.b_seq_len[b:size].fill_(q)
+        if self.b_accept_len is not None:
+            self.b_accept_len[b:size].fill_(1)
 
 
 class GraphedForward:

@@ -1,0 +1,193 @@
+"""The speculative step runner: one target forward per step kind, the accept rule and the proposer, all queued on
+the device from DraftState (spec_decode/), so that no step needs the host between its launch and its collect.
+
+One step = [prompt chunks] + [verify blocks]:
+  prompt chunks: the target forward over the chunks; requests that finish their prompt sample a first token, get
+      their first verify block opened at it, and the proposer drafts from the prompt rows.
+  verify blocks: StepBuilder.verify_batch gathers each request's open block; the target runs it (VERIFY, CUDA
+      graph on GPU); verify_block accepts a prefix; the next blocks open at start + accept length; the proposer
+      drafts from the verified rows. The host later commits the accepted rows' KV slots and frees the rest.
+A request whose previous step may still be in flight is verified from the device state alone, so overlap
+scheduling is "do not read back yet" and the synchronous loop is the same code read back at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from lightllm_mtp.engine.model_runner import ModelRunner
+from lightllm_mtp.engine.request import Request, RequestStatus
+from lightllm_mtp.engine.scheduler import ScheduledRequest
+from lightllm_mtp.engine.step import HostCopy, PromptChunksLaunch, SpecStep, VerifyLaunch
+from lightllm_mtp.spec_decode.proposer import DraftInput, Proposer
+from lightllm_mtp.spec_decode.step_builder import StepBuilder
+from lightllm_mtp.spec_decode.verify import verify_block
+
+_NOT_COMMITTED = -1
+
+
+class SpecRunner:
+    def __init__(self, runner: ModelRunner, proposer: Proposer, builder: StepBuilder):
+        self.runner = runner
+        self.model = runner.model
+        self.proposer = proposer
+        self.builder = builder
+        self.state = builder.state
+        self.k = builder.k
+        self.device = runner.device
+        self.max_tokens_per_step = self.k + 1
+        # open blocks per request: the one a step verifies, the one it opens, and one more queued ahead (overlap)
+        self.lookahead_slots = 3 * self.k + 1
+
+    @torch.inference_mode()
+    def launch(self, scheduled: list[ScheduledRequest]) -> SpecStep:
+        chunks = [s for s in scheduled if s.request.in_prefill]
+        generating = [s.request for s in scheduled if not s.request.in_prefill]
+        prompt = self._launch_prompt_chunks(chunks) if chunks else None
+        verify = self._launch_verify(generating) if generating else None
+        return SpecStep((prompt.sampled if prompt else []) + generating, prompt, verify)
+
+    @torch.inference_mode()
+    def launch_after(self, prev: SpecStep, reqs: list[Request]) -> SpecStep:
+        """Every request of a speculative step has its next block open on the device once the step is launched."""
+        return SpecStep(list(reqs), verify=self._launch_verify(list(reqs)))
+
+    @torch.inference_mode()
+    def collect(self, step: SpecStep) -> list[tuple[Request, list[int]]]:
+        out = []
+        if step.prompt is not None and step.prompt.host_tokens is not None:
+            out += [(r, [t]) for r, t in zip(step.prompt.sampled, step.prompt.host_tokens.tolist())]
+        if step.verify is not None:
+            out += self._collect_verify(step.verify)
+        return out
+
+    def release(self, req: Request) -> None:
+        self.runner.release(req)
+
+    def _device(self, values: list[int], dtype=torch.int32) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+
+    def _open_blocks(self, reqs: list[Request], **kwargs) -> torch.Tensor:
+        """KV slots for each request's next block (k+1 each, one allocation), opened by the builder."""
+        slots = self.runner.kv_pool.alloc(len(reqs) * (self.k + 1))
+        for b, r in enumerate(reqs):
+            r.blocks.append(slots[b * (self.k + 1) : (b + 1) * (self.k + 1)])
+        b_req_idx = kwargs.pop("b_req_idx")
+        self.builder.open_blocks(b_req_idx, slots=slots.to(self.device, non_blocking=True).view(len(reqs), -1), **kwargs)
+        return b_req_idx
+
+    # ---- prompt chunks ------------------------------------------------------------------------------
+    def _launch_prompt_chunks(self, chunks: list[ScheduledRequest]) -> PromptChunksLaunch:
+        batch, sampled = self.runner.build_batch(chunks)
+        batch = dataclasses.replace(batch, keep_all_hidden=True)
+        out = self.model.forward(batch)
+        tokens = self.runner.sample(out.logits, sampled) if sampled else None
+        ahead, rows_per_req = self._prompt_next_tokens(chunks, sampled)
+        for s in chunks:
+            s.request.num_computed += s.num_new_tokens
+        if not sampled:
+            self._propose(batch, out.hidden, ahead, [], [], None)  # MTP KV over the chunk rows only
+            return PromptChunksLaunch([], None)
+        row_of = dict(zip(map(id, (s.request for s in chunks)), rows_per_req))
+        anchors = [row_of[id(r)][-1] for r in sampled]  # the last prompt row: its next token is the sampled one
+        b_req_idx = self._open_blocks(
+            sampled,
+            b_req_idx=self._device([r.req_idx for r in sampled]),
+            start=self._device([len(r.prompt_ids) for r in sampled], torch.int64),
+            last_token=tokens,
+        )
+        self._propose(batch, out.hidden, ahead, anchors, sampled, b_req_idx, sampled_tokens=tokens)
+        return PromptChunksLaunch(sampled, HostCopy(tokens))
+
+    def _prompt_next_tokens(self, chunks, sampled) -> tuple[list[list[int]], list[range]]:
+        """Per row, the tokens 1..lookahead positions after its input: the prompt's, the sampled first token
+        (encoded -2 - its index in `sampled`), or _NOT_COMMITTED past it."""
+        sampled_index = {id(r): i for i, r in enumerate(sampled)}
+        ahead, rows, first = [], [], 0
+        for s in chunks:
+            r, n = s.request, s.num_new_tokens
+            prompt = r.prompt_ids
+            for pos in range(r.num_computed, r.num_computed + n):
+                row = []
+                for t in range(pos + 1, pos + 1 + self.proposer.lookahead):
+                    if t < len(prompt):
+                        row.append(prompt[t])
+                    elif t == len(prompt) and id(r) in sampled_index:
+                        row.append(-2 - sampled_index[id(r)])
+                    else:
+                        row.append(_NOT_COMMITTED)
+                ahead.append(row)
+            rows.append(range(first, first + n))
+            first += n
+        return ahead, rows
+
+    def _propose(self, batch, hidden, ahead, anchors, reqs, b_req_idx, sampled_tokens=None) -> None:
+        """Proposer pass over prompt-chunk rows; drafts for `reqs` (anchor rows `anchors`) into DraftState."""
+        need = sorted(set(anchors) | {i for i, row in enumerate(ahead) if row[-1] == _NOT_COMMITTED})
+        position = {row: i for i, row in enumerate(need)}
+        next_tokens = self._device([t for row in ahead for t in row], torch.int64).view(len(ahead), -1)
+        if sampled_tokens is not None:
+            marker = next_tokens <= -2
+            next_tokens = torch.where(marker, sampled_tokens[(-2 - next_tokens).clamp_min(0)], next_tokens)
+        inp = DraftInput(
+            batch=batch,
+            hidden=hidden,
+            next_tokens=next_tokens,
+            logits_rows=self._device(need, torch.int64),
+            anchor_rows=self._device(anchors, torch.int64),
+            anchor_logits=self._device([position[a] for a in anchors], torch.int64),
+            b_req_idx=b_req_idx if b_req_idx is not None else self._device([]),
+        )
+        drafts = self.proposer.propose(inp)
+        if reqs:
+            self.state.drafts[b_req_idx.to(torch.int64)] = drafts
+
+    # ---- verify blocks ------------------------------------------------------------------------------
+    def _launch_verify(self, reqs: list[Request]) -> VerifyLaunch:
+        q, bsz = self.k + 1, len(reqs)
+        b_req_idx = self._device([r.req_idx for r in reqs])
+        idx = b_req_idx.to(torch.int64)
+        blocks = [r.blocks[-1] for r in reqs]  # the block each request verifies: the newest one opened
+        batch = self.builder.verify_batch(b_req_idx)
+        out = self.runner.forward(batch)
+        temps, top_ps, top_ks = self.runner.sampling_tensors(reqs)
+        num_drafts = self.state.num_drafts[idx]
+        result = verify_block(
+            out.logits.view(bsz, q, -1), self.state.drafts[idx], num_drafts, temps, top_ps, top_ks,
+            [r.generator for r in reqs], greedy_only=all(r.params.temperature <= 0 for r in reqs),
+        )  # fmt: skip
+        accept = result.b_accept_len.to(torch.int64)
+        start = batch.positions.view(bsz, q)[:, 0] + accept
+        last_token = result.emitted.gather(1, (accept - 1)[:, None]).squeeze(1)
+        self._open_blocks(reqs, b_req_idx=b_req_idx, start=start, last_token=last_token, accept_len=accept)
+        # the token 1..lookahead positions after block row r is emitted[r + m] while r + m < accept
+        cols = torch.arange(q, device=self.device)[:, None] + torch.arange(self.proposer.lookahead, device=self.device)
+        emitted = torch.nn.functional.pad(result.emitted, (0, self.proposer.lookahead))
+        committed = cols[None] < accept[:, None, None]
+        next_tokens = torch.where(committed, emitted[:, cols], _NOT_COMMITTED).view(bsz * q, -1)
+        anchors = torch.arange(bsz, device=self.device) * q + accept - 1
+        self.state.drafts[idx] = self.proposer.propose(
+            DraftInput(batch, out.hidden, next_tokens, None, anchors, anchors, b_req_idx)
+        )
+        host = torch.cat([result.b_accept_len[:, None], result.emitted.to(torch.int32), num_drafts[:, None]], dim=1)
+        return VerifyLaunch(list(reqs), blocks, batch, HostCopy(host))
+
+    def _collect_verify(self, v: VerifyLaunch) -> list[tuple[Request, list[int]]]:
+        """Commits accepted rows' KV slots, frees the others, records acceptance; waits for this step's copy only."""
+        out, rejected = [], []
+        for r, block, row in zip(v.reqs, v.blocks, v.host.tolist()):
+            if r.status is RequestStatus.FINISHED:  # finished since the launch: release freed its blocks
+                continue
+            accept = row[0]
+            assert r.blocks[0] is block, "blocks are verified and committed in the order they were opened"
+            r.blocks.pop(0)
+            r.kv_slots.append(block[:accept])
+            rejected.append(block[accept:])
+            r.num_computed += accept
+            r.spec_stats = r.spec_stats.after_step(row[-1], accept - 1)
+            out.append((r, row[1 : 1 + accept]))
+        if rejected:
+            self.runner.kv_pool.free(torch.cat(rejected))
+        return out

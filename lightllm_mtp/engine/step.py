@@ -1,0 +1,91 @@
+"""A step queued on the device, the runners that queue it, and its results on their way to the host.
+
+Overlap scheduling (the engine launches step N+1 before it reads step N's tokens) keeps the device busy while the
+host does step N's bookkeeping: a LaunchedStep is what the engine holds between a runner's `launch*` and `collect`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Union
+
+import torch
+
+from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch
+from lightllm_mtp.engine.request import Request
+from lightllm_mtp.engine.scheduler import ScheduledRequest
+
+
+class HostCopy:
+    """A device tensor copied to pinned host memory without blocking; `tolist()` waits for that copy only."""
+
+    def __init__(self, values: torch.Tensor):
+        self.event: torch.cuda.Event | None = None
+        if values.is_cuda:
+            self.host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+            self.host.copy_(values, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = values
+
+    def tolist(self) -> list:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()
+
+
+@dataclass
+class DecodeStep:
+    """A plain step: reqs get one sampled token each (tokens [B] on the device: the next decode step's input ids).
+    tokens is None when no request samples (prompt chunks that do not finish their prompt)."""
+
+    reqs: list[Request]
+    tokens: torch.Tensor | None = None
+    host_tokens: HostCopy | None = None
+
+
+@dataclass
+class PromptChunksLaunch:
+    """Prompt chunks of a speculative step: `sampled` finish their prompt and get a first token (host copy)."""
+
+    sampled: list[Request]
+    host_tokens: HostCopy | None
+
+
+@dataclass
+class VerifyLaunch:
+    """Verify blocks of a speculative step: per request the host KV slots of the block it verifies; the host copy
+    holds per request [accept length, emitted tokens (k+1, -1 padded), drafts that counted]."""
+
+    reqs: list[Request]
+    blocks: list[torch.Tensor]
+    batch: ForwardBatch
+    host: HostCopy
+
+
+@dataclass
+class SpecStep:
+    reqs: list[Request]  # prompt-chunk requests that sample, then verify requests
+    prompt: PromptChunksLaunch | None = None
+    verify: VerifyLaunch | None = None
+
+
+LaunchedStep = Union[DecodeStep, SpecStep]
+
+
+class StepRunner(Protocol):
+    """What the engine drives: ModelRunner (plain decoding) and SpecRunner (speculative decoding)."""
+
+    max_tokens_per_step: int  # tokens one request can get from one step
+    lookahead_slots: int  # KV slots a request may hold beyond its tokens (blocks queued ahead, wasted rows)
+
+    def launch(self, scheduled: list[ScheduledRequest]) -> LaunchedStep: ...
+
+    def launch_after(self, prev: LaunchedStep, reqs: list[Request]) -> LaunchedStep | None:
+        """The decode/verify step of `reqs` (a subsequence of prev.reqs) queued before prev's results reach the
+        host; None when it cannot be built without them."""
+
+    def collect(self, step: LaunchedStep) -> list[tuple[Request, list[int]]]: ...
+
+    def release(self, req: Request) -> None: ...

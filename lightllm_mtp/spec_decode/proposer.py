@@ -1,0 +1,43 @@
+"""The proposer contract: what a draft method reads of a target forward and what it returns.
+
+A proposer runs right after a target forward (a verify step or prompt chunks), on the device, before the host has
+seen that forward's results. It reads the target's rows (batch, final-norm hidden of every row, the committed
+tokens after each row) and returns k drafts for each request whose next verify block is open in DraftState (the
+step builder placed block row 0 at the newest emitted token). Drafts are greedy: their distribution is one-hot,
+which the verify rule takes as q when it samples.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch
+
+
+@dataclass(frozen=True)
+class DraftInput:
+    batch: ForwardBatch  # the target forward's rows (VERIFY blocks, or EXTEND prompt chunks)
+    hidden: torch.Tensor  # [T, H] the target's final-norm hidden of every row
+    # [T, lookahead] int64: the committed token 1, 2, .. positions after each row's input, -1 where not committed
+    # (rows after a rejected draft, positions past the newest emitted token)
+    next_tokens: torch.Tensor
+    logits_rows: torch.Tensor | None  # [N] rows whose draft logits are needed (None: every row)
+    anchor_rows: torch.Tensor  # [B] per drafting request: the row whose next token is the newest emitted one
+    anchor_logits: torch.Tensor  # [B] the same rows as indices into logits_rows (== anchor_rows when None)
+    b_req_idx: torch.Tensor  # [B] int32 the drafting requests' slots (their next blocks are open)
+
+
+class Proposer(ABC):
+    """Draft k tokens per request. Implementations: MTP eagle and MTP vanilla (mtp_proposer.py)."""
+
+    num_draft_tokens: int  # k
+    lookahead: int  # columns of DraftInput.next_tokens it reads
+
+    @abstractmethod
+    def propose(self, inp: DraftInput) -> torch.Tensor:
+        """[B, k] int64 drafts for the anchor rows' requests, on the device, without a host sync. Also writes
+        whatever state the method keeps (the MTP modules' KV over the target's rows)."""
+

@@ -1,0 +1,115 @@
+"""The one builder of speculative steps. Every verify block, draft pass and eagle chain step is made here, on the
+device, from DraftState: the first block after a prompt, steady decode, blocks near max_model_len or
+max_new_tokens, steps beside prompt chunks, steps queued ahead by overlap scheduling. Blocks are always k+1 rows
+(the CUDA-graph layout); near max_model_len a request's rows past its draft count are padding that writes the
+padding KV slot."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode
+from lightllm_mtp.spec_decode.draft_state import DraftState
+
+
+class StepBuilder:
+    def __init__(self, state: DraftState, req_to_token: torch.Tensor, max_model_len: int, hold_slot: int):
+        self.state = state
+        self.k = state.num_draft_tokens
+        self.req_to_token = req_to_token
+        self.max_model_len = max_model_len
+        self.hold_slot = hold_slot
+        self.device = req_to_token.device
+        self._block_rows = torch.arange(self.k + 1, device=self.device)
+        self._constants: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
+
+    def _batch_constants(self, bsz: int, rows_per_req: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(b1_cu_q_len, b_has_initial_state, b_logits_index) of a uniform batch, made once per shape."""
+        key = (bsz, rows_per_req)
+        if key not in self._constants:
+            dev = self.device
+            self._constants[key] = (
+                torch.arange(bsz + 1, dtype=torch.int32, device=dev) * rows_per_req,
+                torch.ones(bsz, dtype=torch.bool, device=dev),
+                torch.arange(bsz * rows_per_req, dtype=torch.int64, device=dev),
+            )
+        return self._constants[key]
+
+    def open_blocks(
+        self,
+        b_req_idx: torch.Tensor,
+        start: torch.Tensor,
+        last_token: torch.Tensor,
+        slots: torch.Tensor,
+        accept_len: torch.Tensor | None = None,
+    ) -> None:
+        """The next verify blocks of requests `b_req_idx` [B]: rows at positions start..start+k ([B] int64) holding
+        [last_token, d_1..d_k], KV slots `slots` [B, k+1] int32 written into the page table. A request keeps
+        min(k, max_model_len - 2 - start) drafts (no emitted token may pass max_model_len); its rows past them are
+        padding: their KV goes to the padding slot and their positions (up to max_model_len - 1 + k) to the page
+        table's padding columns. accept_len [B]: what the verify that made these blocks emitted (None: 1, a
+        first block after the prompt)."""
+        s, idx = self.state, b_req_idx.to(torch.int64)
+        # a live request starts at most at max_model_len - 2; a request that finished while its next step was
+        # already queued (overlap) may run past that once, on rows nobody reads: keep its positions in the table
+        start = start.clamp(max=self.max_model_len - 1)
+        num_drafts = (self.max_model_len - 2 - start).clamp(0, self.k)
+        mem = torch.where(self._block_rows[None, :] <= num_drafts[:, None], slots, self.hold_slot).to(torch.int32)
+        self.req_to_token[idx[:, None], start[:, None] + self._block_rows[None, :]] = mem
+        s.start[idx] = start
+        s.last_token[idx] = last_token
+        s.num_drafts[idx] = num_drafts.to(torch.int32)
+        s.block_slots[idx] = mem
+        s.accept_len[idx] = 1 if accept_len is None else accept_len.to(torch.int32)
+
+    def verify_batch(self, b_req_idx: torch.Tensor) -> ForwardBatch:
+        """The open blocks of requests `b_req_idx` [B] int32 (device) as one VERIFY batch of B x (k+1) rows."""
+        s, idx, q = self.state, b_req_idx.to(torch.int64), self.k + 1
+        bsz = idx.shape[0]
+        start = s.start[idx]
+        cu, has_state, logits_index = self._batch_constants(bsz, q)
+        return ForwardBatch(
+            mode=ForwardMode.VERIFY,
+            input_ids=torch.cat([s.last_token[idx, None], s.drafts[idx]], dim=1).flatten(),
+            positions=(start[:, None] + self._block_rows[None, :]).flatten(),
+            mem_index=s.block_slots[idx].flatten(),
+            b_req_idx=b_req_idx,
+            b_seq_len=(start + q).to(torch.int32),
+            b1_cu_q_len=cu,
+            b_has_initial_state=has_state,
+            b_logits_index=logits_index,
+            b_accept_len=s.accept_len[idx],
+            max_q_len=q,
+            keep_all_hidden=True,
+        )
+
+    def chain_batch(self, b_req_idx: torch.Tensor, tokens: torch.Tensor, row: int) -> ForwardBatch:
+        """One DECODE row per request at block row `row` of its open block (eagle chain step: input draft
+        d_{row+1}, predicting d_{row+2}); the draft module writes its KV at that row's slot."""
+        s, idx = self.state, b_req_idx.to(torch.int64)
+        positions = s.start[idx] + row
+        cu, has_state, logits_index = self._batch_constants(idx.shape[0], 1)
+        return ForwardBatch(
+            mode=ForwardMode.DECODE,
+            input_ids=tokens,
+            positions=positions,
+            mem_index=s.block_slots[idx, row],
+            b_req_idx=b_req_idx,
+            b_seq_len=(positions + 1).to(torch.int32),
+            b1_cu_q_len=cu,
+            b_has_initial_state=has_state,
+            b_logits_index=logits_index,
+            max_q_len=1,
+        )
+
+
+def draft_pass_batch(main: ForwardBatch, input_ids: torch.Tensor, logits_rows: torch.Tensor | None) -> ForwardBatch:
+    """A draft module's pass over the target's rows (same positions, KV slots, page table; its own KV layer): row i
+    reads the token after row i's input. Logits of `logits_rows` (None: every row, the verify-block graph layout)."""
+    mode = ForwardMode.EXTEND if main.mode is ForwardMode.VERIFY else main.mode
+    index = main.b_logits_index if logits_rows is None else logits_rows  # a VERIFY batch's logits rows are all rows
+    return dataclasses.replace(
+        main, mode=mode, input_ids=input_ids, b_logits_index=index, b_accept_len=None, keep_all_hidden=True
+    )
