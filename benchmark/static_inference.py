@@ -72,7 +72,7 @@ class GenRecord:
 
 
 def generate(engine: LLMEngine, prompts: list[list[int]], output_len: int, timers=None, k: int = 0) -> GenRecord:
-    dev = engine.args.torch_device
+    dev = engine.args.device
     params = SamplingParams(temperature=0.0, max_new_tokens=output_len, ignore_eos=True)
     reqs = [engine.add_request(p, params) for p in prompts]
     bs = len(prompts)
@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> dict:
     device = torch.device(args.device)
     if device.type == "cpu" and ENV.cpu_threads:
         torch.set_num_threads(ENV.cpu_threads)
-    dtype = EngineArgs(model_dir="-", device=args.device, dtype=args.dtype).torch_dtype
+    dtype = EngineArgs(model_dir="-", device=args.device, dtype=args.dtype).dtype
     out_path = Path(args.out) if args.out else default_out(args, source)
     max_bs = max(args.batch_sizes)
     max_model_len = args.input_len + args.output_len + (args.mtp_step if args.mtp_mode else 0) + KV_SLACK
@@ -443,7 +443,7 @@ def main(argv: list[str] | None = None) -> dict:
         engine = build_engine(source, args, max_model_len, mtp=True)
         timers = (
             ForwardTimer(engine.model_runner, device),
-            MultiTimer([ForwardTimer(d, device) for d in engine.runner.draft_forwards]),
+            MultiTimer([ForwardTimer(d, device) for d in engine.runner.proposer.modules]),
         )
         spec_records = run_batches(engine, prompts_all, args, bar, "MTP", timers, k=args.mtp_step)
         del engine, timers

@@ -1,67 +1,85 @@
-"""Engine-level settings, validated once. The CLI and the offline LLM both build an EngineArgs."""
+"""Engine-level settings, parsed once. The CLI and the offline LLM both build an EngineArgs; it accepts what users
+of other engines pass ("float32" or torch.float32, "cuda:1" or torch.device("cuda", 1), "eagle_with_att" or
+MtpMode.EAGLE_WITH_ATT) and holds the typed values from then on."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from lightllm_mtp.config.runtime import LoadFormat
-from lightllm_mtp.config.spec_config import SpecConfig
+from lightllm_mtp.config.spec_config import MtpMode, SpecConfig
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_dtype(value: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """auto: bfloat16 on CUDA, float32 on CPU."""
+    if isinstance(value, torch.dtype):
+        if value not in _DTYPES.values():
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {value}")
+        return value
+    if value == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if value not in _DTYPES:
+        raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {value!r}")
+    return _DTYPES[value]
+
+
+def parse_device(value: str | torch.device) -> torch.device:
+    text = str(value)
+    if text not in ("cpu", "cuda") and not text.startswith("cuda:"):
+        raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {value!r}")
+    device = torch.device(text)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {text!r} asked for but CUDA is not available")
+    return device
 
 
 @dataclass(frozen=True)
 class EngineArgs:
     model_dir: str
-    device: str = "cpu"
-    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
+    device: torch.device = torch.device("cpu")
+    dtype: torch.dtype | str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA; a torch.dtype after parsing
     max_model_len: int | None = None  # None: min(config max_position_embeddings, 4096)
     max_batch_size: int = 8  # concurrent requests (request slots)
     max_total_token_num: int | None = None  # KV pool token slots; None: max_batch_size * max_model_len
     chunked_prefill_size: int = 4096  # token budget of one forward (prefill chunks + decode rows)
-    load_format: str = "auto"  # auto: the checkpoint's safetensors; dummy: random weights (benchmarks)
+    load_format: LoadFormat = LoadFormat.AUTO  # DUMMY: random weights (benchmarks)
     graph_max_batch_size: int = 64  # largest decode batch replayed from a CUDA graph (0: no graphs)
-    mtp_mode: str | None = None  # None, "eagle_with_att" or "vanilla_with_att"
+    mtp_mode: MtpMode | None = None
     mtp_step: int = 0  # draft tokens per step when mtp_mode is set (1..7)
     mtp_draft_model_dir: str | None = None  # where mtp.* live; None: model_dir
     disable_overlap: bool = False  # read each step's tokens before queuing the next (no overlap scheduling)
+    spec: SpecConfig | None = field(init=False)  # the speculative settings, None without MTP
 
     def __post_init__(self) -> None:
-        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
-            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
-        if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"device {self.device!r} asked for but CUDA is not available")
-        if self.dtype != "auto" and self.dtype not in _DTYPES:
-            raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        device = parse_device(self.device)
+        set_field = object.__setattr__
+        set_field(self, "model_dir", str(self.model_dir))
+        set_field(self, "device", device)
+        set_field(self, "dtype", parse_dtype(self.dtype, device))
+        try:
+            set_field(self, "load_format", LoadFormat(self.load_format))
+        except ValueError:
+            raise ValueError(f"load_format must be one of {[f.value for f in LoadFormat]}, got {self.load_format!r}")
+        if self.mtp_mode in (None, "none"):
+            set_field(self, "mtp_mode", None)
+            if self.mtp_step:
+                raise ValueError("mtp_step is set but mtp_mode is not")
+        else:
+            set_field(self, "mtp_mode", MtpMode.parse(self.mtp_mode))
+        set_field(self, "spec", SpecConfig.from_args(self.mtp_mode, self.mtp_step, self.mtp_draft_model_dir))
         for name in ("max_batch_size", "chunked_prefill_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        LoadFormat(self.load_format)  # raises on an unknown format
         if self.graph_max_batch_size < 0:
             raise ValueError(f"graph_max_batch_size must be >= 0, got {self.graph_max_batch_size}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.max_total_token_num is not None and self.max_total_token_num < 1:
             raise ValueError(f"max_total_token_num must be >= 1, got {self.max_total_token_num}")
-        if self.mtp_mode is None and self.mtp_step:
-            raise ValueError("mtp_step is set but mtp_mode is not")
-        self.spec_config  # validates mtp_mode / mtp_step / mtp_draft_model_dir
-
-    @property
-    def spec_config(self) -> SpecConfig | None:
-        return SpecConfig.from_args(self.mtp_mode, self.mtp_step, self.mtp_draft_model_dir)
-
-    @property
-    def torch_device(self) -> torch.device:
-        return torch.device(self.device)
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        if self.dtype == "auto":
-            return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
-        return _DTYPES[self.dtype]
 
     def resolved_max_model_len(self, max_position_embeddings: int) -> int:
         if self.max_model_len is None:

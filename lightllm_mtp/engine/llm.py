@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+import torch
 from tqdm import tqdm
 
 from lightllm_mtp.config.engine_args import EngineArgs
@@ -30,8 +31,8 @@ class LLM:
     def __init__(
         self,
         model_dir: str | Path,
-        device: str = "cpu",
-        dtype: str = "auto",
+        device: str | torch.device = "cpu",
+        dtype: str | torch.dtype = "auto",
         max_model_len: int | None = None,
         max_batch_size: int = 8,
         max_total_token_num: int | None = None,

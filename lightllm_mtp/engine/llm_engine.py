@@ -51,21 +51,21 @@ class EngineUsage:
 class LLMEngine:
     def __init__(self, args: EngineArgs):
         self.args = args
-        if args.torch_device.type == "cpu" and ENV.cpu_threads:
+        if args.device.type == "cpu" and ENV.cpu_threads:
             torch.set_num_threads(ENV.cpu_threads)
         self.model_config = cfg = ModelConfig.from_model_dir(args.model_dir)
         self.max_model_len = args.resolved_max_model_len(cfg.max_position_embeddings)
         kv_pool_size = args.resolved_kv_pool_size(self.max_model_len)
-        self.spec = spec = args.spec_config
+        self.spec = spec = args.spec
         rt = RuntimeShape(
-            dtype=args.torch_dtype,
-            device=args.torch_device,
+            dtype=args.dtype,
+            device=args.device,
             max_reqs=args.max_batch_size,
             max_model_len=self.max_model_len,
             kv_pool_size=kv_pool_size,
             num_draft_tokens=spec.num_draft_tokens if spec else 0,
             draft_kv_layers=spec.num_draft_modules if spec else 0,
-            load_format=LoadFormat(args.load_format),
+            load_format=args.load_format,
         )
         self.model = create_model(args.model_dir, cfg, rt)
         graph_max = min(args.graph_max_batch_size, args.max_batch_size)
@@ -73,7 +73,7 @@ class LLMEngine:
         self.runner: StepRunner = model_runner
         if spec is not None:
             caches = self.model.caches
-            state = DraftState(args.max_batch_size, spec.num_draft_tokens, args.torch_device)
+            state = DraftState(args.max_batch_size, spec.num_draft_tokens, args.device)
             builder = StepBuilder(state, caches.req_manager.req_to_token, self.max_model_len, caches.kv_pool.hold_slot)
             proposer = create_proposer(
                 self.model, spec, args.model_dir, builder, model_runner.graph_max_batch_size, model_runner.graph_pool
@@ -110,7 +110,7 @@ class LLMEngine:
         self.validate_prompt(prompt_ids)
         generator = None
         if params.seed is not None:
-            generator = torch.Generator(device=self.args.torch_device).manual_seed(params.seed)
+            generator = torch.Generator(device=self.args.device).manual_seed(params.seed)
         req = Request(request_id=next(self._ids), prompt_ids=list(prompt_ids), params=params, generator=generator)
         self.scheduler.add(req)
         return req

@@ -13,6 +13,8 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.config.spec_config import MAX_MTP_STEP, MtpMode
@@ -33,11 +35,9 @@ class ServerArgs:
     def __post_init__(self) -> None:
         if self.dp < 1:
             raise ValueError(f"--dp must be >= 1, got {self.dp}")
-        if self.dp > 1 and self.engine.device.startswith("cuda:"):
+        if self.dp > 1 and self.engine.device.index is not None:
             raise ValueError(f"--dp {self.dp} spreads replicas over cuda:0..{self.dp - 1}: pass --device cuda")
-        if self.engine.device == "cuda":
-            import torch
-
+        if self.engine.device.type == "cuda":
             n = torch.cuda.device_count()
             if self.dp > n:
                 raise ValueError(f"--dp {self.dp} needs {self.dp} GPUs, {n} visible")
@@ -57,7 +57,7 @@ class ServerArgs:
 
     def worker_engine_args(self, rank: int) -> EngineArgs:
         """Replica `rank`'s EngineArgs: device cuda -> cuda:rank; CPU replicas share the host."""
-        if self.engine.device == "cuda":
+        if self.engine.device == torch.device("cuda"):
             return dataclasses.replace(self.engine, device=f"cuda:{rank}")
         return self.engine
 

@@ -50,8 +50,8 @@ class ModelWorker:
         from lightllm_mtp.engine.llm_engine import LLMEngine
         from lightllm_mtp.env import ENV
 
-        if engine_args.torch_device.type == "cuda" and engine_args.torch_device.index is not None:
-            torch.cuda.set_device(engine_args.torch_device)  # graphs, streams and Triton launches on our GPU
+        if engine_args.device.type == "cuda" and engine_args.device.index is not None:
+            torch.cuda.set_device(engine_args.device)  # graphs, streams and Triton launches on our GPU
         elif not ENV.cpu_threads:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // dp))  # CPU replicas share the host's cores
         self.rank = rank
@@ -63,7 +63,7 @@ class ModelWorker:
         self.finished_requests = 0
         self.generated_tokens = 0
         self.spec_done = SpecStats()  # acceptance of requests that ended
-        dev = engine_args.torch_device
+        dev = engine_args.device
         if dev.type == "cuda":
             name = torch.cuda.get_device_name(dev)
         else:

@@ -22,10 +22,8 @@ class SpecStats:
     def after_step(self, num_drafts: int, accepted_drafts: int) -> SpecStats:
         """These counts plus one verify step that checked `num_drafts` drafts and accepted the first
         `accepted_drafts` of them."""
-        step = SpecStats(
-            1, num_drafts, accepted_drafts, (1,) * num_drafts, (1,) * accepted_drafts + (0,) * (num_drafts - accepted_drafts)
-        )
-        return self + step
+        accepted_at = (1,) * accepted_drafts + (0,) * (num_drafts - accepted_drafts)
+        return self + SpecStats(1, num_drafts, accepted_drafts, (1,) * num_drafts, accepted_at)
 
     def __add__(self, other: SpecStats) -> SpecStats:
         return SpecStats(
@@ -46,5 +44,5 @@ class SpecStats:
         return (self.accepted_drafts + self.verify_steps) / self.verify_steps if self.verify_steps else 0.0
 
     @property
-    def acceptance_per_position(self) -> tuple[float, ...]:
-        return tuple(a / p if p else 0.0 for a, p in zip(self.accepted_at, self.proposed_at))
+    def acceptance_per_position(self) -> list[float]:
+        return [a / p if p else 0.0 for a, p in zip(self.accepted_at, self.proposed_at)]

@@ -21,14 +21,14 @@ def model_dir(request, tiny_dense_dir, tiny_moe_dir, tiny_dense_tied_dir):
 def record_step_logits(llm):
     """Wraps the runner's sampler to keep, per request, the logits row it sampled from at each step."""
     seen: dict[int, list[torch.Tensor]] = {}
-    sample = llm.engine.runner._sample
+    sample = llm.engine.runner.sample
 
     def wrapped(logits, reqs):
         for row, req in zip(logits, reqs):
             seen.setdefault(req.request_id, []).append(row.clone())
         return sample(logits, reqs)
 
-    llm.engine.runner._sample = wrapped
+    llm.engine.runner.sample = wrapped
     return seen
 
 

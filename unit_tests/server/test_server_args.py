@@ -1,6 +1,7 @@
 """Flag parsing and start-up validation: every bad combination exits with status 2 and a clear message."""
 
 import pytest
+import torch
 
 from lightllm_mtp.server.args import build_parser, parse_server_args
 from lightllm_mtp.config.spec_config import MtpMode
@@ -18,16 +19,16 @@ def test_defaults_and_lightllm_flag_names(tiny_dense_dir):
     assert (a.host, a.port, a.dp, a.api_key, a.is_loopback) == ("127.0.0.1", 8000, 1, None, True)
     assert a.model_name == tiny_dense_dir.name
     e = a.engine
-    assert (e.device, e.max_batch_size, e.mtp_mode, e.spec_config) == ("cpu", 32, None, None)
+    assert (e.device, e.max_batch_size, e.mtp_mode, e.spec) == (torch.device("cpu"), 32, None, None)
     a = parse_server_args(["--model_dir", str(tiny_dense_dir), "--mtp_mode", "eagle_with_att", "--mtp_step", "3",
                            "--running_max_req_size", "4", "--max_req_total_len", "256", "--max_total_token_num",
                            "512", "--chunked_prefill_size", "64", "--disable_cudagraph", "--data_type", "float32",
                            "--dp", "2", "--model_name", "tiny", "--api_key", "k", "--host", "0.0.0.0"])  # fmt: skip
     e = a.engine
-    assert e.spec_config.mode is MtpMode.EAGLE_WITH_ATT and e.spec_config.num_draft_tokens == 3
+    assert e.spec.mode is MtpMode.EAGLE_WITH_ATT and e.spec.num_draft_tokens == 3
     assert (e.max_batch_size, e.max_model_len, e.max_total_token_num, e.chunked_prefill_size) == (4, 256, 512, 64)
-    assert (e.graph_max_batch_size, e.dtype, a.dp, a.model_name, a.is_loopback) == (0, "float32", 2, "tiny", False)
-    assert [a.worker_engine_args(r).device for r in range(2)] == ["cpu", "cpu"]
+    assert (e.graph_max_batch_size, e.dtype, a.dp, a.model_name, a.is_loopback) == (0, torch.float32, 2, "tiny", False)
+    assert [a.worker_engine_args(r).device for r in range(2)] == [torch.device("cpu")] * 2
     # vLLM-style aliases land in the same fields
     b = parse_server_args(["--model_dir", str(tiny_dense_dir), "--max_model_len", "256", "--max_batch_size", "4"])
     assert (b.engine.max_model_len, b.engine.max_batch_size) == (256, 4)
