@@ -4,6 +4,9 @@
 #   bash benchmark/gpu_runs.sh 27b      # 27B: no-spec + MTP k=1 at B=1,32, overlap on, then off (same machine)
 #   bash benchmark/gpu_runs.sh 35b      # 35B-A3B: no-spec at B=1,32
 #   bash benchmark/gpu_runs.sh peer     # 27B: our engine vs HF transformers generate at B=1,8 (ours freed first)
+#   bash benchmark/gpu_runs.sh 27b_k1   # 27B: no-spec + MTP k=1 at B=1,32, overlap on
+#   bash benchmark/gpu_runs.sh mixed    # 27B, MTP k=1, 32 running with arrivals: this tree, then baseline/ (an older
+#                                       # commit exported with `git archive REV --prefix=baseline/`; carry baseline)
 # Results go to $OUT (the device tool's folder) or benchmark/results; each JSON holds its exact command.
 # fla-core travels as a wheel in .whl/ (benchmark/README.md, "GPU runs").
 set -euo pipefail
@@ -23,7 +26,18 @@ case "${1:-}" in
     bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 48 --mtp_mode eagle_with_att --mtp_step 1 \
       --mtp_accept_rate 0.8,0.95 --disable_overlap --out "$out/static_qwen3.5-27b_mtp_k1_h100_no_overlap.json" ;;
   35b) bench --model_shape qwen3.5-35b-a3b --batch_sizes 1,32 --output_len 48 --plot --out "$out/static_qwen3.5-35b-a3b_h100.json" ;;
+  27b_k1)
+    bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 48 --mtp_mode eagle_with_att --mtp_step 1 \
+      --mtp_accept_rate 0.8,0.95 --out "$out/static_qwen3.5-27b_mtp_k1_h100.json" ;;
+  mixed)
+    mixed=(python3 benchmark/mixed_workload.py --model_shape qwen3.5-27b --device cuda --concurrency 32 --num_requests 96
+           --input_len 1024 --output_len 64 --chunked_prefill_size 2048 --mtp_mode eagle_with_att --mtp_step 1)
+    "${mixed[@]}" --label after --out "$out/mixed_qwen3.5-27b_mtp_k1_h100.json"
+    if [ -d baseline ]; then
+      "${mixed[@]}" --label "before ($(cat baseline/REVISION 2>/dev/null || echo baseline))" --engine_root baseline \
+        --out "$out/mixed_qwen3.5-27b_mtp_k1_h100_before.json"
+    fi ;;
   peer) bench --model_shape qwen3.5-27b --batch_sizes 1,8 --output_len 32 --hf_peer --hf_batch_sizes 1,8 \
       --out "$out/static_qwen3.5-27b_hf_peer_h100.json" ;;
-  *) echo "usage: $0 tests|27b|35b|peer" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|27b|27b_k1|35b|peer|mixed" >&2; exit 2 ;;
 esac

@@ -65,7 +65,7 @@ def test_mtp_verify_graphs_stay_exact_at_high_acceptance(monkeypatch, tiny_dense
     oracle_drafts(monkeypatch, plain, corrupt_every)
     llm = LLM(tiny_dense_mtp3_dir, device="cuda", dtype="float32", max_model_len=64, graph_max_batch_size=8,
               mtp_mode=mode, mtp_step=step)  # fmt: skip
-    assert llm.engine.model_runner.graphs and all(d.graph_sets for d in llm.engine.runner.draft_forwards)
+    assert llm.engine.model_runner.graphs and all(m.graph_sets for m in llm.engine.runner.proposer.modules)
     caches = llm.engine.model.caches
     free_kv, free_req = caches.kv_pool.num_free, caches.req_manager.num_free
     outs = llm.generate(PROMPTS, GREEDY)
@@ -95,28 +95,34 @@ def test_overlap_scheduling_matches_the_synchronous_loop(tiny_dense_mtp3_dir, mt
 
 @pytest.mark.parametrize("mtp", [{}, dict(mtp_mode="eagle_with_att", mtp_step=2), dict(mtp_mode="vanilla_with_att",
                                  mtp_step=2)], ids=["plain", "eagle", "vanilla"])  # fmt: skip
-def test_queuing_the_next_step_never_waits_for_the_device(tiny_dense_mtp3_dir, mtp):
-    """Overlap only pays if `launch_after` queues the next step without a device sync (a blocking copy, .item(),
-    .tolist() of a device tensor): CUDA's sync debug mode reports every such call made while it runs."""
+def test_queuing_a_step_never_waits_for_the_device(tiny_dense_mtp3_dir, mtp):
+    """Overlap only pays if `launch` / `launch_after` queue a step without a device sync (a blocking copy, .item(),
+    .tolist() of a device tensor): CUDA's sync debug mode reports every such call made while they run. Small
+    prompt chunks beside verify rows, and a request that runs into max_model_len (padded blocks), included."""
     import warnings
 
-    llm = LLM(tiny_dense_mtp3_dir, device="cuda", dtype="bfloat16", max_model_len=64, graph_max_batch_size=8, **mtp)
+    llm = LLM(tiny_dense_mtp3_dir, device="cuda", dtype="bfloat16", max_model_len=40, graph_max_batch_size=8,
+              chunked_prefill_size=8, **mtp)  # fmt: skip
     runner = llm.engine.runner
-    inner, launched, syncs = runner.launch_after, [0], []
+    launched, syncs = [0], []
 
-    def checked(prev, reqs):
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                step = inner(prev, reqs)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        syncs.extend(str(w.message) for w in caught if "synchroniz" in str(w.message).lower())
-        launched[0] += step is not None
-        return step
+    def checked(inner):
+        def run(*args):
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    step = inner(*args)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            syncs.extend(str(w.message) for w in caught if "synchroniz" in str(w.message).lower())
+            launched[0] += step is not None
+            return step
 
-    runner.launch_after = checked
-    llm.generate(PROMPTS, GREEDY)
+        return run
+
+    runner.launch, runner.launch_after = checked(runner.launch), checked(runner.launch_after)
+    outs = llm.generate([*PROMPTS, [3] * 30], GREEDY)
+    assert len(outs[-1].token_ids) == 10  # ran into max_model_len
     assert launched[0] > 0
     assert not syncs, syncs[:3]

@@ -10,7 +10,6 @@ from pathlib import Path
 import torch
 
 from lightllm_mtp.config.runtime import RuntimeShape
-from lightllm_mtp.config.runtime import LoadFormat
 from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.engine.model_runner import ModelRunner
