@@ -1,5 +1,6 @@
 """Repository-wide pytest hooks: GPU-marked tests are skipped (and reported as skipped) without CUDA."""
 
+import importlib.util
 import os
 
 import pytest
@@ -10,6 +11,18 @@ os.environ.setdefault("LIGHTLLM_MTP_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("LIGHTLLM_MTP_CPU_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
+
+
+# The server's tests need the `server` extra (and the official `openai` client for the e2e tests). Where it is absent
+# (a GPU machine running `pytest -m gpu` with the engine's dependencies only) they are not collected.
+SERVER_EXTRA = ("fastapi", "uvicorn", "pydantic", "httpx", "prometheus_client", "openai")
+MISSING_SERVER_EXTRA = [name for name in SERVER_EXTRA if importlib.util.find_spec(name) is None]
+collect_ignore_glob = ["unit_tests/server/*", "test/test_server*", "unit_tests/benchmark/test_serving*"] if MISSING_SERVER_EXTRA else []
+
+
+def pytest_report_header(config):
+    if MISSING_SERVER_EXTRA:
+        return f"server tests not collected: {', '.join(MISSING_SERVER_EXTRA)} not installed (pip install -e '.[test]')"
 
 
 def pytest_collection_modifyitems(config, items):

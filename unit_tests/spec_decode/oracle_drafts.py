@@ -11,7 +11,7 @@ class OracleProposer:
 
     def __init__(self, inner, runner: SpecRunner, reference, corrupt_every: int):
         self.inner, self.runner, self.reference, self.corrupt_every = inner, runner, reference, corrupt_every
-        self.num_draft_tokens, self.lookahead = inner.num_draft_tokens, inner.lookahead
+        self.num_draft_tokens, self.lookahead, self.modules = inner.num_draft_tokens, inner.lookahead, inner.modules
         self.requests = []  # the requests of the step being launched (their slots are taken during the launch)
 
     def propose(self, inp):
