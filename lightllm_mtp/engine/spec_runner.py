@@ -21,6 +21,7 @@ from lightllm_mtp.engine.model_runner import ModelRunner
 from lightllm_mtp.engine.request import Request, RequestStatus
 from lightllm_mtp.engine.scheduler import ScheduledRequest
 from lightllm_mtp.engine.step import HostCopy, PromptChunksLaunch, SpecStep, VerifyLaunch
+from lightllm_mtp.spec_decode.draft_state import DRAFTS, NUM_DRAFTS, START
 from lightllm_mtp.spec_decode.proposer import DraftInput, Proposer
 from lightllm_mtp.spec_decode.step_builder import StepBuilder
 from lightllm_mtp.spec_decode.verify import verify_block
@@ -38,6 +39,7 @@ class SpecRunner:
         self.k = builder.k
         self.device = runner.device
         self.max_tokens_per_step = self.k + 1
+        self._block_rows = torch.arange(self.k + 1, device=self.device)
         # open blocks per request: the one a step verifies, the one it opens, and one more queued ahead (overlap)
         self.lookahead_slots = 3 * self.k + 1
 
@@ -142,37 +144,45 @@ class SpecRunner:
         )
         drafts = self.proposer.propose(inp)
         if reqs:
-            self.state.drafts[b_req_idx.to(torch.int64)] = drafts
+            self.state.write_drafts(b_req_idx, drafts)
 
     # ---- verify blocks ------------------------------------------------------------------------------
     def _launch_verify(self, reqs: list[Request]) -> VerifyLaunch:
         q, bsz = self.k + 1, len(reqs)
         b_req_idx = self._device([r.req_idx for r in reqs])
-        idx = b_req_idx.to(torch.int64)
         blocks = [r.blocks[-1] for r in reqs]  # the block each request verifies: the newest one opened
-        batch = self.builder.verify_batch(b_req_idx)
+        batch, rows = self.builder.verify_batch(b_req_idx)
         out = self.runner.forward(batch)
-        temps, top_ps, top_ks = self.runner.sampling_tensors(reqs)
-        num_drafts = self.state.num_drafts[idx]
+        greedy = all(r.params.temperature <= 0 for r in reqs)
+        temps, top_ps, top_ks = (None, None, None) if greedy else self.runner.sampling_tensors(reqs)
+        drafts, num_drafts = rows[:, DRAFTS : DRAFTS + self.k], rows[:, NUM_DRAFTS]
         result = verify_block(
-            out.logits.view(bsz, q, -1), self.state.drafts[idx], num_drafts, temps, top_ps, top_ks,
-            [r.generator for r in reqs], greedy_only=all(r.params.temperature <= 0 for r in reqs),
+            out.logits.view(bsz, q, -1), drafts, num_drafts, temps, top_ps, top_ks, [r.generator for r in reqs],
+            greedy_only=greedy,
         )  # fmt: skip
         accept = result.b_accept_len.to(torch.int64)
-        start = batch.positions.view(bsz, q)[:, 0] + accept
         last_token = result.emitted.gather(1, (accept - 1)[:, None]).squeeze(1)
-        self._open_blocks(reqs, b_req_idx=b_req_idx, start=start, last_token=last_token, accept_len=accept)
-        # the token 1..lookahead positions after block row r is emitted[r + m] while r + m < accept
-        cols = torch.arange(q, device=self.device)[:, None] + torch.arange(self.proposer.lookahead, device=self.device)
-        emitted = torch.nn.functional.pad(result.emitted, (0, self.proposer.lookahead))
-        committed = cols[None] < accept[:, None, None]
-        next_tokens = torch.where(committed, emitted[:, cols], _NOT_COMMITTED).view(bsz * q, -1)
-        anchors = torch.arange(bsz, device=self.device) * q + accept - 1
-        self.state.drafts[idx] = self.proposer.propose(
-            DraftInput(batch, out.hidden, next_tokens, None, anchors, anchors, b_req_idx)
-        )
-        host = torch.cat([result.b_accept_len[:, None], result.emitted.to(torch.int32), num_drafts[:, None]], dim=1)
+        self._open_blocks(reqs, b_req_idx=b_req_idx, start=rows[:, START] + accept, last_token=last_token,
+                          accept_len=accept)  # fmt: skip
+        drafts = self.proposer.propose(self._verified_rows(batch, out.hidden, result, b_req_idx))
+        self.state.write_drafts(b_req_idx, drafts)
+        host = torch.cat([result.b_accept_len[:, None].to(torch.int64), result.emitted, num_drafts[:, None]], dim=1)
         return VerifyLaunch(list(reqs), blocks, batch, HostCopy(host))
+
+    def _verified_rows(self, batch, hidden, result, b_req_idx) -> DraftInput:
+        """The proposer's view of a verify step: the token 1..lookahead positions after block row r is
+        emitted[r + m] while r + m < accept length (emitted is -1 past it); the anchor is row accept - 1."""
+        bsz, q, lookahead = result.emitted.shape[0], self.k + 1, self.proposer.lookahead
+        accept = result.b_accept_len.to(torch.int64)
+        if lookahead == 1:
+            next_tokens = result.emitted.view(bsz * q, 1)
+        else:
+            cols = self._block_rows[:, None] + torch.arange(lookahead, device=self.device)
+            emitted = torch.nn.functional.pad(result.emitted, (0, lookahead), value=_NOT_COMMITTED)
+            committed = cols[None] < accept[:, None, None]
+            next_tokens = torch.where(committed, emitted[:, cols], _NOT_COMMITTED).view(bsz * q, lookahead)
+        anchors = batch.b1_cu_q_len[:-1].to(torch.int64) + accept - 1
+        return DraftInput(batch, hidden, next_tokens, None, anchors, anchors, b_req_idx)
 
     def _collect_verify(self, v: VerifyLaunch) -> list[tuple[Request, list[int]]]:
         """Commits accepted rows' KV slots, frees the others, records acceptance; waits for this step's copy only."""

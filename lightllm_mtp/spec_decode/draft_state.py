@@ -1,21 +1,50 @@
 """The speculative state of every request slot, on the device: its next verify block and the accept length of its
 last one. Proposers and the verify rule write it; the step builder reads it. The host never needs it to build a
-step, so a verify step can be queued before the previous one's results reach the host (overlap scheduling)."""
+step, so a verify step can be queued before the previous one's results reach the host (overlap scheduling).
+
+One int64 row per request slot, so that building a step is one gather and opening blocks one scatter:
+    [start, num_drafts, accept_len, last_token, d_1..d_k, slot_0..slot_k]   (the block's input ids are contiguous)
+"""
 
 from __future__ import annotations
 
 import torch
 
+START, NUM_DRAFTS, ACCEPT_LEN, LAST_TOKEN, DRAFTS = 0, 1, 2, 3, 4
+
 
 class DraftState:
     def __init__(self, max_reqs: int, num_draft_tokens: int, device: torch.device):
         """Rows are request slots (ReqManager), the last one the padding slot of CUDA-graph batches."""
-        rows, k = max_reqs + 1, num_draft_tokens
-        self.num_draft_tokens = k
-        self.start = torch.zeros(rows, dtype=torch.int64, device=device)  # position of block row 0 (newest token)
-        self.last_token = torch.zeros(rows, dtype=torch.int64, device=device)  # the token at `start`
-        self.drafts = torch.zeros(rows, k, dtype=torch.int64, device=device)  # d_1..d_k
-        self.num_drafts = torch.zeros(rows, dtype=torch.int32, device=device)  # drafts that count (< k near the end)
-        self.block_slots = torch.zeros(rows, k + 1, dtype=torch.int32, device=device)  # KV slot of each block row
-        # tokens the slot's last verify emitted (accepted drafts + 1); 1 after prefill
-        self.accept_len = torch.ones(rows, dtype=torch.int32, device=device)
+        k = self.num_draft_tokens = num_draft_tokens
+        self.slots_col = DRAFTS + k  # first of the k+1 KV-slot columns
+        self.table = torch.zeros(max_reqs + 1, DRAFTS + 2 * k + 1, dtype=torch.int64, device=device)
+        self.table[:, ACCEPT_LEN] = 1
+
+    # views, for readers and tests
+    @property
+    def start(self) -> torch.Tensor:  # [R] position of block row 0 (the newest emitted token)
+        return self.table[:, START]
+
+    @property
+    def last_token(self) -> torch.Tensor:  # [R] the token at `start`
+        return self.table[:, LAST_TOKEN]
+
+    @property
+    def num_drafts(self) -> torch.Tensor:  # [R] drafts that count (fewer than k near max_model_len)
+        return self.table[:, NUM_DRAFTS]
+
+    @property
+    def accept_len(self) -> torch.Tensor:  # [R] tokens the slot's last verify emitted (accepted drafts + 1); 1 after prefill
+        return self.table[:, ACCEPT_LEN]
+
+    @property
+    def drafts(self) -> torch.Tensor:  # [R, k] d_1..d_k
+        return self.table[:, DRAFTS : self.slots_col]
+
+    @property
+    def block_slots(self) -> torch.Tensor:  # [R, k+1] KV slot of each block row (the padding slot past num_drafts)
+        return self.table[:, self.slots_col :]
+
+    def write_drafts(self, b_req_idx: torch.Tensor, drafts: torch.Tensor) -> None:
+        self.table[b_req_idx.to(torch.int64), DRAFTS : self.slots_col] = drafts

@@ -11,7 +11,7 @@ import dataclasses
 import torch
 
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode
-from lightllm_mtp.spec_decode.draft_state import DraftState
+from lightllm_mtp.spec_decode.draft_state import ACCEPT_LEN, DRAFTS, LAST_TOKEN, START, DraftState
 
 
 class StepBuilder:
@@ -51,51 +51,56 @@ class StepBuilder:
         padding: their KV goes to the padding slot and their positions (up to max_model_len - 1 + k) to the page
         table's padding columns. accept_len [B]: what the verify that made these blocks emitted (None: 1, a
         first block after the prompt)."""
-        s, idx = self.state, b_req_idx.to(torch.int64)
+        idx = b_req_idx.to(torch.int64)
         # a live request starts at most at max_model_len - 2; a request that finished while its next step was
         # already queued (overlap) may run past that once, on rows nobody reads: keep its positions in the table
         start = start.clamp(max=self.max_model_len - 1)
         num_drafts = (self.max_model_len - 2 - start).clamp(0, self.k)
-        mem = torch.where(self._block_rows[None, :] <= num_drafts[:, None], slots, self.hold_slot).to(torch.int32)
-        self.req_to_token[idx[:, None], start[:, None] + self._block_rows[None, :]] = mem
-        s.start[idx] = start
-        s.last_token[idx] = last_token
-        s.num_drafts[idx] = num_drafts.to(torch.int32)
-        s.block_slots[idx] = mem
-        s.accept_len[idx] = 1 if accept_len is None else accept_len.to(torch.int32)
+        mem = torch.where(self._block_rows[None, :] <= num_drafts[:, None], slots, self.hold_slot)
+        self.req_to_token[idx[:, None], start[:, None] + self._block_rows[None, :]] = mem.to(torch.int32)
+        if accept_len is None:
+            accept_len = torch.ones_like(start)
+        head = torch.stack([start, num_drafts, accept_len.to(torch.int64), last_token], dim=1)
+        s = self.state
+        s.table[idx, START:DRAFTS] = head
+        s.table[idx, s.slots_col :] = mem.to(torch.int64)
 
-    def verify_batch(self, b_req_idx: torch.Tensor) -> ForwardBatch:
-        """The open blocks of requests `b_req_idx` [B] int32 (device) as one VERIFY batch of B x (k+1) rows."""
+    def verify_batch(self, b_req_idx: torch.Tensor) -> tuple[ForwardBatch, torch.Tensor]:
+        """The open blocks of requests `b_req_idx` [B] int32 (device) as one VERIFY batch of B x (k+1) rows, and
+        their DraftState rows as gathered (drafts and draft counts for the accept rule)."""
         s, idx, q = self.state, b_req_idx.to(torch.int64), self.k + 1
-        bsz = idx.shape[0]
-        start = s.start[idx]
-        cu, has_state, logits_index = self._batch_constants(bsz, q)
-        return ForwardBatch(
+        rows = s.table[idx]  # one gather: [B, 4 + k + k+1]
+        start = rows[:, START]
+        cu, has_state, logits_index = self._batch_constants(idx.shape[0], q)
+        narrow = rows[:, [ACCEPT_LEN, *range(s.slots_col, s.slots_col + q)]].to(torch.int32)
+        batch = ForwardBatch(
             mode=ForwardMode.VERIFY,
-            input_ids=torch.cat([s.last_token[idx, None], s.drafts[idx]], dim=1).flatten(),
+            input_ids=rows[:, LAST_TOKEN : s.slots_col].flatten(),  # [last token, d_1..d_k] per request
             positions=(start[:, None] + self._block_rows[None, :]).flatten(),
-            mem_index=s.block_slots[idx].flatten(),
+            mem_index=narrow[:, 1:].flatten(),
             b_req_idx=b_req_idx,
             b_seq_len=(start + q).to(torch.int32),
             b1_cu_q_len=cu,
             b_has_initial_state=has_state,
             b_logits_index=logits_index,
-            b_accept_len=s.accept_len[idx],
+            b_accept_len=narrow[:, 0],
             max_q_len=q,
             keep_all_hidden=True,
         )
+        return batch, rows
 
     def chain_batch(self, b_req_idx: torch.Tensor, tokens: torch.Tensor, row: int) -> ForwardBatch:
         """One DECODE row per request at block row `row` of its open block (eagle chain step: input draft
         d_{row+1}, predicting d_{row+2}); the draft module writes its KV at that row's slot."""
         s, idx = self.state, b_req_idx.to(torch.int64)
-        positions = s.start[idx] + row
+        rows = s.table[idx][:, [START, s.slots_col + row]]
+        positions = rows[:, 0] + row
         cu, has_state, logits_index = self._batch_constants(idx.shape[0], 1)
         return ForwardBatch(
             mode=ForwardMode.DECODE,
             input_ids=tokens,
             positions=positions,
-            mem_index=s.block_slots[idx, row],
+            mem_index=rows[:, 1].to(torch.int32),
             b_req_idx=b_req_idx,
             b_seq_len=(positions + 1).to(torch.int32),
             b1_cu_q_len=cu,

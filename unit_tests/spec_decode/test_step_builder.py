@@ -42,9 +42,9 @@ def test_every_verify_step_comes_from_the_one_builder(monkeypatch, tiny_dense_mt
     real_verify_batch = StepBuilder.verify_batch
 
     def recording(self, b_req_idx):
-        batch = real_verify_batch(self, b_req_idx)
+        batch, rows = real_verify_batch(self, b_req_idx)
         built.add(id(batch))
-        return batch
+        return batch, rows
 
     monkeypatch.setattr(StepBuilder, "verify_batch", recording)
     engine = LLMEngine(EngineArgs(model_dir=str(tiny_dense_mtp3_dir), max_model_len=MAX_LEN, max_batch_size=4,
@@ -96,10 +96,10 @@ def test_padding_rows_near_max_model_len_touch_only_the_padding_slot(monkeypatch
     real = StepBuilder.verify_batch
 
     def recording(self, b_req_idx):
-        batch = real(self, b_req_idx)
+        batch, rows = real(self, b_req_idx)
         num_drafts = self.state.num_drafts[b_req_idx.long()].clone()
         batches.append((batch, num_drafts, self.hold_slot))
-        return batch
+        return batch, rows
 
     monkeypatch.setattr(StepBuilder, "verify_batch", recording)
     engine = LLMEngine(EngineArgs(model_dir=str(tiny_dense_mtp3_dir), max_model_len=24, max_batch_size=4,
