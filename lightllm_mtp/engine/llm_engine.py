@@ -124,11 +124,12 @@ class LLMEngine:
     def step_outputs(self) -> list[StepOutput]:
         """Runs one step; returns every request that got tokens in it (for streaming), finished ones flagged.
 
-        With overlap (the default), the next step is queued on the device before this one's tokens are read
-        whenever its rows are known without them: every running request is generating, none can finish by length
-        in this step without certainly doing so, and no waiting request can be admitted. The host then does this
-        step's bookkeeping while the device runs the next one. A request that stops in this step (a stop token)
-        wastes its row of the queued step; `collect` skips it."""
+        With overlap (the default), the next step is queued on the device before this one's results are read: the
+        scheduler's next step, without the requests this step certainly ends (by length). Decode / verify rows take
+        their inputs from the device (plain decoding: this step's sampled tokens; MTP: the blocks the proposer
+        opened), prompt chunks from the host. The host then does this step's bookkeeping while the device runs the
+        next one. A request that stops in this step (a stop token, eos) wastes its rows of the queued step; `collect`
+        skips them."""
         if self._inflight is None:
             scheduled = self.scheduler.schedule()
             if not scheduled:
@@ -157,20 +158,14 @@ class LLMEngine:
         return outputs
 
     def _launch_next(self, step: LaunchedStep) -> LaunchedStep | None:
-        """The step after `step`, queued now, or None when its rows depend on `step`'s tokens."""
-        running = self.scheduler.running
-        if not step.reqs or len(step.reqs) != len(running) or self.scheduler.can_admit():
-            return None
-        continuing = []
-        for req in step.reqs:
-            if req.status is not RequestStatus.RUNNING or req.in_prefill:
-                return None
-            room = min(req.params.max_new_tokens - len(req.output_ids), self.max_model_len - req.num_tokens)
-            if room > 1:  # room 1: this step's token is its last. Less certain: a wasted row if it does finish
-                continuing.append(req)
-        if not continuing or not self.scheduler.fits_decode_rows(len(continuing)):
-            return None
-        return self.runner.launch_after(step, continuing)
+        """The step after `step`, queued before `step`'s results reach the host; None when there is nothing to run."""
+        ends = {id(r) for r in step.reqs if self._room(r) <= 1}  # this step brings their last token
+        scheduled = self.scheduler.schedule(skip=ends)
+        return self.runner.launch(scheduled, after=step) if scheduled else None
+
+    def _room(self, req: Request) -> int:
+        """Tokens the request may still get (by its length limits), as the host knows it."""
+        return min(req.params.max_new_tokens - len(req.output_ids), self.max_model_len - req.num_tokens)
 
     def _drop_idle_inflight(self) -> None:
         """Forgets a queued step whose requests all finished (its device work completes unobserved; every slot it

@@ -40,13 +40,15 @@ class ModelRunner:
         return self.graphed.forward(batch)
 
     def build_batch(
-        self, scheduled: list[ScheduledRequest], device_input_ids: torch.Tensor | None = None
+        self, scheduled: list[ScheduledRequest], after: DecodeStep | None = None
     ) -> tuple[ForwardBatch, list[Request]]:
         """Allocates slots for the new tokens and writes them into req_to_token.
 
-        device_input_ids: the input ids already on the device (a decode step launched before the host has its
-        tokens); None: read from the requests. Returns the batch and the requests that get a new token from this
+        after: a step whose sampled tokens have not reached the host: the decode rows of its requests take their
+        input ids from its tokens on the device. Returns the batch and the requests that get a new token from this
         step (those whose pending tokens all fit in it), in the order of the batch's logits rows."""
+        on_device = {id(r): i for i, r in enumerate(after.reqs)} if after is not None and after.tokens is not None else {}
+        from_device: list[tuple[int, int]] = []  # (row, index into after.tokens)
         input_ids: list[int] = []
         positions: list[int] = []
         req_idx: list[int] = []
@@ -61,7 +63,11 @@ class ModelRunner:
             if req.req_idx is None:
                 req.req_idx = self.req_manager.alloc()
             start = req.num_computed
-            if device_input_ids is None:
+            if id(req) in on_device:  # its pending token is the one `after` sampled
+                assert n == 1
+                from_device.append((len(input_ids), on_device[id(req)]))
+                input_ids.append(0)
+            else:
                 input_ids += [req.token_at(p) for p in range(start, start + n)]
             positions += range(start, start + n)
             req_idx.append(req.req_idx)
@@ -71,7 +77,7 @@ class ModelRunner:
             new_slots = self.kv_pool.alloc(n)
             req.kv_slots.append(new_slots)
             slots.append(new_slots)
-            if device_input_ids is not None or start + n == req.num_tokens:  # every pending token is in
+            if id(req) in on_device or start + n == req.num_tokens:  # every pending token is in
                 logits_rows.append(cu_q_len[-1] - 1)
                 sampled.append(req)
         decode = all(s.num_new_tokens == 1 for s in scheduled) and all(has_state)
@@ -88,9 +94,17 @@ class ModelRunner:
         rows = torch.tensor(req_idx, dtype=torch.int64).repeat_interleave(q_lens).to(dev, non_blocking=True)
         positions_dev = positions_t.to(dev, non_blocking=True)
         self.req_manager.req_to_token[rows, positions_dev] = mem_index
+        input_ids_dev = to_dev(input_ids, torch.int64)
+        if from_device:
+            same = len(from_device) == len(input_ids) == after.tokens.shape[0]
+            if same and all(i == j for i, j in from_device):
+                input_ids_dev = after.tokens  # steady decode: the same requests in the same order
+            else:
+                rows_dev = to_dev([i for i, _ in from_device], torch.int64)
+                input_ids_dev[rows_dev] = after.tokens[to_dev([j for _, j in from_device], torch.int64)]
         batch = ForwardBatch(
             mode=ForwardMode.DECODE if decode else ForwardMode.EXTEND,
-            input_ids=to_dev(input_ids, torch.int64) if device_input_ids is None else device_input_ids,
+            input_ids=input_ids_dev,
             positions=positions_dev,
             mem_index=mem_index,
             b_req_idx=b_req_idx,
@@ -106,23 +120,10 @@ class ModelRunner:
     lookahead_slots = 1  # a decode row queued for a request that finishes in the step before (overlap)
 
     @torch.inference_mode()
-    def launch(self, scheduled: list[ScheduledRequest]) -> DecodeStep:
-        """Queues one forward and its sampling on the device; the tokens reach the host in `collect`."""
-        return self._launch(scheduled, *self.build_batch(scheduled))
-
-    @torch.inference_mode()
-    def launch_after(self, prev: DecodeStep, reqs: list[Request]) -> DecodeStep | None:
-        """The decode step that follows `prev` for `reqs` (a subsequence of prev.reqs), queued before prev's tokens
-        reach the host: its input ids are prev's sampled tokens, still on the device."""
-        if prev.tokens is None:
-            return None
-        rows = {id(r): i for i, r in enumerate(prev.reqs)}
-        index = [rows[id(r)] for r in reqs]
-        ids = prev.tokens
-        if index != list(range(len(prev.reqs))):
-            ids = ids[torch.tensor(index).to(self.device, non_blocking=True)]
-        scheduled = [ScheduledRequest(r, 1) for r in reqs]
-        return self._launch(scheduled, *self.build_batch(scheduled, device_input_ids=ids))
+    def launch(self, scheduled: list[ScheduledRequest], after: DecodeStep | None = None) -> DecodeStep:
+        """Queues one forward and its sampling on the device; the tokens reach the host in `collect`. after: the step
+        queued before this one whose tokens the host has not read yet (overlap scheduling)."""
+        return self._launch(scheduled, *self.build_batch(scheduled, after))
 
     def _launch(self, scheduled: list[ScheduledRequest], batch: ForwardBatch, sampled: list[Request]) -> DecodeStep:
         out = self.forward(batch)

@@ -54,11 +54,12 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> list[ScheduledRequest]:
+    def schedule(self, skip: set[int] = frozenset()) -> list[ScheduledRequest]:
+        """The next step. skip: ids of running requests to leave out (their last token is still on its way)."""
         budget = self.token_budget
         out: list[ScheduledRequest] = []
         for req in self.running:  # decode rows first (a verify block each under MTP)
-            if not req.in_prefill and budget > 0:
+            if not req.in_prefill and budget > 0 and id(req) not in skip:
                 out.append(ScheduledRequest(req, 1))
                 budget -= self.tokens_per_step
         for req in self.running:  # unfinished prompts
@@ -80,16 +81,6 @@ class Scheduler:
             out.append(ScheduledRequest(req, n))
             budget -= n
         return out
-
-    def can_admit(self) -> bool:
-        """Whether `schedule()` would admit the first waiting request now."""
-        if not self.waiting or len(self.running) >= self.max_batch_size:
-            return False
-        return self.reserved + self.kv_need(self.waiting[0]) <= self.kv_capacity
-
-    def fits_decode_rows(self, n: int) -> bool:
-        """Whether the token budget covers n decode rows (as `schedule()` would run them all)."""
-        return (n - 1) * self.tokens_per_step < self.token_budget
 
     def finish(self, req: Request) -> None:
         self.running.remove(req)

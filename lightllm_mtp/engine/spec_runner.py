@@ -44,17 +44,14 @@ class SpecRunner:
         self.lookahead_slots = 3 * self.k + 1
 
     @torch.inference_mode()
-    def launch(self, scheduled: list[ScheduledRequest]) -> SpecStep:
+    def launch(self, scheduled: list[ScheduledRequest], after: SpecStep | None = None) -> SpecStep:
+        """after: unused. A speculative step needs nothing of the step before it on the host: every generating
+        request's next block is open on the device once that step is launched."""
         chunks = [s for s in scheduled if s.request.in_prefill]
         generating = [s.request for s in scheduled if not s.request.in_prefill]
         prompt = self._launch_prompt_chunks(chunks) if chunks else None
         verify = self._launch_verify(generating) if generating else None
         return SpecStep((prompt.sampled if prompt else []) + generating, prompt, verify)
-
-    @torch.inference_mode()
-    def launch_after(self, prev: SpecStep, reqs: list[Request]) -> SpecStep:
-        """Every request of a speculative step has its next block open on the device once the step is launched."""
-        return SpecStep(list(reqs), verify=self._launch_verify(list(reqs)))
 
     @torch.inference_mode()
     def collect(self, step: SpecStep) -> list[tuple[Request, list[int]]]:

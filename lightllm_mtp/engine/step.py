@@ -80,11 +80,9 @@ class StepRunner(Protocol):
     max_tokens_per_step: int  # tokens one request can get from one step
     lookahead_slots: int  # KV slots a request may hold beyond its tokens (blocks queued ahead, wasted rows)
 
-    def launch(self, scheduled: list[ScheduledRequest]) -> LaunchedStep: ...
-
-    def launch_after(self, prev: LaunchedStep, reqs: list[Request]) -> LaunchedStep | None:
-        """The decode/verify step of `reqs` (a subsequence of prev.reqs) queued before prev's results reach the
-        host; None when it cannot be built without them."""
+    def launch(self, scheduled: list[ScheduledRequest], after: LaunchedStep | None = None) -> LaunchedStep:
+        """Queues a step on the device without waiting for it. after: the step queued just before, whose results
+        the host has not read yet (its requests' newest tokens are still on the device)."""
 
     def collect(self, step: LaunchedStep) -> list[tuple[Request, list[int]]]: ...
 

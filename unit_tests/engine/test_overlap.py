@@ -28,14 +28,13 @@ def make_engine(model_dir, overlap: bool, **kwargs) -> LLMEngine:
 
 def count_launch_ahead(engine: LLMEngine) -> list[int]:
     calls = [0]
-    inner = engine.runner.launch_after
+    inner = engine.runner.launch
 
-    def counted(prev, reqs):
-        step = inner(prev, reqs)
-        calls[0] += step is not None
-        return step
+    def counted(scheduled, after=None):
+        calls[0] += after is not None
+        return inner(scheduled, after)
 
-    engine.runner.launch_after = counted
+    engine.runner.launch = counted
     return calls
 
 
@@ -253,4 +252,36 @@ def test_vanilla_mode_with_a_stop_token_and_an_abort_while_a_step_is_queued(trai
     while engine.has_unfinished():
         engine.step_outputs()
     assert [reqs[0].output_ids, reqs[2].output_ids] == [probe[0].output_ids, probe[2].output_ids]
+    assert_idle(engine)
+
+
+@pytest.mark.parametrize("mtp", MTP, ids=MTP_IDS)
+def test_steps_with_prompt_chunks_are_queued_ahead_too(tiny_dense_dir, mtp):
+    """Arrivals while others decode: steps carrying prompt chunks are queued before the step ahead of them is read
+    (every step kind overlaps), with the synchronous loop's tokens."""
+
+    def run_with_arrivals(engine):
+        params = SamplingParams(temperature=0.0, max_new_tokens=14, ignore_eos=True)
+        reqs, steps = [engine.add_request(PROMPTS[0], params)], 0
+        while engine.has_unfinished():
+            engine.step_outputs()
+            steps += 1
+            if steps in (2, 3, 5):
+                reqs.append(engine.add_request(PROMPTS[steps % 4], params))
+        return reqs
+
+    expected = run_with_arrivals(make_engine(tiny_dense_dir, overlap=False, chunked_prefill_size=6, **mtp))
+    engine = make_engine(tiny_dense_dir, overlap=True, chunked_prefill_size=6, **mtp)
+    chunk_steps_ahead = [0]
+    inner = engine.runner.launch
+
+    def counted(scheduled, after=None):
+        chunk_steps_ahead[0] += after is not None and any(s.request.in_prefill for s in scheduled)
+        return inner(scheduled, after)
+
+    engine.runner.launch = counted
+    got = run_with_arrivals(engine)
+    assert [r.output_ids for r in got] == [r.output_ids for r in expected]
+    assert [r.spec_stats for r in got] == [r.spec_stats for r in expected]
+    assert chunk_steps_ahead[0] > 0
     assert_idle(engine)
