@@ -72,18 +72,17 @@ class StepBuilder:
         rows = s.table[idx]  # one gather: [B, 4 + k + k+1]
         start = rows[:, START]
         cu, has_state, logits_index = self._batch_constants(idx.shape[0], q)
-        narrow = rows[:, [ACCEPT_LEN, *range(s.slots_col, s.slots_col + q)]].to(torch.int32)
         batch = ForwardBatch(
             mode=ForwardMode.VERIFY,
             input_ids=rows[:, LAST_TOKEN : s.slots_col].flatten(),  # [last token, d_1..d_k] per request
             positions=(start[:, None] + self._block_rows[None, :]).flatten(),
-            mem_index=narrow[:, 1:].flatten(),
+            mem_index=rows[:, s.slots_col :].to(torch.int32).flatten(),
             b_req_idx=b_req_idx,
             b_seq_len=(start + q).to(torch.int32),
             b1_cu_q_len=cu,
             b_has_initial_state=has_state,
             b_logits_index=logits_index,
-            b_accept_len=narrow[:, 0],
+            b_accept_len=rows[:, ACCEPT_LEN].to(torch.int32),
             max_q_len=q,
             keep_all_hidden=True,
         )
@@ -93,14 +92,14 @@ class StepBuilder:
         """One DECODE row per request at block row `row` of its open block (eagle chain step: input draft
         d_{row+1}, predicting d_{row+2}); the draft module writes its KV at that row's slot."""
         s, idx = self.state, b_req_idx.to(torch.int64)
-        rows = s.table[idx][:, [START, s.slots_col + row]]
-        positions = rows[:, 0] + row
+        rows = s.table[idx]  # slices only below: a list index would copy it from the host (a sync)
+        positions = rows[:, START] + row
         cu, has_state, logits_index = self._batch_constants(idx.shape[0], 1)
         return ForwardBatch(
             mode=ForwardMode.DECODE,
             input_ids=tokens,
             positions=positions,
-            mem_index=rows[:, 1].to(torch.int32),
+            mem_index=rows[:, s.slots_col + row].to(torch.int32),
             b_req_idx=b_req_idx,
             b_seq_len=(positions + 1).to(torch.int32),
             b1_cu_q_len=cu,
