@@ -55,11 +55,11 @@ def record_prompt_chunks(llm):
     chunks: dict[int, list[int]] = {}
     build = llm.engine.model_runner.build_batch
 
-    def wrapped(scheduled, **kwargs):
+    def wrapped(scheduled, *args, **kwargs):
         for s in scheduled:
             if s.request.in_prefill:
                 chunks.setdefault(s.request.request_id, []).append(s.num_new_tokens)
-        return build(scheduled, **kwargs)
+        return build(scheduled, *args, **kwargs)
 
     llm.engine.model_runner.build_batch = wrapped
     return chunks
