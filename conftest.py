@@ -17,7 +17,8 @@ torch.set_num_threads(1)
 # (a GPU machine running `pytest -m gpu` with the engine's dependencies only) they are not collected.
 SERVER_EXTRA = ("fastapi", "uvicorn", "pydantic", "httpx", "prometheus_client", "openai")
 MISSING_SERVER_EXTRA = [name for name in SERVER_EXTRA if importlib.util.find_spec(name) is None]
-collect_ignore_glob = ["unit_tests/server/*", "test/test_server*", "unit_tests/benchmark/test_serving*"] if MISSING_SERVER_EXTRA else []
+SERVER_TESTS = ["unit_tests/server/*", "test/test_server*", "unit_tests/benchmark/test_serving*"]
+collect_ignore_glob = SERVER_TESTS if MISSING_SERVER_EXTRA else []
 
 
 def pytest_report_header(config):

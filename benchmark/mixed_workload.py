@@ -38,7 +38,7 @@ def parse_args(argv=None):
     p.add_argument("--mtp_mode", default=None)
     p.add_argument("--mtp_step", type=int, default=0)
     p.add_argument("--disable_overlap", action="store_true")
-    p.add_argument("--engine_root", default=None, help="checkout whose lightllm_mtp package is timed (default: this one)")
+    p.add_argument("--engine_root", default=None, help="checkout whose lightllm_mtp is timed (default: this one)")
     p.add_argument("--label", default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)

@@ -39,13 +39,16 @@ def module_imports() -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + [base] * bool(base))
+                    parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(parent + [base] * bool(base))
                 targets = [base] + [f"{base}.{a.name}" for a in node.names]
             else:
                 continue
             for target in targets:
                 found = resolve(target) if target.startswith("lightllm_mtp") else None
-                if found and found != name and not (modules[found].name == "__init__.py" and name.startswith(found + ".")):
+                inside = found is not None and name.startswith(found + ".")
+                own_package = inside and modules[found].name == "__init__.py"
+                if found and found != name and not own_package:
                     edges[name].add(found)
     return edges
 

@@ -40,7 +40,9 @@ class SpecConfig:
         return 1 if self.mode is MtpMode.EAGLE_WITH_ATT else self.num_draft_tokens
 
     @classmethod
-    def from_args(cls, mtp_mode: "MtpMode | str | None", mtp_step: int, draft_model_dir: str | None) -> "SpecConfig | None":
+    def from_args(
+        cls, mtp_mode: "MtpMode | str | None", mtp_step: int, draft_model_dir: str | None
+    ) -> "SpecConfig | None":
         if mtp_mode is None:
             if draft_model_dir is not None:
                 raise ValueError("mtp_draft_model_dir is set but mtp_mode is not")

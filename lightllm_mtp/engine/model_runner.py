@@ -47,7 +47,9 @@ class ModelRunner:
         after: a step whose sampled tokens have not reached the host: the decode rows of its requests take their
         input ids from its tokens on the device. Returns the batch and the requests that get a new token from this
         step (those whose pending tokens all fit in it), in the order of the batch's logits rows."""
-        on_device = {id(r): i for i, r in enumerate(after.reqs)} if after is not None and after.tokens is not None else {}
+        on_device = {}
+        if after is not None and after.tokens is not None:
+            on_device = {id(r): i for i, r in enumerate(after.reqs)}
         from_device: list[tuple[int, int]] = []  # (row, index into after.tokens)
         input_ids: list[int] = []
         positions: list[int] = []

@@ -74,7 +74,8 @@ class SpecRunner:
         for b, r in enumerate(reqs):
             r.blocks.append(slots[b * (self.k + 1) : (b + 1) * (self.k + 1)])
         b_req_idx = kwargs.pop("b_req_idx")
-        self.builder.open_blocks(b_req_idx, slots=slots.to(self.device, non_blocking=True).view(len(reqs), -1), **kwargs)
+        slots_dev = slots.to(self.device, non_blocking=True).view(len(reqs), -1)
+        self.builder.open_blocks(b_req_idx, slots=slots_dev, **kwargs)
         return b_req_idx
 
     # ---- prompt chunks ------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ class DraftState:
         return self.table[:, NUM_DRAFTS]
 
     @property
-    def accept_len(self) -> torch.Tensor:  # [R] tokens the slot's last verify emitted (accepted drafts + 1); 1 after prefill
+    def accept_len(self) -> torch.Tensor:  # [R] tokens the last verify emitted (accepted drafts + 1); 1 after prefill
         return self.table[:, ACCEPT_LEN]
 
     @property

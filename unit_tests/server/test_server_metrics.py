@@ -22,12 +22,14 @@ def samples(m):
 
 def test_scrape_parses_and_aggregates_acceptance_over_workers():
     m = ServerMetrics(mtp_step=2)
-    workers = [stats(0, SpecStats(verify_steps=4, accepted_drafts=3, proposed_at=(4, 2), accepted_at=(2, 1)), kv_used=25), stats(1, SpecStats(verify_steps=6, accepted_drafts=1, proposed_at=(6, 1), accepted_at=(1, 0)))]
+    first = SpecStats(verify_steps=4, accepted_drafts=3, proposed_at=(4, 2), accepted_at=(2, 1))
+    second = SpecStats(verify_steps=6, accepted_drafts=1, proposed_at=(6, 1), accepted_at=(1, 0))
+    workers = [stats(0, first, kv_used=25), stats(1, second)]
     m.watch_workers(lambda: workers, lambda: [1, 0])
     m.requests.labels("completions").inc()
     m.on_first_token(0.02)
     m.on_tokens(5)
-    m.on_finish("length", 0.3, 0.05, SpecStats(verify_steps=4, accepted_drafts=3, proposed_at=(4, 2), accepted_at=(2, 1)))
+    m.on_finish("length", 0.3, 0.05, first)
     s = samples(m)
     assert s[("lightllm_mtp_requests_total", (("endpoint", "completions"),))] == 1
     assert s[("lightllm_mtp_requests_finished_total", (("finish_reason", "length"),))] == 1
@@ -56,7 +58,8 @@ def test_without_mtp_there_are_no_spec_metrics():
 
 
 def test_spec_counts_add_and_rates():
-    total = SpecStats(verify_steps=2, accepted_drafts=1, proposed_at=(2,), accepted_at=(1,)) + SpecStats(verify_steps=3, accepted_drafts=2, proposed_at=(3, 2), accepted_at=(2, 0))
+    a = SpecStats(verify_steps=2, accepted_drafts=1, proposed_at=(2,), accepted_at=(1,))
+    total = a + SpecStats(verify_steps=3, accepted_drafts=2, proposed_at=(3, 2), accepted_at=(2, 0))
     assert total == SpecStats(verify_steps=5, accepted_drafts=3, proposed_at=(5, 2), accepted_at=(3, 0))
     assert total.tokens_per_step == pytest.approx(8 / 5) and total.acceptance_per_position == [0.6, 0.0]
     assert SpecStats().tokens_per_step == 0.0

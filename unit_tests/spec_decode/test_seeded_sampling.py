@@ -11,7 +11,7 @@ from lightllm_mtp.sampling_params import SamplingParams
 SEEDED = SamplingParams(temperature=0.9, top_p=0.95, max_new_tokens=18, seed=1234, ignore_eos=True)
 PROMPT = [11, 22, 33, 44, 55, 66, 77]
 NEIGHBOURS = [
-    ([5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], SamplingParams(temperature=0.0, max_new_tokens=7, ignore_eos=True)),
+    (list(range(5, 18)), SamplingParams(temperature=0.0, max_new_tokens=7, ignore_eos=True)),
     ([900, 901], SamplingParams(temperature=1.0, max_new_tokens=25, ignore_eos=True)),  # unseeded: default generator
     ([3, 1, 4, 1, 5], SamplingParams(temperature=0.7, max_new_tokens=12, seed=99, ignore_eos=True)),
     ([2] * 50, SamplingParams(temperature=0.0, max_new_tokens=30, ignore_eos=True)),  # ends at max_model_len

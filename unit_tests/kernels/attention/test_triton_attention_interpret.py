@@ -109,7 +109,8 @@ def _interpret_main() -> None:
     interp._patch_lang_tensor = _patch_lang_tensor
     paths = []
     splitk, flash = dmod.splitk_attention_triton, pmod.flash_attention_triton
-    dmod.splitk_attention_triton = pmod.splitk_attention_triton = lambda *a, **k: paths.append("splitk") or splitk(*a, **k)
+    traced_splitk = lambda *a, **k: paths.append("splitk") or splitk(*a, **k)  # noqa: E731
+    dmod.splitk_attention_triton = pmod.splitk_attention_triton = traced_splitk  # prefill imports it by name
     pmod.flash_attention_triton = lambda *a, **k: paths.append("flash") or flash(*a, **k)
     dmod.use_triton = pmod.use_triton = lambda t: True
     results = {}
