@@ -13,7 +13,7 @@ from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.kernels.gdn.causal_conv1d import causal_conv1d_prefill
 from lightllm_mtp.kernels.gdn.causal_conv1d_verify import causal_conv1d_verify
 from lightllm_mtp.kernels.gdn.gated_delta_rule import gated_delta_rule_decode_fused, gated_delta_rule_prefill
-from lightllm_mtp.kernels.gdn.gated_delta_rule_verify import gated_delta_rule_verify
+from lightllm_mtp.kernels.gdn.gated_delta_rule_verify import gated_delta_rule_verify_fused_gates
 from lightllm_mtp.kernels.norm.gated_rmsnorm import gated_rmsnorm
 from lightllm_mtp.kernels.gdn.gdn_gating import gdn_gating
 
@@ -62,34 +62,36 @@ class GatedDeltaNet(Layer):
         mode = batch.mode
         if mode is ForwardMode.DECODE:  # one fused step: conv update, gates, l2norm, delta rule
             o = gated_delta_rule_decode_fused(
-                qkv, self.conv_weight, conv_state, batch.b_req_idx, a, b, self.A_log, self.dt_bias, ssm_state,
-                b_ssm_row, self.nk, self.dk, self.dv,
+                qkv, self.conv_weight, conv_state, a, b, ssm_state, A_log=self.A_log, dt_bias=self.dt_bias,
+                b_conv_idx=batch.b_req_idx, b_ssm_idx=b_ssm_row, nk=self.nk, dk=self.dk, dv=self.dv,
             )
             o = gated_rmsnorm(o, z.reshape(t, self.nv, self.dv), self.norm_weight, self.eps)
             return F.linear(o.reshape(t, self.value_dim), self.out_proj)
         if mode is ForwardMode.VERIFY:
             assert batch.b_accept_len is not None, "a VERIFY batch carries b_accept_len"
             qkv = causal_conv1d_verify(
-                qkv, self.conv_weight, conv_state, batch.b_req_idx, batch.b1_cu_q_len, batch.b_accept_len,
-                max_q_len=batch.max_q_len,
+                qkv, self.conv_weight, conv_state, b_state_idx=batch.b_req_idx, b1_cu_q_len=batch.b1_cu_q_len,
+                b_accept_len=batch.b_accept_len, max_q_len=batch.max_q_len,
             )
         else:
             qkv = causal_conv1d_prefill(
-                qkv, self.conv_weight, conv_state, batch.b_req_idx, batch.b1_cu_q_len, batch.b_has_initial_state
+                qkv, self.conv_weight, conv_state, b_state_idx=batch.b_req_idx, b1_cu_q_len=batch.b1_cu_q_len,
+                b_has_initial_state=batch.b_has_initial_state,
             )
         q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(t, self.nk, self.dk)
         k = k.reshape(t, self.nk, self.dk)
         v = v.reshape(t, self.nv, self.dv)
         if mode is ForwardMode.VERIFY:  # gates computed inside the kernel from a, b
-            o = gated_delta_rule_verify(
-                q, k, v, a, b, ssm_state, b_ssm_row, batch.b1_cu_q_len, batch.b_accept_len, max_q_len=batch.max_q_len,
-                A_log=self.A_log, dt_bias=self.dt_bias,
+            o = gated_delta_rule_verify_fused_gates(
+                q, k, v, a, b, ssm_state, A_log=self.A_log, dt_bias=self.dt_bias, b_state_base=b_ssm_row,
+                b1_cu_q_len=batch.b1_cu_q_len, b_accept_len=batch.b_accept_len, max_q_len=batch.max_q_len,
             )
         else:
             g, beta = gdn_gating(a, b, self.A_log, self.dt_bias)
             o = gated_delta_rule_prefill(
-                q, k, v, g, beta, ssm_state, b_ssm_row, batch.b1_cu_q_len, batch.b_has_initial_state
+                q, k, v, g, beta, ssm_state, b_state_idx=b_ssm_row, b1_cu_q_len=batch.b1_cu_q_len,
+                b_has_initial_state=batch.b_has_initial_state,
             )
         o = gated_rmsnorm(o, z.reshape(t, self.nv, self.dv), self.norm_weight, self.eps)
         return F.linear(o.reshape(t, self.value_dim), self.out_proj)

@@ -79,6 +79,7 @@ def causal_conv1d_prefill(
     x: torch.Tensor,
     weight: torch.Tensor,
     conv_state: torch.Tensor,
+    *,
     b_state_idx: torch.Tensor,
     b1_cu_q_len: torch.Tensor,
     b_has_initial_state: torch.Tensor,
@@ -105,7 +106,7 @@ def causal_conv1d_prefill(
 
 
 def causal_conv1d_update(
-    x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, b_state_idx: torch.Tensor
+    x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, *, b_state_idx: torch.Tensor
 ) -> torch.Tensor:
     """One new token per request -> y [B, C] in x.dtype; shifts conv_state[slot, :, :K-1] left by one, in place.
 

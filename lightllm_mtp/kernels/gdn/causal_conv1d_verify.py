@@ -2,7 +2,7 @@
 
 Slot layout (per request, per channel): after prefill, columns [0, K-1) hold the last K-1 inputs and the
 request's accept length is 1. A verify block of q = 1 + k tokens x_0..x_{q-1} reads its history window at
-column offset `num_accepted - 1` (the K-1 inputs ending at the last accepted token) and writes back
+column offset `accept_len - 1` (the K-1 inputs ending at the last accepted token) and writes back
 
     slot[0 : K-2+q] = [window[1:], x_0, ..., x_{q-1}]
 
@@ -23,12 +23,13 @@ def causal_conv1d_verify(
     x: torch.Tensor,
     weight: torch.Tensor,
     conv_state: torch.Tensor,
+    *,
     b_state_idx: torch.Tensor,
     b1_cu_q_len: torch.Tensor,
-    b_num_accepted: torch.Tensor,
+    b_accept_len: torch.Tensor,
     max_q_len: int | None = None,
 ) -> torch.Tensor:
-    """x [T, C]; weight [C, K]; conv_state [S, C, W] with W >= K-2+max q; b_state_idx, b_num_accepted [B];
+    """x [T, C]; weight [C, K]; conv_state [S, C, W] with W >= K-2+max q; b_state_idx, b_accept_len [B];
     b1_cu_q_len [B+1]; max_q_len: host bound on block length (None: W-K+2). Returns silu(conv) [T, C] in
     x.dtype; updates conv_state in place."""
     if x.ndim != 2 or weight.ndim != 2 or conv_state.ndim != 3:
@@ -36,14 +37,14 @@ def causal_conv1d_verify(
     if weight.shape[0] != x.shape[1] or conv_state.shape[1] != x.shape[1]:
         raise ValueError(f"causal_conv1d_verify: channel mismatch x {tuple(x.shape)}, weight {tuple(weight.shape)}, "
                          f"conv_state {tuple(conv_state.shape)}")
-    if b_state_idx.shape != b_num_accepted.shape or b1_cu_q_len.shape[0] != b_state_idx.shape[0] + 1:
-        raise ValueError("causal_conv1d_verify: b_state_idx, b_num_accepted must be [B] and b1_cu_q_len [B+1]")
+    if b_state_idx.shape != b_accept_len.shape or b1_cu_q_len.shape[0] != b_state_idx.shape[0] + 1:
+        raise ValueError("causal_conv1d_verify: b_state_idx, b_accept_len must be [B] and b1_cu_q_len [B+1]")
     if use_triton(x):
-        return _verify_triton(x, weight, conv_state, b_state_idx, b1_cu_q_len, b_num_accepted, max_q_len)
-    return causal_conv1d_verify_ref(x, weight, conv_state, b_state_idx, b1_cu_q_len, b_num_accepted)
+        return _verify_triton(x, weight, conv_state, b_state_idx, b1_cu_q_len, b_accept_len, max_q_len)
+    return causal_conv1d_verify_ref(x, weight, conv_state, b_state_idx, b1_cu_q_len, b_accept_len)
 
 
-def _verify_triton(x, weight, conv_state, b_state_idx, b1_cu_q_len, b_num_accepted, max_q_len) -> torch.Tensor:
+def _verify_triton(x, weight, conv_state, b_state_idx, b1_cu_q_len, b_accept_len, max_q_len) -> torch.Tensor:
     if max_q_len is None:
         max_q_len = conv_state.shape[2] - weight.shape[1] + 2
     if x.stride(1) != 1:
@@ -53,7 +54,7 @@ def _verify_triton(x, weight, conv_state, b_state_idx, b1_cu_q_len, b_num_accept
     block_c = 128
     grid = (b_state_idx.shape[0], triton.cdiv(channels, block_c))
     _conv_verify_kernel[grid](
-        x, weight, conv_state, b_state_idx, b1_cu_q_len, b_num_accepted, out, channels,
+        x, weight, conv_state, b_state_idx, b1_cu_q_len, b_accept_len, out, channels,
         x.stride(0), out.stride(0), weight.stride(0), conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
         K=kernel, MAX_Q=max_q_len, BLOCK_C=block_c,
     )
@@ -105,12 +106,12 @@ if triton_available():
                 tl.store(row + c * stride_sw, val.to(state_ptr.dtype.element_ty), mask=mask_c)
 
 
-def causal_conv1d_verify_ref(x, weight, conv_state, b_state_idx, b1_cu_q_len, b_num_accepted):
+def causal_conv1d_verify_ref(x, weight, conv_state, b_state_idx, b1_cu_q_len, b_accept_len):
     k = weight.shape[1]
     out = torch.empty_like(x)
     w = weight.float()
     cu = b1_cu_q_len.tolist()
-    for b, (slot, acc) in enumerate(zip(b_state_idx.tolist(), b_num_accepted.tolist())):
+    for b, (slot, acc) in enumerate(zip(b_state_idx.tolist(), b_accept_len.tolist())):
         xs = x[cu[b] : cu[b + 1]]
         q = xs.shape[0]
         if k - 2 + q > conv_state.shape[2]:

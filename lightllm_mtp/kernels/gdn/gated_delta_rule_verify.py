@@ -1,7 +1,7 @@
 """Gated delta rule over speculative verify blocks with per-position SSM state rows.
 
 Each request owns `rows_per_req = 1 + mtp_step` consecutive fp32 state rows starting at `b_state_base`.
-The committed state is row `num_accepted - 1` (row 0 after prefill). A verify block of q tokens starts from
+The committed state is row `accept_len - 1` (row 0 after prefill). A verify block of q tokens starts from
 that row and writes the state after token i into row i, so accepting a tokens leaves the committed state in
 row a-1: rollback is an index, not a copy.
 """
@@ -15,6 +15,18 @@ from lightllm_mtp.kernels.gdn.gdn_gating import gdn_gating
 from lightllm_mtp.kernels.triton_utils import num_sms, triton_available, use_triton
 
 
+def _check_verify_args(op, q, k, v, gate_a, gate_b, ssm_state, b_state_base, b1_cu_q_len, b_accept_len) -> None:
+    if q.shape != k.shape or q.ndim != 3 or v.ndim != 3 or q.shape[0] != v.shape[0]:
+        raise ValueError(f"{op}: bad q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if gate_a.shape != v.shape[:2] or gate_b.shape != v.shape[:2]:
+        raise ValueError(f"{op}: the gate inputs must be [T, nv] = {list(v.shape[:2])}")
+    if ssm_state.dtype != torch.float32 or ssm_state.shape[1:] != (v.shape[1], q.shape[2], v.shape[2]):
+        got = f"{ssm_state.dtype} {tuple(ssm_state.shape)}"
+        raise ValueError(f"{op}: ssm_state must be fp32 [R, nv, dk, dv], got {got}")
+    if b_state_base.shape != b_accept_len.shape or b1_cu_q_len.shape[0] != b_state_base.shape[0] + 1:
+        raise ValueError(f"{op}: b_state_base, b_accept_len must be [B], b1_cu_q_len [B+1]")
+
+
 def gated_delta_rule_verify(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -22,40 +34,52 @@ def gated_delta_rule_verify(
     g: torch.Tensor,
     beta: torch.Tensor,
     ssm_state: torch.Tensor,
+    *,
     b_state_base: torch.Tensor,
     b1_cu_q_len: torch.Tensor,
-    b_num_accepted: torch.Tensor,
+    b_accept_len: torch.Tensor,
     max_q_len: int | None = None,
-    A_log: torch.Tensor | None = None,
-    dt_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q, k [T, nk, dk]; v [T, nv, dv]; g, beta [T, nv] fp32; ssm_state [R, nv, dk, dv] fp32;
-    b_state_base, b_num_accepted [B]; b1_cu_q_len [B+1]; max_q_len: host bound on block length (None: 8).
-    With A_log and dt_bias [nv], g and beta are the raw gate inputs a and b [T, nv] (row-strided views allowed)
-    and the gates are computed inside the kernel, as `gdn_gating` does (one launch less per layer).
+    """q, k [T, nk, dk]; v [T, nv, dv]; g, beta [T, nv] fp32 (from gdn_gating); ssm_state [R, nv, dk, dv] fp32;
+    b_state_base, b_accept_len [B]; b1_cu_q_len [B+1]; max_q_len: host bound on block length (None: 8).
     Returns o [T, nv, dv] in v.dtype."""
-    if q.shape != k.shape or q.ndim != 3 or v.ndim != 3 or q.shape[0] != v.shape[0]:
-        raise ValueError(f"gated_delta_rule_verify: bad q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if g.shape != v.shape[:2] or beta.shape != v.shape[:2]:
-        raise ValueError("gated_delta_rule_verify: g and beta must be [T, nv]")
-    if (A_log is None) != (dt_bias is None) or (A_log is not None and (A_log.shape != (v.shape[1],) or dt_bias.shape != (v.shape[1],))):
-        raise ValueError("gated_delta_rule_verify: A_log and dt_bias go together, each [nv]")
-    if ssm_state.dtype != torch.float32 or ssm_state.shape[1:] != (v.shape[1], q.shape[2], v.shape[2]):
-        raise ValueError(f"gated_delta_rule_verify: ssm_state must be fp32 [R, nv, dk, dv], got "
-                         f"{ssm_state.dtype} {tuple(ssm_state.shape)}")
-    if b_state_base.shape != b_num_accepted.shape or b1_cu_q_len.shape[0] != b_state_base.shape[0] + 1:
-        raise ValueError("gated_delta_rule_verify: b_state_base, b_num_accepted must be [B], b1_cu_q_len [B+1]")
+    _check_verify_args("gated_delta_rule_verify", q, k, v, g, beta, ssm_state, b_state_base, b1_cu_q_len, b_accept_len)
+    if use_triton(q):
+        return _verify_triton(q, k, v, g, beta, ssm_state, b_state_base, b1_cu_q_len, b_accept_len, max_q_len or 8)
+    return gated_delta_rule_verify_ref(q, k, v, g, beta, ssm_state, b_state_base, b1_cu_q_len, b_accept_len)
+
+
+def gated_delta_rule_verify_fused_gates(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    ssm_state: torch.Tensor,
+    *,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    b_state_base: torch.Tensor,
+    b1_cu_q_len: torch.Tensor,
+    b_accept_len: torch.Tensor,
+    max_q_len: int | None = None,
+) -> torch.Tensor:
+    """gdn_gating(a, b, A_log, dt_bias) then gated_delta_rule_verify, the gates computed inside the kernel (one
+    launch less per layer). a, b [T, nv] raw gate projections (row-strided views allowed); A_log, dt_bias [nv]."""
+    op = "gated_delta_rule_verify_fused_gates"
+    _check_verify_args(op, q, k, v, a, b, ssm_state, b_state_base, b1_cu_q_len, b_accept_len)
+    if A_log.shape != (v.shape[1],) or dt_bias.shape != (v.shape[1],):
+        raise ValueError(f"{op}: A_log and dt_bias must be [nv] = [{v.shape[1]}]")
     if use_triton(q):
         return _verify_triton(
-            q, k, v, g, beta, ssm_state, b_state_base, b1_cu_q_len, b_num_accepted, max_q_len or 8, A_log, dt_bias
+            q, k, v, a, b, ssm_state, b_state_base, b1_cu_q_len, b_accept_len, max_q_len or 8, A_log, dt_bias
         )
-    if A_log is not None:
-        g, beta = gdn_gating(g, beta, A_log, dt_bias)
-    return gated_delta_rule_verify_ref(q, k, v, g, beta, ssm_state, b_state_base, b1_cu_q_len, b_num_accepted)
+    g, beta = gdn_gating(a, b, A_log, dt_bias)
+    return gated_delta_rule_verify_ref(q, k, v, g, beta, ssm_state, b_state_base, b1_cu_q_len, b_accept_len)
 
 
 def _verify_triton(
-    q, k, v, g, beta, ssm_state, b_state_base, b1_cu_q_len, b_num_accepted, max_q_len, A_log=None, dt_bias=None
+    q, k, v, g, beta, ssm_state, b_state_base, b1_cu_q_len, b_accept_len, max_q_len, A_log=None, dt_bias=None
 ):
     nk, dk = q.shape[1], q.shape[2]
     nv, dv = v.shape[1], v.shape[2]
@@ -71,7 +95,7 @@ def _verify_triton(
     grid = (b_state_base.shape[0], nv, triton.cdiv(dv, block_v))
     _gdn_verify_kernel[grid](
         q, k, v, g, beta, A_log if fused else g, dt_bias if fused else g, ssm_state, b_state_base, b1_cu_q_len,
-        b_num_accepted, out,
+        b_accept_len, out,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         ssm_state.stride(0), ssm_state.stride(1), ssm_state.stride(2), g.stride(0), beta.stride(0),
         dk ** -0.5, GROUP=nv // nk, DK=dk, DV=dv, BLOCK_K=block_k, BLOCK_V=block_v,
@@ -95,7 +119,7 @@ if triton_available():
         BLOCK_V: tl.constexpr, MAX_Q: tl.constexpr, FUSED_GATES: tl.constexpr,
     ):  # with FUSED_GATES, g_ptr / beta_ptr hold the raw gate inputs a / b
         # One program per (request, value head, V tile): the [dk, V tile] state slice lives in registers from the
-        # committed row (num_accepted - 1) through the block; the state after token i is stored in row base + i.
+        # committed row (accept_len - 1) through the block; the state after token i is stored in row base + i.
         b = tl.program_id(0)
         h = tl.program_id(1)
         offs_v = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -132,12 +156,12 @@ if triton_available():
                 tl.store(state_ptr + (base + i) * stride_sr + s_off, state, mask=mask_s)
 
 
-def gated_delta_rule_verify_ref(q, k, v, g, beta, ssm_state, b_state_base, b1_cu_q_len, b_num_accepted):
+def gated_delta_rule_verify_ref(q, k, v, g, beta, ssm_state, b_state_base, b1_cu_q_len, b_accept_len):
     out = torch.empty_like(v)
     cu = b1_cu_q_len.tolist()
     max_q = max(b - a for a, b in zip(cu, cu[1:]))
     base = b_state_base.long()
-    read_rows = base + b_num_accepted.long() - 1
+    read_rows = base + b_accept_len.long() - 1
     scratch = ssm_state[read_rows].clone()  # [B, nv, dk, dv]; read before any row is overwritten
     scratch_idx = torch.arange(len(base), dtype=torch.int32, device=q.device)
     for i in range(max_q):  # token i of every block that has one

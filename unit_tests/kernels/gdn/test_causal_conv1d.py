@@ -35,7 +35,9 @@ def test_prefill_matches_hf(dtype, kernel, width):
     q_lens, slots, has_init = [6, 1, 2, 13], [4, 0, 2, 5], [False, True, True, False]
     x, weight, state, idx, cu = _batch(q_lens, 10, dtype, 40 + kernel + width, slots, 7, width, kernel)
     before = state.clone()
-    out = causal_conv1d_prefill(x, weight, state, idx, cu, torch.tensor(has_init))
+    out = causal_conv1d_prefill(
+        x, weight, state, b_state_idx=idx, b1_cu_q_len=cu, b_has_initial_state=torch.tensor(has_init)
+    )
     assert out.dtype == dtype and out.shape == x.shape
     for b, (slot, init) in enumerate(zip(slots, has_init)):
         rows = slice(int(cu[b]), int(cu[b + 1]))
@@ -55,7 +57,7 @@ def test_update_matches_hf(dtype):
     hf_state = state[slots, :, : kernel - 1].float().clone()
     before = state.clone()
     expected = hf_update(x.float()[:, :, None], hf_state, weight.float(), None, "silu")[:, :, 0]
-    out = causal_conv1d_update(x, weight, state, idx)
+    out = causal_conv1d_update(x, weight, state, b_state_idx=idx)
     torch.testing.assert_close(out.float(), expected, **TOL[dtype])
     torch.testing.assert_close(state[slots, :, : kernel - 1].float(), hf_state.to(dtype).float(), rtol=0, atol=0)
     torch.testing.assert_close(state[:, :, kernel - 1 :], before[:, :, kernel - 1 :], rtol=0, atol=0)
@@ -71,16 +73,21 @@ def test_chunked_prefill_and_decode_equal_one_prefill(splits):
     slot = torch.tensor([1], dtype=torch.int32)
     one_state = torch.randn(3, channels, kernel - 1, generator=gen)  # junk: has_initial_state=False ignores it
     full = causal_conv1d_prefill(
-        seq, weight, one_state, slot, torch.tensor([0, total + decode_steps], dtype=torch.int32), torch.tensor([False])
+        seq, weight, one_state, b_state_idx=slot, b_has_initial_state=torch.tensor([False]),
+        b1_cu_q_len=torch.tensor([0, total + decode_steps], dtype=torch.int32),
     )
     state = torch.randn(3, channels, kernel - 1, generator=gen)
     pieces, start = [], 0
     for i, n in enumerate(splits):
         cu = torch.tensor([0, n], dtype=torch.int32)
-        pieces.append(causal_conv1d_prefill(seq[start : start + n], weight, state, slot, cu, torch.tensor([i > 0])))
+        has_state = torch.tensor([i > 0])
+        pieces.append(
+            causal_conv1d_prefill(seq[start : start + n], weight, state, b_state_idx=slot, b1_cu_q_len=cu,
+                                  b_has_initial_state=has_state)
+        )  # fmt: skip
         start += n
     for _ in range(decode_steps):
-        pieces.append(causal_conv1d_update(seq[start : start + 1], weight, state, slot))
+        pieces.append(causal_conv1d_update(seq[start : start + 1], weight, state, b_state_idx=slot))
         start += 1
     torch.testing.assert_close(torch.cat(pieces), full, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(state[1], one_state[1], rtol=1e-6, atol=1e-6)
@@ -91,14 +98,15 @@ def test_validation():
     state = torch.zeros(2, 6, 3)
     idx = torch.tensor([0], dtype=torch.int32)
     cu = torch.tensor([0, 5], dtype=torch.int32)
+    meta = dict(b_state_idx=idx, b1_cu_q_len=cu, b_has_initial_state=torch.tensor([False]))
     with pytest.raises(ValueError, match=": weight must"):
-        causal_conv1d_prefill(x, torch.randn(5, 4), state, idx, cu, torch.tensor([False]))
+        causal_conv1d_prefill(x, torch.randn(5, 4), state, **meta)
     with pytest.raises(ValueError, match="conv_state width"):
-        causal_conv1d_prefill(x, w, torch.zeros(2, 6, 2), idx, cu, torch.tensor([False]))
+        causal_conv1d_prefill(x, w, torch.zeros(2, 6, 2), **meta)
     with pytest.raises(ValueError, match=": b_has_initial_state must"):
-        causal_conv1d_prefill(x, w, state, idx, cu, torch.tensor([0]))
+        causal_conv1d_prefill(x, w, state, b_state_idx=idx, b1_cu_q_len=cu, b_has_initial_state=torch.tensor([0]))
     with pytest.raises(ValueError, match=": b_state_idx must"):
-        causal_conv1d_update(x, w, state, idx)
+        causal_conv1d_update(x, w, state, b_state_idx=idx)
 
 
 @pytest.mark.gpu

@@ -42,7 +42,8 @@ def test_prefill_matches_hf(dtype, nk, nv, dk, dv, hf_fn):
     ssm = torch.randn(7, nv, dk, dv, generator=gen) * 0.3
     before = ssm.clone()
     out = gated_delta_rule_prefill(
-        q, k, v, g, beta, ssm, torch.tensor(slots, dtype=torch.int32), cu, torch.tensor(has_init)
+        q, k, v, g, beta, ssm, b_state_idx=torch.tensor(slots, dtype=torch.int32), b1_cu_q_len=cu,
+        b_has_initial_state=torch.tensor(has_init),
     )
     assert out.dtype == dtype and out.shape == v.shape
     for b, (slot, init) in enumerate(zip(slots, has_init)):
@@ -62,7 +63,7 @@ def test_decode_matches_hf(dtype):
     ssm = torch.randn(5, nv, dk, dv, generator=gen) * 0.3
     before = ssm.clone()
     slots = [4, 1, 2]
-    out = gated_delta_rule_decode(q, k, v, g, beta, ssm, torch.tensor(slots, dtype=torch.int64))
+    out = gated_delta_rule_decode(q, k, v, g, beta, ssm, b_state_idx=torch.tensor(slots, dtype=torch.int64))
     for b, slot in enumerate(slots):
         o_ref, s_ref = _hf(
             torch_recurrent_gated_delta_rule, q[b : b + 1], k[b : b + 1], v[b : b + 1], g[b : b + 1],
@@ -84,18 +85,22 @@ def test_chunked_prefill_and_decode_equal_one_prefill(splits):
     ref_state = torch.randn(3, nv, dk, dv, generator=gen)  # junk rows: has_initial_state=False ignores them
     cu = torch.tensor([0, total, 2 * total], dtype=torch.int32)
     joined = [torch.cat([s[i] for s in seqs]) for i in range(5)]
-    full = gated_delta_rule_prefill(*joined, ref_state, slots, cu, torch.tensor([False, False]))
+    full = gated_delta_rule_prefill(
+        *joined, ref_state, b_state_idx=slots, b1_cu_q_len=cu, b_has_initial_state=torch.tensor([False, False])
+    )
     state = torch.randn(3, nv, dk, dv, generator=gen)
     pieces, start = [], 0
     for i, n in enumerate(splits):
         chunk = [torch.cat([s[j][start : start + n] for s in seqs]) for j in range(5)]
         cu = torch.tensor([0, n, 2 * n], dtype=torch.int32)
-        o = gated_delta_rule_prefill(*chunk, state, slots, cu, torch.tensor([i > 0, i > 0]))
+        o = gated_delta_rule_prefill(
+            *chunk, state, b_state_idx=slots, b1_cu_q_len=cu, b_has_initial_state=torch.tensor([i > 0, i > 0])
+        )
         pieces.append(o.view(2, n, nv, dv))
         start += n
     for _ in range(decode_steps):
         step = [torch.stack([s[j][start] for s in seqs]) for j in range(5)]
-        pieces.append(gated_delta_rule_decode(*step, state, slots).view(2, 1, nv, dv))
+        pieces.append(gated_delta_rule_decode(*step, state, b_state_idx=slots).view(2, 1, nv, dv))
         start += 1
     torch.testing.assert_close(torch.cat(pieces, dim=1).reshape(-1, nv, dv), full, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(state[slots.long()], ref_state[slots.long()], rtol=1e-5, atol=1e-5)
@@ -108,18 +113,18 @@ def test_validation():
     ssm = torch.zeros(2, 4, 8, 8)
     idx = torch.tensor([0], dtype=torch.int32)
     cu = torch.tensor([0, 4], dtype=torch.int32)
-    init = torch.tensor([False])
+    meta = dict(b_state_idx=idx, b1_cu_q_len=cu, b_has_initial_state=torch.tensor([False]))
     with pytest.raises(ValueError, match=": ssm_state must"):
-        gated_delta_rule_prefill(q, q, v, g, beta, ssm.double(), idx, cu, init)
+        gated_delta_rule_prefill(q, q, v, g, beta, ssm.double(), **meta)
     with pytest.raises(ValueError, match=": ssm_state must"):
-        gated_delta_rule_prefill(q, q, v, g, beta, torch.zeros(2, 4, 8, 4), idx, cu, init)
+        gated_delta_rule_prefill(q, q, v, g, beta, torch.zeros(2, 4, 8, 4), **meta)
     with pytest.raises(ValueError, match=": g must"):
-        gated_delta_rule_prefill(q, q, v, g.bfloat16(), beta, ssm, idx, cu, init)
+        gated_delta_rule_prefill(q, q, v, g.bfloat16(), beta, ssm, **meta)
     with pytest.raises(ValueError, match="multiple"):
         gated_delta_rule_prefill(q, q, torch.randn(4, 3, 8), torch.rand(4, 3), torch.rand(4, 3),
-                                 torch.zeros(2, 3, 8, 8), idx, cu, init)
+                                 torch.zeros(2, 3, 8, 8), **meta)
     with pytest.raises(ValueError, match=": b_state_idx must"):
-        gated_delta_rule_decode(q, q, v, g, beta, ssm, idx)
+        gated_delta_rule_decode(q, q, v, g, beta, ssm, b_state_idx=idx)
 
 
 # Real Qwen3.5-27B GDN shapes: bf16 activations, fp32 state.
@@ -177,7 +182,8 @@ def test_fused_decode_triton_matches_reference_gpu(bsz, width):
     for _ in range(3):  # consecutive steps, states carried
         qkv, a, b = _fused_decode_inputs(bsz, gen)
         out = gated_delta_rule_decode_fused(
-            qkv, weight, conv_state, conv_idx, a, b, A_log, dt_bias, ssm_state, ssm_idx, NK, DK, DV
+            qkv, weight, conv_state, a, b, ssm_state, A_log=A_log, dt_bias=dt_bias, b_conv_idx=conv_idx,
+            b_ssm_idx=ssm_idx, nk=NK, dk=DK, dv=DV,
         )
         expected = gated_delta_rule_decode_fused_ref(
             qkv, weight, ref_conv, conv_idx, a, b, A_log, dt_bias, ref_ssm, ssm_idx, NK, DK, DV
@@ -228,7 +234,8 @@ def test_fused_decode_cuda_graph_gpu():
 
     def step():
         return gated_delta_rule_decode_fused(
-            qkv, weight, conv_state, conv_idx, a, b, A_log, dt_bias, ssm_state, ssm_idx, NK, DK, DV
+            qkv, weight, conv_state, a, b, ssm_state, A_log=A_log, dt_bias=dt_bias, b_conv_idx=conv_idx,
+            b_ssm_idx=ssm_idx, nk=NK, dk=DK, dv=DV,
         )
 
     side = torch.cuda.Stream()

@@ -6,7 +6,11 @@ import torch
 from lightllm_mtp.kernels.gdn.causal_conv1d import causal_conv1d_update
 from lightllm_mtp.kernels.gdn.causal_conv1d_verify import causal_conv1d_verify
 from lightllm_mtp.kernels.gdn.gated_delta_rule import gated_delta_rule_decode
-from lightllm_mtp.kernels.gdn.gated_delta_rule_verify import gated_delta_rule_verify
+from lightllm_mtp.kernels.gdn.gated_delta_rule_verify import (
+    gated_delta_rule_verify,
+    gated_delta_rule_verify_fused_gates,
+)
+from lightllm_mtp.kernels.gdn.gdn_gating import gdn_gating
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 5])
@@ -22,13 +26,16 @@ def test_conv_verify_matches_stepwise_updates_over_rounds(k):
         q_lens = torch.randint(1, k + 2, (bsz,))
         cu = torch.cat([torch.zeros(1, dtype=torch.int64), q_lens.cumsum(0)]).to(torch.int32)
         x = torch.randn(int(cu[-1]), channels)
-        out = causal_conv1d_verify(x, weight, wide, torch.arange(bsz, dtype=torch.int32), cu, accepted)
+        out = causal_conv1d_verify(
+            x, weight, wide, b_state_idx=torch.arange(bsz, dtype=torch.int32), b1_cu_q_len=cu, b_accept_len=accepted
+        )
         new_accepted = torch.stack([torch.randint(1, int(q) + 1, ()) for q in q_lens]).to(torch.int32)
         for b in range(bsz):
             state = narrow[b : b + 1].clone()
             for i in range(int(q_lens[b])):
                 row = int(cu[b]) + i
-                ref = causal_conv1d_update(x[row : row + 1], weight, state, torch.zeros(1, dtype=torch.int32))
+                first = torch.zeros(1, dtype=torch.int32)
+                ref = causal_conv1d_update(x[row : row + 1], weight, state, b_state_idx=first)
                 torch.testing.assert_close(out[row : row + 1], ref)
                 if i + 1 == int(new_accepted[b]):
                     narrow[b] = state[0]
@@ -56,7 +63,7 @@ def test_gdn_verify_writes_state_after_each_position(k):
         v = torch.randn(t, nv, dv)
         g = -torch.rand(t, nv)
         beta = torch.rand(t, nv)
-        out = gated_delta_rule_verify(q, kk, v, g, beta, ssm, base, cu, accepted)
+        out = gated_delta_rule_verify(q, kk, v, g, beta, ssm, b_state_base=base, b1_cu_q_len=cu, b_accept_len=accepted)
         new_accepted = torch.stack([torch.randint(1, int(n) + 1, ()) for n in q_lens]).to(torch.int32)
         for b in range(bsz):
             state = ref_state[b : b + 1].clone()
@@ -64,10 +71,30 @@ def test_gdn_verify_writes_state_after_each_position(k):
                 r = int(cu[b]) + i
                 o = gated_delta_rule_decode(
                     q[r : r + 1], kk[r : r + 1], v[r : r + 1], g[r : r + 1], beta[r : r + 1], state,
-                    torch.zeros(1, dtype=torch.int32),
+                    b_state_idx=torch.zeros(1, dtype=torch.int32),
                 )
                 torch.testing.assert_close(out[r : r + 1], o)
                 torch.testing.assert_close(ssm[int(base[b]) + i], state[0])
                 if i + 1 == int(new_accepted[b]):
                     ref_state[b] = state[0]
         accepted = new_accepted
+
+
+def test_fused_gate_entry_equals_gating_then_verify():
+    torch.manual_seed(3)
+    nk, nv, dk, dv, bsz, q = 2, 4, 8, 8, 3, 3
+    t = bsz * q
+    qq, kk, v = torch.randn(t, nk, dk), torch.randn(t, nk, dk), torch.randn(t, nv, dv)
+    a, b = torch.randn(t, nv), torch.randn(t, nv)
+    A_log, dt_bias = torch.rand(nv), torch.rand(nv)
+    ssm = torch.randn(bsz * q, nv, dk, dv) * 0.1
+    meta = dict(b_state_base=torch.arange(bsz, dtype=torch.int32) * q, b1_cu_q_len=torch.arange(bsz + 1) * q,
+                b_accept_len=torch.tensor([1, 3, 2], dtype=torch.int32))  # fmt: skip
+    fused_state, plain_state = ssm.clone(), ssm.clone()
+    fused = gated_delta_rule_verify_fused_gates(qq, kk, v, a, b, fused_state, A_log=A_log, dt_bias=dt_bias, **meta)
+    g, beta = gdn_gating(a, b, A_log, dt_bias)
+    plain = gated_delta_rule_verify(qq, kk, v, g, beta, plain_state, **meta)
+    torch.testing.assert_close(fused, plain)
+    torch.testing.assert_close(fused_state, plain_state)
+    with pytest.raises(TypeError):  # metadata is keyword-only: a misplaced index cannot pass silently
+        gated_delta_rule_verify(qq, kk, v, g, beta, ssm, *meta.values())
