@@ -30,8 +30,10 @@ class SamplingParams:
             raise ValueError(f"top_k must be -1, 0 (disabled) or a positive int, got {self.top_k!r}")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive int, got {self.max_new_tokens!r}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+        if self.seed is not None and (
+            not isinstance(self.seed, int) or isinstance(self.seed, bool) or not -(2**63) <= self.seed < 2**63
+        ):
+            raise ValueError(f"seed must be an int that fits in 64 bits (or None), got {self.seed!r}")
         stops = tuple(self.stop_token_ids)
         if not all(isinstance(t, int) and t >= 0 for t in stops):
             raise ValueError(f"stop_token_ids must be non-negative ints, got {self.stop_token_ids!r}")

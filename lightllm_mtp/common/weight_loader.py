@@ -28,13 +28,36 @@ def shard_index(model_dir: Path) -> dict[str, str]:
     """tensor name -> shard file name."""
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
-        with open(index) as f:
-            return dict(json.load(f)["weight_map"])
+        try:
+            with open(index) as f:
+                weight_map = json.load(f)["weight_map"]
+            if not isinstance(weight_map, dict):
+                raise TypeError("weight_map is not an object")
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise WeightLoadError(f"{index}: not a safetensors index with a weight_map ({type(e).__name__}: {e})")
+        return dict(weight_map)
     single = model_dir / "model.safetensors"
     if single.is_file():
-        with safe_open(str(single), framework="pt") as f:
+        with _open_shard(single) as f:
             return {name: single.name for name in f.keys()}
     raise WeightLoadError(f"{model_dir}: no model.safetensors.index.json or model.safetensors")
+
+
+class _open_shard:
+    """safe_open that names the file when it is truncated, garbage or unreadable."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self):
+        try:
+            self.handle = safe_open(str(self.path), framework="pt")
+            return self.handle.__enter__()
+        except Exception as e:  # SafetensorError, OSError: what safetensors raises names no file
+            raise WeightLoadError(f"{self.path}: cannot read this safetensors file ({type(e).__name__}: {e})") from e
+
+    def __exit__(self, *exc):
+        return self.handle.__exit__(*exc)
 
 
 def load_tensors(
@@ -59,9 +82,15 @@ def load_tensors(
     total = sum(len(v) for v in wanted.values())
     with tqdm(total=total, desc="loading weights", unit="tensor", disable=ENV.disable_progress_bars) as bar:
         for shard, shard_specs in sorted(wanted.items()):
-            with safe_open(str(model_dir / shard), framework="pt") as f:
+            path = model_dir / shard
+            if not path.is_file():
+                raise WeightLoadError(f"{path}: shard named by the index not found")
+            with _open_shard(path) as f:
                 for s in shard_specs:
-                    raw[s.name] = f.get_tensor(s.name)
+                    try:
+                        raw[s.name] = f.get_tensor(s.name)
+                    except Exception as e:  # a header that promises more bytes than the file holds
+                        raise WeightLoadError(f"{path}: cannot read tensor {s.name} ({type(e).__name__}: {e})") from e
                     bar.update(1)
 
     out: dict[str, torch.Tensor] = {}

@@ -112,8 +112,17 @@ class ModelConfig:
         path = Path(model_dir) / "config.json"
         if not path.is_file():
             raise ModelConfigError(f"{path}: config.json not found")
-        with open(path) as f:
-            return cls.from_hf(json.load(f))
+        try:
+            with open(path) as f:
+                hf = json.load(f)
+        except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise ModelConfigError(f"{path}: not valid JSON ({e})") from e
+        if not isinstance(hf, dict):
+            raise ModelConfigError(f"{path}: the top level must be a JSON object")
+        try:
+            return cls.from_hf(hf)
+        except ModelConfigError as e:
+            raise ModelConfigError(f"{path}: {e}") from e
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "ModelConfig":

@@ -77,8 +77,10 @@ class LLM:
         )
         if len(params) != len(prompt_ids):
             raise ValueError(f"{len(params)} SamplingParams for {len(prompt_ids)} prompts")
-        for ids in prompt_ids:  # reject bad input before any work starts
-            self.engine.validate_prompt(ids)
+        for ids, p in zip(prompt_ids, params):  # reject bad input before any request is queued
+            if not isinstance(p, SamplingParams):
+                raise ValueError(f"sampling_params must be SamplingParams, got {type(p).__name__}")
+            self.engine.validate_request(ids, p)
         reqs = [self.engine.add_request(ids, p) for ids, p in zip(prompt_ids, params)]
         with tqdm(total=len(reqs), desc="generate", disable=not use_tqdm or ENV.disable_progress_bars) as bar:
             while self.engine.has_unfinished():

@@ -105,8 +105,13 @@ class LLMEngine:
         if bad:
             raise ValueError(f"prompt token ids out of range [0, {vocab}): {bad[:8]}")
 
-    def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Request:
+    def validate_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Everything add_request would reject, checked without queuing anything."""
         self.validate_prompt(prompt_ids)
+        self.scheduler.check_fits(len(prompt_ids), params.max_new_tokens)
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Request:
+        self.validate_request(prompt_ids, params)
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self.args.device).manual_seed(params.seed)

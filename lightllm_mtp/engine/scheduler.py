@@ -41,14 +41,20 @@ class Scheduler:
         self.running: list[Request] = []
         self.reserved = 0
 
-    def kv_need(self, req: Request) -> int:
-        return min(len(req.prompt_ids) + req.params.max_new_tokens, self.max_model_len) + self.lookahead_slots
+    def kv_need(self, num_prompt_tokens: int, max_new_tokens: int) -> int:
+        """KV slots a request may hold at once: its tokens up to max_model_len, plus the runner's lookahead."""
+        return min(num_prompt_tokens + max_new_tokens, self.max_model_len) + self.lookahead_slots
+
+    def check_fits(self, num_prompt_tokens: int, max_new_tokens: int) -> None:
+        need = self.kv_need(num_prompt_tokens, max_new_tokens)
+        if need > self.kv_capacity:
+            raise ValueError(
+                f"a request of {num_prompt_tokens} prompt tokens and max_new_tokens={max_new_tokens} needs {need} KV "
+                f"slots; the pool has {self.kv_capacity}"
+            )
 
     def add(self, req: Request) -> None:
-        if self.kv_need(req) > self.kv_capacity:
-            raise ValueError(
-                f"request {req.request_id} needs {self.kv_need(req)} KV slots, the pool has {self.kv_capacity}"
-            )
+        self.check_fits(len(req.prompt_ids), req.params.max_new_tokens)
         self.waiting.append(req)
 
     def has_work(self) -> bool:
@@ -69,7 +75,7 @@ class Scheduler:
                 budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_batch_size:
             req = self.waiting[0]
-            need = self.kv_need(req)
+            need = self.kv_need(len(req.prompt_ids), req.params.max_new_tokens)
             if self.reserved + need > self.kv_capacity:
                 break
             self.waiting.popleft()

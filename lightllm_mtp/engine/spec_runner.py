@@ -36,12 +36,13 @@ class SpecRunner:
         self.proposer = proposer
         self.builder = builder
         self.state = builder.state
-        self.k = builder.k
+        self.num_draft_tokens = builder.num_draft_tokens
+        self.block_rows = self.num_draft_tokens + 1  # a verify block: the newest token, then the drafts
         self.device = runner.device
-        self.max_tokens_per_step = self.k + 1
-        self._block_rows = torch.arange(self.k + 1, device=self.device)
+        self.max_tokens_per_step = self.block_rows
+        self._block_rows = torch.arange(self.block_rows, device=self.device)
         # open blocks per request: the one a step verifies, the one it opens, and one more queued ahead (overlap)
-        self.lookahead_slots = 3 * self.k + 1
+        self.lookahead_slots = 3 * self.block_rows
 
     @torch.inference_mode()
     def launch(self, scheduled: list[ScheduledRequest], after: SpecStep | None = None) -> SpecStep:
@@ -70,9 +71,9 @@ class SpecRunner:
 
     def _open_blocks(self, reqs: list[Request], **kwargs) -> torch.Tensor:
         """KV slots for each request's next block (k+1 each, one allocation), opened by the builder."""
-        slots = self.runner.kv_pool.alloc(len(reqs) * (self.k + 1))
+        slots = self.runner.kv_pool.alloc(len(reqs) * (self.block_rows))
         for b, r in enumerate(reqs):
-            r.blocks.append(slots[b * (self.k + 1) : (b + 1) * (self.k + 1)])
+            r.blocks.append(slots[b * (self.block_rows) : (b + 1) * (self.block_rows)])
         b_req_idx = kwargs.pop("b_req_idx")
         slots_dev = slots.to(self.device, non_blocking=True).view(len(reqs), -1)
         self.builder.open_blocks(b_req_idx, slots=slots_dev, **kwargs)
@@ -146,14 +147,14 @@ class SpecRunner:
 
     # ---- verify blocks ------------------------------------------------------------------------------
     def _launch_verify(self, reqs: list[Request]) -> VerifyLaunch:
-        q, bsz = self.k + 1, len(reqs)
+        q, bsz = self.block_rows, len(reqs)
         b_req_idx = self._device([r.req_idx for r in reqs])
         blocks = [r.blocks[-1] for r in reqs]  # the block each request verifies: the newest one opened
         batch, rows = self.builder.verify_batch(b_req_idx)
         out = self.runner.forward(batch)
         greedy = all(r.params.temperature <= 0 for r in reqs)
         temps, top_ps, top_ks = (None, None, None) if greedy else self.runner.sampling_tensors(reqs)
-        drafts, num_drafts = rows[:, DRAFTS : DRAFTS + self.k], rows[:, NUM_DRAFTS]
+        drafts, num_drafts = rows[:, DRAFTS : DRAFTS + self.num_draft_tokens], rows[:, NUM_DRAFTS]
         result = verify_block(
             out.logits.view(bsz, q, -1), drafts, num_drafts, temps, top_ps, top_ks, [r.generator for r in reqs],
             greedy_only=greedy,
@@ -170,7 +171,7 @@ class SpecRunner:
     def _verified_rows(self, batch, hidden, result, b_req_idx) -> DraftInput:
         """The proposer's view of a verify step: the token 1..lookahead positions after block row r is
         emitted[r + m] while r + m < accept length (emitted is -1 past it); the anchor is row accept - 1."""
-        bsz, q, lookahead = result.emitted.shape[0], self.k + 1, self.proposer.lookahead
+        bsz, q, lookahead = result.emitted.shape[0], self.block_rows, self.proposer.lookahead
         accept = result.b_accept_len.to(torch.int64)
         if lookahead == 1:
             next_tokens = result.emitted.view(bsz * q, 1)

@@ -75,6 +75,7 @@ class EngineClient:
         self.vocab_size = info.vocab_size
         self.mtp_step = info.mtp_step
         self.kv_capacity = info.stats.kv_capacity
+        self.kv_lookahead_slots = info.kv_lookahead_slots
         self.router = Router(len(pool.ready))
         self.worker_stats: dict[int, WorkerStats] = {r.rank: r.stats for r in pool.ready}
         self.dead: set[int] = set()
@@ -111,7 +112,7 @@ class EngineClient:
         bad = [t for t in prompt_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ApiError(400, f"token ids out of range [0, {self.vocab_size}): {bad[:8]}", param="prompt")
-        need = min(n + max_new_tokens, self.max_model_len)
+        need = min(n + max_new_tokens, self.max_model_len) + self.kv_lookahead_slots  # as the worker's Scheduler
         if need > self.kv_capacity:
             raise ApiError(400, f"the request needs {need} KV tokens, a replica's pool holds {self.kv_capacity}: "
                            "lower max_tokens", param="max_tokens")  # fmt: skip

@@ -72,6 +72,7 @@ class WorkerReady:
     vocab_size: int
     eos_token_ids: tuple[int, ...]
     mtp_step: int  # 0 without MTP
+    kv_lookahead_slots: int  # KV slots a request may hold beyond its tokens (Scheduler.kv_need)
     stats: WorkerStats
 
 

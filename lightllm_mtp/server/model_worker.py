@@ -77,6 +77,7 @@ class ModelWorker:
                 vocab_size=self.engine.model_config.vocab_size,
                 eos_token_ids=tuple(sorted(self.engine.eos_token_ids)),
                 mtp_step=spec.num_draft_tokens if spec else 0,
+                kv_lookahead_slots=self.engine.scheduler.lookahead_slots,
                 stats=self._stats(),
             )
         )

@@ -22,7 +22,7 @@ class _MtpProposer(Proposer):
     def __init__(self, modules: list[GraphedForward], builder: StepBuilder):
         self.modules = modules
         self.builder = builder
-        self.num_draft_tokens = builder.k
+        self.num_draft_tokens = builder.num_draft_tokens
 
     def _pass(self, m: int, inp: DraftInput, tokens: torch.Tensor, hidden: torch.Tensor) -> ModelOutput:
         return self.modules[m].forward(draft_pass_batch(inp.batch, tokens, inp.logits_rows), hidden)

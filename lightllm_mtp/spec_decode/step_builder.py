@@ -17,12 +17,12 @@ from lightllm_mtp.spec_decode.draft_state import ACCEPT_LEN, DRAFTS, LAST_TOKEN,
 class StepBuilder:
     def __init__(self, state: DraftState, req_to_token: torch.Tensor, max_model_len: int, hold_slot: int):
         self.state = state
-        self.k = state.num_draft_tokens
+        self.num_draft_tokens = state.num_draft_tokens
         self.req_to_token = req_to_token
         self.max_model_len = max_model_len
         self.hold_slot = hold_slot
         self.device = req_to_token.device
-        self._block_rows = torch.arange(self.k + 1, device=self.device)
+        self._block_rows = torch.arange(self.num_draft_tokens + 1, device=self.device)
         self._constants: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
 
     def _batch_constants(self, bsz: int, rows_per_req: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -55,7 +55,7 @@ class StepBuilder:
         # a live request starts at most at max_model_len - 2; a request that finished while its next step was
         # already queued (overlap) may run past that once, on rows nobody reads: keep its positions in the table
         start = start.clamp(max=self.max_model_len - 1)
-        num_drafts = (self.max_model_len - 2 - start).clamp(0, self.k)
+        num_drafts = (self.max_model_len - 2 - start).clamp(0, self.num_draft_tokens)
         mem = torch.where(self._block_rows[None, :] <= num_drafts[:, None], slots, self.hold_slot)
         self.req_to_token[idx[:, None], start[:, None] + self._block_rows[None, :]] = mem.to(torch.int32)
         if accept_len is None:
@@ -68,7 +68,7 @@ class StepBuilder:
     def verify_batch(self, b_req_idx: torch.Tensor) -> tuple[ForwardBatch, torch.Tensor]:
         """The open blocks of requests `b_req_idx` [B] int32 (device) as one VERIFY batch of B x (k+1) rows, and
         their DraftState rows as gathered (drafts and draft counts for the accept rule)."""
-        s, idx, q = self.state, b_req_idx.to(torch.int64), self.k + 1
+        s, idx, q = self.state, b_req_idx.to(torch.int64), self.num_draft_tokens + 1
         rows = s.table[idx]  # one gather: [B, 4 + k + k+1]
         start = rows[:, START]
         cu, has_state, logits_index = self._batch_constants(idx.shape[0], q)

@@ -73,3 +73,45 @@ def test_misshaped_per_expert_part_is_named(tmp_path, bad_shape):
     write_sharded(tmp_path, {"s.safetensors": tensors})
     with pytest.raises(WeightLoadError, match=rf"e\.1\.up: expected shape \(2, 3\), found \({bad_shape[0]}, {bad_shape[1]}\)"):
         load_tensors(tmp_path, [PER_EXPERT], torch.float32, "cpu")
+
+
+def _one_shard(tmp_path):
+    write_sharded(tmp_path, {"model-1.safetensors": {"a": torch.randn(64, 64)}})
+    return tmp_path / "model-1.safetensors"
+
+
+def test_truncated_shard_names_the_file(tmp_path):
+    shard = _one_shard(tmp_path)
+    shard.write_bytes(shard.read_bytes()[:-4096])
+    with pytest.raises(WeightLoadError, match="model-1.safetensors: cannot read"):
+        load_tensors(tmp_path, [TensorSpec("a", (64, 64))], torch.float32, "cpu")
+
+
+def test_garbage_shard_names_the_file(tmp_path):
+    shard = _one_shard(tmp_path)
+    shard.write_bytes(b"\x00not a safetensors file" * 10)
+    with pytest.raises(WeightLoadError, match="model-1.safetensors: cannot read this safetensors file"):
+        load_tensors(tmp_path, [TensorSpec("a", (64, 64))], torch.float32, "cpu")
+
+
+@pytest.mark.parametrize("index", ['{"metadata": {}}', "{not json", '{"weight_map": [1, 2]}'])
+def test_broken_index_names_the_file(tmp_path, index):
+    _one_shard(tmp_path)
+    (tmp_path / "model.safetensors.index.json").write_text(index)
+    with pytest.raises(WeightLoadError, match="model.safetensors.index.json: not a safetensors index"):
+        load_tensors(tmp_path, [TensorSpec("a", (64, 64))], torch.float32, "cpu")
+
+
+def test_shard_missing_from_disk_names_the_file(tmp_path):
+    _one_shard(tmp_path).unlink()
+    with pytest.raises(WeightLoadError, match="model-1.safetensors: shard named by the index not found"):
+        load_tensors(tmp_path, [TensorSpec("a", (64, 64))], torch.float32, "cpu")
+
+
+@pytest.mark.parametrize("text", ["{oops", "[1, 2]", "\xff\xfe"])
+def test_invalid_config_json_names_the_file(tmp_path, text):
+    from lightllm_mtp.config.model_config import ModelConfig, ModelConfigError
+
+    (tmp_path / "config.json").write_bytes(text.encode("latin-1"))
+    with pytest.raises(ModelConfigError, match="config.json: "):
+        ModelConfig.from_model_dir(tmp_path)
