@@ -4,6 +4,7 @@ import math
 from dataclasses import dataclass, field
 
 MIN_TEMPERATURE = 0.01  # positive temperatures below this are raised to it
+MAX_STOP_TOKEN_IDS = 1024  # checked per generated token: a set, and a bounded one
 
 
 @dataclass(frozen=True)
@@ -15,7 +16,7 @@ class SamplingParams:
     top_k: int = -1  # -1 (or 0): no top-k filter
     max_new_tokens: int = 16
     seed: int | None = None
-    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    stop_token_ids: frozenset[int] = field(default_factory=frozenset)  # any iterable of ints is accepted
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
@@ -34,10 +35,12 @@ class SamplingParams:
             not isinstance(self.seed, int) or isinstance(self.seed, bool) or not -(2**63) <= self.seed < 2**63
         ):
             raise ValueError(f"seed must be an int that fits in 64 bits (or None), got {self.seed!r}")
-        stops = tuple(self.stop_token_ids)
-        if not all(isinstance(t, int) and t >= 0 for t in stops):
-            raise ValueError(f"stop_token_ids must be non-negative ints, got {self.stop_token_ids!r}")
-        object.__setattr__(self, "stop_token_ids", stops)  # normalise list -> tuple, still frozen after init
+        stops = list(self.stop_token_ids)
+        if len(stops) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids, got {len(stops)}")
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in stops):
+            raise ValueError(f"stop_token_ids must be non-negative ints, got {stops[:8]!r}")
+        object.__setattr__(self, "stop_token_ids", frozenset(stops))  # membership per token: a set
 
     @property
     def greedy(self) -> bool:

@@ -31,6 +31,7 @@ class ServerArgs:
     api_key: str | None = None  # when set, /v1/* and /generate* need "Authorization: Bearer <api_key>"
     dp: int = 1  # model replicas (worker processes), one GPU each on CUDA
     log_level: str = "info"
+    enable_api_docs: bool = False  # /docs, /redoc, /openapi.json (behind the API key when one is set)
 
     def __post_init__(self) -> None:
         if self.dp < 1:
@@ -71,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     m = p.add_argument_group("model")
     m.add_argument("--model_dir", required=True, help="checkpoint directory (config.json, safetensors, tokenizer)")
-    m.add_argument("--model_name", default=None, help="served model name (default: the model_dir's last component)")
+    m.add_argument("--model_name", default=None, help="served model name (default: --model_dir as given)")
     m.add_argument("--device", default="cpu",
                    help="cpu or cuda (with --dp N: replica i on cuda:i; default: %(default)s)")
     m.add_argument("--data_type", "--dtype", dest="data_type", default=d["dtype"].default,
@@ -108,6 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s, loopback only)")
     h.add_argument("--port", type=int, default=8000, help="default: %(default)s")
     h.add_argument("--api_key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* and /generate*")
+    h.add_argument("--enable_api_docs", action="store_true", help="serve /docs, /redoc and /openapi.json (off by "
+                   "default; behind --api_key when it is set)")
     h.add_argument("--dp", type=int, default=1, help="model replicas, each its own worker process (and GPU); "
                    "requests go to the replica with the fewest outstanding")
     h.add_argument("--log_level", default="info", choices=["debug", "info", "warning", "error"],
@@ -161,10 +164,11 @@ def server_args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
         )
     return ServerArgs(
         engine=engine,
-        model_name=ns.model_name or model_dir.resolve().name,
+        model_name=ns.model_name or ns.model_dir,
         host=ns.host,
         port=ns.port,
         api_key=ns.api_key,
         dp=ns.dp,
         log_level=ns.log_level,
+        enable_api_docs=ns.enable_api_docs,
     )

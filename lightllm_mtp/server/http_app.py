@@ -10,6 +10,7 @@ import logging
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -33,7 +34,8 @@ def create_app(args: ServerArgs, client: EngineClient, metrics: ServerMetrics, o
         if on_shutdown is not None:  # here, not after uvicorn returns: uvicorn re-raises SIGTERM once it is done
             on_shutdown()
 
-    app = FastAPI(title="lightllm_mtp", lifespan=lifespan)
+    # FastAPI's own /docs, /redoc and /openapi.json would answer without the API key: off, served below on request
+    app = FastAPI(title="lightllm_mtp", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
 
     def error(e: ApiError) -> JSONResponse:
         metrics.rejected.labels(str(e.status)).inc()
@@ -60,6 +62,19 @@ def create_app(args: ServerArgs, client: EngineClient, metrics: ServerMetrics, o
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), args.api_key.encode()):
             raise ApiError(401, "missing or incorrect API key: send 'Authorization: Bearer <key>'",
                            code="invalid_api_key")  # fmt: skip
+
+    if args.enable_api_docs:
+        @app.get("/openapi.json", dependencies=[Depends(auth)], include_in_schema=False)
+        async def openapi_schema():
+            return JSONResponse(app.openapi())
+
+        @app.get("/docs", dependencies=[Depends(auth)], include_in_schema=False)
+        async def docs():
+            return get_swagger_ui_html(openapi_url="/openapi.json", title="lightllm_mtp")
+
+        @app.get("/redoc", dependencies=[Depends(auth)], include_in_schema=False)
+        async def redoc():
+            return get_redoc_html(openapi_url="/openapi.json", title="lightllm_mtp")
 
     @app.get("/health")
     async def health():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from typing import AsyncIterator
@@ -29,7 +30,7 @@ def openai_routes(client: EngineClient, model_name: str, auth) -> APIRouter:
         req = parse_body(CompletionRequest, await request.body())
         _check_model(req, model_name)
         prompt_ids = req.prompt if isinstance(req.prompt, list) else _encode(client, req.prompt)
-        max_new = req.max_tokens if req.max_tokens is not None else 16
+        max_new = _max_new_tokens(client, prompt_ids, req.max_tokens, default=16)
         stream = _submit(client, req, prompt_ids, max_new, "completions")
         meta = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": model_name}  # fmt: skip
@@ -46,10 +47,9 @@ def openai_routes(client: EngineClient, model_name: str, auth) -> APIRouter:
     async def chat_completions(request: Request):
         req = parse_body(ChatCompletionRequest, await request.body())
         _check_model(req, model_name)
-        prompt_ids = _encode(client, _chat_prompt(client.tokenizer, req))
-        max_new = req.max_new_tokens
-        if max_new is None:  # OpenAI's default for chat: as much as the context allows
-            max_new = max(1, client.max_model_len - len(prompt_ids))
+        prompt_ids = _chat_prompt_ids(client.tokenizer, req)
+        # OpenAI's default for chat: as much as the context allows
+        max_new = _max_new_tokens(client, prompt_ids, req.max_new_tokens, default=client.max_model_len)
         stream = _submit(client, req, prompt_ids, max_new, "chat_completions")
         meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
                 "model": model_name}  # fmt: skip
@@ -76,11 +76,55 @@ def _encode(client: EngineClient, text: str) -> list[int]:
     return client.tokenizer.encode(text, add_special_tokens=False)
 
 
-def _chat_prompt(tokenizer, req: ChatCompletionRequest) -> str:
+def _max_new_tokens(client: EngineClient, prompt_ids: list[int], asked: int | None, default: int) -> int:
+    """An explicit max_tokens that does not fit beside the prompt is an error (as OpenAI-compatible servers answer);
+    the default is cut to what fits."""
+    room = client.max_model_len - len(prompt_ids)
+    if asked is None:
+        return max(1, min(default, room))
+    if asked > room:
+        raise ApiError(400, f"this model's maximum context length is {client.max_model_len} tokens; the request has "
+                       f"{len(prompt_ids)} prompt tokens and asks for {asked} completion tokens "
+                       f"({len(prompt_ids) + asked} in all): lower max_tokens or the prompt",
+                       param="max_tokens", code="context_length_exceeded")  # fmt: skip
+    return asked
+
+
+_CONTENT = "\ue000{}\ue001"  # private-use marks around a message's index while the template renders
+_CONTENT_SPLIT = re.compile("\ue000(\\d+)\ue001")
+
+
+def _chat_prompt_ids(tokenizer, req: ChatCompletionRequest) -> list[int]:
+    """The templated conversation as token ids. Special-token text inside a message (a user typing "<|im_end|>") is
+    encoded as plain text, so that no message can forge a turn: the template is rendered around markers and only its
+    own text is parsed for special tokens."""
     if not getattr(tokenizer, "chat_template", None):
         raise ApiError(400, "this model's tokenizer has no chat template: use /v1/completions", param="messages")
     try:
-        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        contents = [m.text() for m in req.messages]
+    except ValueError as e:
+        raise ApiError(400, str(e), param="messages") from None
+    special = [t for t in tokenizer.all_special_tokens if t]
+    if not any(t in c for c in contents for t in special):
+        text = _render(tokenizer, req, contents)
+        return tokenizer.encode(text, add_special_tokens=False)
+    rendered = _render(tokenizer, req, [_CONTENT.format(i) for i in range(len(contents))])
+    parts = _CONTENT_SPLIT.split(rendered)  # template text, index, template text, ...
+    if sorted(int(i) for i in parts[1::2]) != list(range(len(contents))):
+        raise ApiError(400, "a message holds special-token text that this chat template does not pass through",
+                       param="messages")  # fmt: skip
+    ids: list[int] = []
+    for j, part in enumerate(parts):
+        if j % 2:
+            ids += tokenizer.encode(contents[int(part)], add_special_tokens=False, split_special_tokens=True)
+        elif part:
+            ids += tokenizer.encode(part, add_special_tokens=False)
+    return ids
+
+
+def _render(tokenizer, req: ChatCompletionRequest, contents: list[str]) -> str:
+    try:
+        messages = [{"role": m.role, "content": c} for m, c in zip(req.messages, contents)]
         # the template itself may reject the conversation (Qwen's raise_exception, e.g. a misplaced system message)
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     except (ValueError, TemplateError) as e:

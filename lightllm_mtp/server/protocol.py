@@ -2,21 +2,22 @@
 
 Bodies are parsed here, not by FastAPI, so that every bad input (invalid JSON, a wrong type, an out-of-range
 value, an unsupported feature) becomes one `ApiError`: HTTP 4xx with
-`{"error": {"message", "type", "param", "code"}}`. Unknown fields are ignored, as OpenAI-compatible servers do.
+`{"error": {"message", "type", "param", "code"}}`. Unknown fields are ignored, as OpenAI-compatible servers do; known
+ones are strictly typed ("16" is not a number, true is not a token id or a count, "yes" is not a boolean).
 """
 
 from __future__ import annotations
 
-import math
-
 import json
+import math
 from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
-from lightllm_mtp.sampling_params import SamplingParams
+from lightllm_mtp.sampling_params import MAX_STOP_TOKEN_IDS, SamplingParams
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
+STRICT = ConfigDict(extra="ignore", strict=True)
 
 
 class ApiError(Exception):
@@ -37,8 +38,11 @@ def parse_body(model: type[M], raw: bytes) -> M:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ApiError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    except RecursionError:
+        raise ApiError(400, "the request body is nested too deeply", code="invalid_json") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    _reject_lone_surrogates(data)
     try:
         return model.model_validate(data)
     except ValidationError as e:
@@ -47,6 +51,23 @@ def parse_body(model: type[M], raw: bytes) -> M:
         same = [err for err in errors if err["loc"][:1] == errors[0]["loc"][:1]][:3]  # union members fail each
         msg = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg'].removeprefix('Value error, ')}" for err in same)
         raise ApiError(400, msg, param=param, code="invalid_value") from None
+
+
+def _reject_lone_surrogates(data) -> None:
+    """JSON escapes such as "\\ud800" decode to strings that are not valid Unicode, which no tokenizer takes."""
+    pending = [data]
+    while pending:  # iterative: the body may be nested as deep as the JSON parser allows
+        item = pending.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ApiError(400, "the request holds a string that is not valid Unicode (a lone surrogate)",
+                               code="invalid_value") from None  # fmt: skip
+        elif isinstance(item, dict):
+            pending += list(item.keys()) + list(item.values())
+        elif isinstance(item, list):
+            pending += item
 
 
 def _check_stop(v: str | list[str] | None) -> str | list[str] | None:
@@ -65,13 +86,14 @@ def _check_seed(v: int | None) -> int | None:
 
 
 class StreamOptions(BaseModel):
+    model_config = STRICT
     include_usage: bool = False
 
 
 class SamplingRequest(BaseModel):
     """Fields shared by /v1/completions and /v1/chat/completions (OpenAI names; vLLM-style extensions)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
     model: str | None = None
     max_tokens: int | None = None
@@ -138,6 +160,8 @@ class SamplingRequest(BaseModel):
     @field_validator("stop_token_ids")
     @classmethod
     def _stop_token_ids(cls, v):
+        if v is not None and len(v) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"at most {MAX_STOP_TOKEN_IDS} stop token ids, got {len(v)}")
         if v is not None and any(t < 0 for t in v):
             raise ValueError("token ids must be >= 0")
         return v
@@ -210,13 +234,13 @@ class CompletionRequest(SamplingRequest):
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     type: str
     text: str | None = None
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
 
@@ -255,7 +279,7 @@ class ChatCompletionRequest(SamplingRequest):
 class GenerateParameters(BaseModel):
     """LightLLM's /generate "parameters" (do_sample false: greedy)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     do_sample: bool = False
     temperature: float = 1.0
     top_p: float = 1.0
@@ -269,6 +293,13 @@ class GenerateParameters(BaseModel):
     @classmethod
     def _stop(cls, v):
         return _check_stop(v)
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature(cls, v):  # checked even with do_sample false, which ignores it
+        if not math.isfinite(v) or v < 0:
+            raise ValueError(f"must be a finite number >= 0, got {v}")
+        return v
 
     @field_validator("seed")
     @classmethod
@@ -291,6 +322,6 @@ class GenerateParameters(BaseModel):
 
 
 class GenerateRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     inputs: str = Field(min_length=1)
     parameters: GenerateParameters = Field(default_factory=GenerateParameters)

@@ -76,25 +76,27 @@ def test_non_text_chat_content_is_rejected():
         chat.messages[0].text()
 
 
-def test_generate_with_a_nan_temperature_is_a_bad_request():
-    req = parse(GenerateRequest, b'{"inputs": "x", "parameters": {"do_sample": true, "temperature": NaN}}')
-    with pytest.raises(ValueError, match="finite number"):
-        req.parameters.sampling_params()
+@pytest.mark.parametrize("do_sample", ["true", "false"])
+def test_generate_with_a_nan_temperature_is_a_bad_request(do_sample):
+    body = b'{"inputs": "x", "parameters": {"do_sample": %s, "temperature": NaN}}' % do_sample.encode()
+    with pytest.raises(ApiError, match="finite number"):  # do_sample false ignores it, but it is still checked
+        parse(GenerateRequest, body)
 
 
 def test_a_chat_template_that_rejects_the_messages_is_a_bad_request():
     from jinja2 import TemplateError
 
-    from lightllm_mtp.server.openai_api import _chat_prompt
+    from lightllm_mtp.server.openai_api import _chat_prompt_ids
 
     class Tokenizer:
         chat_template = "{{ raise_exception('System message must be at the beginning.') }}"
+        all_special_tokens = ["<|im_end|>"]
 
         def apply_chat_template(self, *args, **kwargs):
             raise TemplateError("System message must be at the beginning.")
 
     chat = parse(ChatCompletionRequest, {"messages": [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}]})
     with pytest.raises(ApiError) as e:
-        _chat_prompt(Tokenizer(), chat)
+        _chat_prompt_ids(Tokenizer(), chat)
     assert e.value.status == 400 and e.value.body()["error"]["param"] == "messages"
     assert "System message must be at the beginning" in e.value.body()["error"]["message"]

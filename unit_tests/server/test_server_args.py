@@ -17,7 +17,7 @@ def parse_error(capsys, argv):
 def test_defaults_and_lightllm_flag_names(tiny_dense_dir):
     a = parse_server_args(["--model_dir", str(tiny_dense_dir)])
     assert (a.host, a.port, a.dp, a.api_key, a.is_loopback) == ("127.0.0.1", 8000, 1, None, True)
-    assert a.model_name == tiny_dense_dir.name
+    assert a.model_name == str(tiny_dense_dir)  # served under --model_dir as given, as vLLM serves --model
     e = a.engine
     assert (e.device, e.max_batch_size, e.mtp_mode, e.spec) == (torch.device("cpu"), 32, None, None)
     a = parse_server_args(["--model_dir", str(tiny_dense_dir), "--mtp_mode", "eagle_with_att", "--mtp_step", "3",
