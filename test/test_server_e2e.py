@@ -124,6 +124,7 @@ def test_stop_strings_and_lightllm_endpoints(mtp_server):
     body["parameters"]["stop_sequences"] = [stop]
     stopped = httpx.post(f"{mtp_server.url}/generate", json=body, headers=AUTH).json()
     assert stopped["generated_text"] == [cut] and stopped["finish_reason"] == "stop"
+    assert stopped["mtp"] is not None and stopped["mtp"]["verify_steps"] > 0  # issue 19 item 5
     with httpx.stream("POST", f"{mtp_server.url}/generate_stream", json=body, headers=AUTH) as r:
         events = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:")]
     assert "".join(e["token"]["text"] for e in events) == cut
@@ -133,6 +134,10 @@ def test_stop_strings_and_lightllm_endpoints(mtp_server):
     chunks = c.completions.create(model=model_name(mtp_server), prompt=PROMPTS[2], max_tokens=10, temperature=0,
                                   stop=[stop], stream=True, extra_body={"ignore_eos": True})  # fmt: skip
     assert "".join(ch.choices[0].text for ch in chunks) == cut
+    out = c.completions.create(model=model_name(mtp_server), prompt=PROMPTS[2], max_tokens=10, temperature=0,
+                               stop=[stop], extra_body={"ignore_eos": True, "return_mtp_stats": True})  # fmt: skip
+    assert out.choices[0].text == cut and out.choices[0].finish_reason == "stop"
+    assert out.usage.model_extra["mtp"]["verify_steps"] > 0
     wait_idle(mtp_server)
 
 
@@ -327,6 +332,18 @@ def test_start_up_failure_is_reported(tiny_dense_dir):
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1
     assert "worker 0 failed to start" in out.stderr and "mtp_num_hidden_layers=1" in out.stderr
+
+
+def test_a_port_in_use_fails_before_the_model_loads(mtp_server, tiny_dense_dir):
+    """Issue 19 item 11: the port is bound first, so a busy one is an error in about a second, naming the port."""
+    port = mtp_server.url.rsplit(":", 1)[1]
+    cmd = [sys.executable, "-m", "lightllm_mtp.server.api_server", "--model_dir", str(tiny_dense_dir), "--port", port,
+           *COMMON]  # fmt: skip
+    started = time.monotonic()
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in out.stderr
+    assert "worker" not in out.stderr  # no model worker was started
+    assert time.monotonic() - started < 30
 
 
 def test_a_dead_worker_turns_health_red_but_not_the_front(dp_server):

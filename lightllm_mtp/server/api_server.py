@@ -1,13 +1,15 @@
 """Entry point: `python -m lightllm_mtp.server.api_server --model_dir DIR [...]` (see --help).
 
-Start-up: parse and validate the flags, load the tokenizer, start the --dp model workers and wait until each
-has loaded its model, then serve HTTP (uvicorn) until SIGINT / SIGTERM, then stop the workers.
+Start-up: parse and validate the flags, bind the HTTP port (a port in use fails here, before any model loads), load
+the tokenizer, start the --dp model workers and wait until each has loaded its model, then serve HTTP (uvicorn) on
+the bound socket until SIGINT / SIGTERM, then stop the workers.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+import socket
 import sys
 
 from lightllm_mtp.server.args import ServerArgs, parse_server_args
@@ -38,6 +40,11 @@ def serve(args: ServerArgs) -> int:
     from lightllm_mtp.server.metrics import ServerMetrics
     from lightllm_mtp.server.worker_pool import WorkerPool, WorkerStartError
 
+    try:
+        sock = bind_port(args.host, args.port)
+    except OSError as e:
+        logger.error("cannot listen on %s:%d: %s", args.host, args.port, e)
+        return 1
     tokenizer = AutoTokenizer.from_pretrained(args.engine.model_dir)
     pool = WorkerPool(args)
     try:
@@ -53,10 +60,25 @@ def serve(args: ServerArgs) -> int:
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                 access_log=args.log_level == "debug", timeout_graceful_shutdown=5)  # fmt: skip
         server = uvicorn.Server(config)
-        server.run()
+        server.run(sockets=[sock])
         return 0 if server.started else 1
     finally:
         pool.shutdown()
+        sock.close()
+
+
+def bind_port(host: str, port: int) -> socket.socket:
+    """The listening socket, taken before the model loads so that a busy port is reported at once."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 if __name__ == "__main__":

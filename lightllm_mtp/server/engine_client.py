@@ -49,6 +49,9 @@ class RequestStream:
         self.queue: asyncio.Queue[Delta] = asyncio.Queue()
         self.finished = False  # the last delta was taken by the handler
         self.aborted = False
+        # a stop string matched: the worker is told to abort, and its answer (with the request's MTP counts) ends
+        # the stream as "stop"
+        self.stopping = False
         # owned by the reader thread
         self.detok = detok
         self.num_output_tokens = 0
@@ -168,12 +171,18 @@ class EngineClient:
         posts = []
         for d in out.deltas:
             stream = self._streams.get(d.rid)
-            if stream is not None:  # None: it already ended here (a stop string)
-                posts.append((stream, self._advance(stream, d, now)))
+            delta = self._advance(stream, d, now) if stream is not None else None  # None: it ended already
+            if delta is not None:
+                posts.append((stream, delta))
         if posts:
             self._post(posts)
 
-    def _advance(self, stream: RequestStream, d: TokenDelta, now: float) -> Delta:
+    def _advance(self, stream: RequestStream, d: TokenDelta, now: float) -> Delta | None:
+        if stream.stopping:  # tokens past the stop string are dropped; the worker's last delta ends the stream
+            if d.finish_reason is None:
+                return None
+            self._end(stream, "stop", now, d.spec)
+            return Delta("", [], "stop", None, stream.num_prompt_tokens, stream.num_output_tokens, d.spec)
         if d.token_ids:
             if stream.first_token_at is None:
                 stream.first_token_at = now
@@ -182,9 +191,11 @@ class EngineClient:
             self.metrics.on_tokens(len(d.token_ids))
         reason = d.finish_reason
         text = stream.detok.push(d.token_ids, final=reason is not None)
-        if reason is None and stream.detok.stopped:
-            reason = "stop"
+        if reason is None and stream.detok.stopped:  # the text up to the stop string now, the end with the counts
+            stream.stopping = True
             self.pool.send(stream.rank, AbortRequest(stream.rid))
+        if reason is not None and stream.detok.stopped:
+            reason = "stop"  # the worker ended it in the same step (length, eos) after the stop string
         if reason is not None:
             self._end(stream, reason, now, d.spec)
         return Delta(text, d.token_ids, reason, d.error, stream.num_prompt_tokens, stream.num_output_tokens, d.spec)
