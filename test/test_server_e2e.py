@@ -194,6 +194,34 @@ def test_bad_input_gets_an_openai_error(mtp_server, path, body, status, param):
         assert err["param"] == param, err
 
 
+def test_a_huge_body_is_refused_quickly_and_health_stays_up(mtp_server):
+    """Issue 19 item 2: a 10 MB prompt gets 413 without being read whole or tokenized; a 1 MB one (under the body cap)
+    gets 400 from the token lower bound, not after tokenizing it; /health answers meanwhile."""
+    import threading
+
+    results = {}
+
+    def post(name, size):
+        started = time.monotonic()
+        r = httpx.post(f"{mtp_server.url}/v1/completions", headers=AUTH, json={"prompt": "x " * (size // 2)},
+                       timeout=60)  # fmt: skip
+        results[name] = (r.status_code, time.monotonic() - started, r.json()["error"]["code"])
+
+    workers = [threading.Thread(target=post, args=(name, size)) for name, size in (("huge", 10 * 2**20), ("big", 2**20))]
+    for w in workers:
+        w.start()
+    health = []
+    while any(w.is_alive() for w in workers):
+        started = time.monotonic()
+        assert httpx.get(f"{mtp_server.url}/health", timeout=10).status_code == 200
+        health.append(time.monotonic() - started)
+    for w in workers:
+        w.join()
+    assert results["huge"][0] == 413 and results["huge"][2] == "request_too_large"
+    assert results["big"][0] == 400 and results["big"][2] == "context_length_exceeded"
+    assert max(results["huge"][1], results["big"][1]) < 10 and max(health, default=0) < 2
+
+
 def test_context_length_error_names_both_numbers(mtp_server):
     r = httpx.post(f"{mtp_server.url}/v1/completions", headers=AUTH, json={"prompt": [1] * 100, "max_tokens": 50})
     message = r.json()["error"]["message"]

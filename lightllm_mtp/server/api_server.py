@@ -55,8 +55,8 @@ def serve(args: ServerArgs) -> int:
             return 1
         client = EngineClient(pool, tokenizer, ServerMetrics(ready[0].mtp_step))
         app = create_app(args, client, client.metrics, on_shutdown=pool.shutdown)
-        logger.info("serving %s on http://%s:%d (dp=%d, mtp=%s)", args.model_name, args.host, args.port, args.dp,
-                    f"{args.engine.mtp_mode.value} x{args.engine.mtp_step}" if args.engine.mtp_mode else "off")  # fmt: skip
+        mtp = f"{args.engine.mtp_mode.value} x{args.engine.mtp_step}" if args.engine.mtp_mode else "off"
+        logger.info("serving %s on http://%s:%d (dp=%d, mtp=%s)", args.model_name, args.host, args.port, args.dp, mtp)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                 access_log=args.log_level == "debug", timeout_graceful_shutdown=5)  # fmt: skip
         server = uvicorn.Server(config)

@@ -32,6 +32,7 @@ class ServerArgs:
     dp: int = 1  # model replicas (worker processes), one GPU each on CUDA
     log_level: str = "info"
     enable_api_docs: bool = False  # /docs, /redoc, /openapi.json (behind the API key when one is set)
+    max_request_body_bytes: int = 8 * 2**20  # larger bodies get 413 before they are read whole
 
     def __post_init__(self) -> None:
         if self.dp < 1:
@@ -42,6 +43,8 @@ class ServerArgs:
             n = torch.cuda.device_count()
             if self.dp > n:
                 raise ValueError(f"--dp {self.dp} needs {self.dp} GPUs, {n} visible")
+        if self.max_request_body_bytes < 1024:
+            raise ValueError(f"--max_request_body_bytes must be >= 1024, got {self.max_request_body_bytes}")
         if not 1 <= self.port <= 65535:
             raise ValueError(f"--port must be in [1, 65535], got {self.port}")
         if self.api_key is not None and not self.api_key:
@@ -109,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s, loopback only)")
     h.add_argument("--port", type=int, default=8000, help="default: %(default)s")
     h.add_argument("--api_key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* and /generate*")
+    h.add_argument("--max_request_body_bytes", type=int, default=8 * 2**20, help="larger request bodies are "
+                   "answered 413 (default: %(default)s, 8 MiB)")
     h.add_argument("--enable_api_docs", action="store_true", help="serve /docs, /redoc and /openapi.json (off by "
                    "default; behind --api_key when it is set)")
     h.add_argument("--dp", type=int, default=1, help="model replicas, each its own worker process (and GPU); "
@@ -171,4 +176,5 @@ def server_args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
         dp=ns.dp,
         log_level=ns.log_level,
         enable_api_docs=ns.enable_api_docs,
+        max_request_body_bytes=ns.max_request_body_bytes,
     )

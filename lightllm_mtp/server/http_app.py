@@ -106,6 +106,6 @@ def create_app(args: ServerArgs, client: EngineClient, metrics: ServerMetrics, o
             "workers": [dataclasses.asdict(client.worker_stats[r]) for r in sorted(client.worker_stats)],
         }
 
-    app.include_router(openai_routes(client, args.model_name, auth))
-    app.include_router(lightllm_routes(client, auth))
+    app.include_router(openai_routes(client, args.model_name, auth, args.max_request_body_bytes))
+    app.include_router(lightllm_routes(client, auth, args.max_request_body_bytes))
     return app

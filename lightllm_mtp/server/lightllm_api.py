@@ -13,23 +13,26 @@ from fastapi.responses import JSONResponse, Response
 
 from lightllm_mtp.server.engine_client import EngineClient, RequestStream
 from lightllm_mtp.server.protocol import ApiError, GenerateRequest, parse_body
+from lightllm_mtp.server.request_input import PromptEncoder, read_body
 from lightllm_mtp.server.streaming import ClientDisconnected, collect, error_event, mtp_usage, sse_response
 
 
-def lightllm_routes(client: EngineClient, auth) -> APIRouter:
+def lightllm_routes(client: EngineClient, auth, max_body_bytes: int) -> APIRouter:
     router = APIRouter(dependencies=[Depends(auth)])
+    encoder = PromptEncoder(client.tokenizer, client.max_model_len)
 
-    def submit(req: GenerateRequest, endpoint: str) -> RequestStream:
+    async def submit(request: Request, endpoint: str) -> RequestStream:
+        req = parse_body(GenerateRequest, await read_body(request, max_body_bytes))
         try:
             params = req.parameters.sampling_params()
         except ValueError as e:
             raise ApiError(400, str(e), param="parameters") from None
-        prompt_ids = client.tokenizer.encode(req.inputs, add_special_tokens=False)
+        prompt_ids = await encoder.encode(req.inputs, param="inputs")
         return client.submit(prompt_ids, params, req.parameters.stop_strings, endpoint)
 
     @router.post("/generate")
     async def generate(request: Request):
-        stream = submit(parse_body(GenerateRequest, await request.body()), "generate")
+        stream = await submit(request, "generate")
         try:
             out = await collect(client, stream, request)
         except ClientDisconnected:
@@ -45,7 +48,7 @@ def lightllm_routes(client: EngineClient, auth) -> APIRouter:
 
     @router.post("/generate_stream")
     async def generate_stream(request: Request):
-        stream = submit(parse_body(GenerateRequest, await request.body()), "generate_stream")
+        stream = await submit(request, "generate_stream")
 
         async def events():
             async for d in stream:

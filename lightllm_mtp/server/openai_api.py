@@ -13,11 +13,13 @@ from jinja2 import TemplateError
 
 from lightllm_mtp.server.engine_client import EngineClient, RequestStream
 from lightllm_mtp.server.protocol import ApiError, ChatCompletionRequest, CompletionRequest, SamplingRequest, parse_body
+from lightllm_mtp.server.request_input import PromptEncoder, read_body
 from lightllm_mtp.server.streaming import ClientDisconnected, collect, error_event, sse_response, usage
 
 
-def openai_routes(client: EngineClient, model_name: str, auth) -> APIRouter:
+def openai_routes(client: EngineClient, model_name: str, auth, max_body_bytes: int) -> APIRouter:
     router = APIRouter(dependencies=[Depends(auth)])
+    encoder = PromptEncoder(client.tokenizer, client.max_model_len)
 
     @router.get("/v1/models")
     async def models():
@@ -27,9 +29,9 @@ def openai_routes(client: EngineClient, model_name: str, auth) -> APIRouter:
 
     @router.post("/v1/completions")
     async def completions(request: Request):
-        req = parse_body(CompletionRequest, await request.body())
+        req = parse_body(CompletionRequest, await read_body(request, max_body_bytes))
         _check_model(req, model_name)
-        prompt_ids = req.prompt if isinstance(req.prompt, list) else _encode(client, req.prompt)
+        prompt_ids = req.prompt if isinstance(req.prompt, list) else await encoder.encode(req.prompt)
         max_new = _max_new_tokens(client, prompt_ids, req.max_tokens, default=16)
         stream = _submit(client, req, prompt_ids, max_new, "completions")
         meta = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
@@ -45,9 +47,10 @@ def openai_routes(client: EngineClient, model_name: str, auth) -> APIRouter:
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        req = parse_body(ChatCompletionRequest, await request.body())
+        req = parse_body(ChatCompletionRequest, await read_body(request, max_body_bytes))
         _check_model(req, model_name)
-        prompt_ids = _chat_prompt_ids(client.tokenizer, req)
+        encoder.check_fits("".join(m.text() if isinstance(m.content, str) else "" for m in req.messages), "messages")
+        prompt_ids = await encoder.run(_chat_prompt_ids, client.tokenizer, req)
         # OpenAI's default for chat: as much as the context allows
         max_new = _max_new_tokens(client, prompt_ids, req.max_new_tokens, default=client.max_model_len)
         stream = _submit(client, req, prompt_ids, max_new, "chat_completions")
@@ -70,10 +73,6 @@ def _check_model(req: SamplingRequest, model_name: str) -> None:
     if req.model is not None and req.model != model_name:
         raise ApiError(404, f"The model `{req.model}` does not exist; this server serves `{model_name}`",
                        param="model", code="model_not_found")  # fmt: skip
-
-
-def _encode(client: EngineClient, text: str) -> list[int]:
-    return client.tokenizer.encode(text, add_special_tokens=False)
 
 
 def _max_new_tokens(client: EngineClient, prompt_ids: list[int], asked: int | None, default: int) -> int:
