@@ -17,10 +17,20 @@ def test_main_job_runs_on_the_default_checkpoint(tmp_path):
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("=== prompt:") == 3
-    assert "tok/s" in out.stdout
+    assert out.stdout.count("tokens per verify step, acceptance per draft position:") == 3  # MTP by default
+    assert "MTP eagle_with_att k=2:" in out.stdout and "plain decoding:" in out.stdout and "tok/s" in out.stdout
+    assert "outputs identical" in out.stdout
     trained = trained_checkpoint_dir("qwen3_5")  # shipped: used as is; absent: a random one is built into the cache
     assert f"model: {trained}" in out.stdout if trained else any((tmp_path / "cache").rglob("config.json"))
     assert any((tmp_path / "cache").rglob("config.json")) == (trained is None)
+
+
+def test_main_job_without_mtp(tmp_path):
+    env = dict(os.environ, LIGHTLLM_MTP_CACHE_DIR=str(tmp_path / "cache"))
+    cmd = [sys.executable, "-m", "lightllm_mtp", "--max_new_tokens", "4", "--no_mtp"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "plain decoding:" in out.stdout and "verify step" not in out.stdout
 
 
 @pytest.fixture(scope="module")
