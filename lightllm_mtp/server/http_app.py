@@ -21,6 +21,7 @@ from lightllm_mtp.server.lightllm_api import lightllm_routes
 from lightllm_mtp.server.metrics import ServerMetrics
 from lightllm_mtp.server.openai_api import openai_routes
 from lightllm_mtp.server.protocol import ApiError
+from lightllm_mtp.server.responses_api import responses_routes
 
 logger = logging.getLogger("lightllm_mtp.server")
 
@@ -108,4 +109,5 @@ def create_app(args: ServerArgs, client: EngineClient, metrics: ServerMetrics, o
 
     app.include_router(openai_routes(client, args.model_name, auth, args.max_request_body_bytes))
     app.include_router(lightllm_routes(client, auth, args.max_request_body_bytes))
+    app.include_router(responses_routes(client, args.model_name, auth, args.max_request_body_bytes))
     return app

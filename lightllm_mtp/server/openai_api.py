@@ -30,10 +30,10 @@ def openai_routes(client: EngineClient, model_name: str, auth, max_body_bytes: i
     @router.post("/v1/completions")
     async def completions(request: Request):
         req = parse_body(CompletionRequest, await read_body(request, max_body_bytes))
-        _check_model(req, model_name)
+        check_model(req, model_name)
         prompt_ids = req.prompt if isinstance(req.prompt, list) else await encoder.encode(req.prompt)
-        max_new = _max_new_tokens(client, prompt_ids, req.max_tokens, default=16)
-        stream = _submit(client, req, prompt_ids, max_new, "completions")
+        max_new = completion_budget(client, prompt_ids, req.max_tokens, default=16)
+        stream = submit(client, req, prompt_ids, max_new, "completions")
         meta = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": model_name}  # fmt: skip
         if req.stream:
@@ -48,12 +48,12 @@ def openai_routes(client: EngineClient, model_name: str, auth, max_body_bytes: i
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         req = parse_body(ChatCompletionRequest, await read_body(request, max_body_bytes))
-        _check_model(req, model_name)
+        check_model(req, model_name)
         encoder.check_fits("".join(m.text() if isinstance(m.content, str) else "" for m in req.messages), "messages")
-        prompt_ids = await encoder.run(_chat_prompt_ids, client.tokenizer, req)
+        prompt_ids = await encoder.run(chat_prompt_ids, client.tokenizer, req)
         # OpenAI's default for chat: as much as the context allows
-        max_new = _max_new_tokens(client, prompt_ids, req.max_new_tokens, default=client.max_model_len)
-        stream = _submit(client, req, prompt_ids, max_new, "chat_completions")
+        max_new = completion_budget(client, prompt_ids, req.max_new_tokens, default=client.max_model_len)
+        stream = submit(client, req, prompt_ids, max_new, "chat_completions")
         meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
                 "model": model_name}  # fmt: skip
         if req.stream:
@@ -69,13 +69,13 @@ def openai_routes(client: EngineClient, model_name: str, auth, max_body_bytes: i
     return router
 
 
-def _check_model(req: SamplingRequest, model_name: str) -> None:
+def check_model(req: SamplingRequest, model_name: str) -> None:
     if req.model is not None and req.model != model_name:
         raise ApiError(404, f"The model `{req.model}` does not exist; this server serves `{model_name}`",
                        param="model", code="model_not_found")  # fmt: skip
 
 
-def _max_new_tokens(client: EngineClient, prompt_ids: list[int], asked: int | None, default: int) -> int:
+def completion_budget(client: EngineClient, prompt_ids: list[int], asked: int | None, default: int) -> int:
     """An explicit max_tokens that does not fit beside the prompt is an error (as OpenAI-compatible servers answer);
     the default is cut to what fits."""
     room = client.max_model_len - len(prompt_ids)
@@ -93,7 +93,7 @@ _CONTENT = "\ue000{}\ue001"  # private-use marks around a message's index while 
 _CONTENT_SPLIT = re.compile("\ue000(\\d+)\ue001")
 
 
-def _chat_prompt_ids(tokenizer, req: ChatCompletionRequest) -> list[int]:
+def chat_prompt_ids(tokenizer, req: ChatCompletionRequest) -> list[int]:
     """The templated conversation as token ids. Special-token text inside a message (a user typing "<|im_end|>") is
     encoded as plain text, so that no message can forge a turn: the template is rendered around markers and only its
     own text is parsed for special tokens."""
@@ -130,7 +130,7 @@ def _render(tokenizer, req: ChatCompletionRequest, contents: list[str]) -> str:
         raise ApiError(400, f"the chat template rejected these messages: {e}", param="messages") from None
 
 
-def _submit(client: EngineClient, req: SamplingRequest, prompt_ids: list[int], max_new: int, endpoint: str):
+def submit(client: EngineClient, req: SamplingRequest, prompt_ids: list[int], max_new: int, endpoint: str):
     try:
         params = req.sampling_params(max_new)
     except ValueError as e:
@@ -145,7 +145,7 @@ async def _completion_chunks(stream: RequestStream, req: CompletionRequest, meta
             return
         if d.text or d.token_ids or d.finish_reason:
             choice = {"index": 0, "text": d.text, "logprobs": None, "finish_reason": d.finish_reason}
-            yield {**meta, "choices": [choice]}
+            yield _with_usage({**meta, "choices": [choice]}, d, req)
         if d.finish_reason and (req.include_usage or req.return_mtp_stats):
             yield {**meta, "choices": [], "usage": usage(d, req.return_mtp_stats)}
 
@@ -160,6 +160,13 @@ async def _chat_chunks(stream: RequestStream, req: ChatCompletionRequest, meta: 
         if d.text or d.token_ids or d.finish_reason:
             delta = {"content": d.text} if d.text or not d.finish_reason else {}
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": d.finish_reason}
-            yield {**meta, "choices": [choice]}
+            yield _with_usage({**meta, "choices": [choice]}, d, req)
         if d.finish_reason and (req.include_usage or req.return_mtp_stats):
             yield {**meta, "choices": [], "usage": usage(d, req.return_mtp_stats)}
+
+
+def _with_usage(chunk: dict, d, req: SamplingRequest) -> dict:
+    """stream_options.continuous_usage_stats: every chunk carries the usage so far."""
+    if req.continuous_usage:
+        chunk["usage"] = usage(d, with_mtp=False)
+    return chunk

@@ -88,6 +88,7 @@ def _check_seed(v: int | None) -> int | None:
 class StreamOptions(BaseModel):
     model_config = STRICT
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's extension: usage (so far) in every chunk
 
 
 class SamplingRequest(BaseModel):
@@ -187,6 +188,10 @@ class SamplingRequest(BaseModel):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.continuous_usage_stats
 
     def sampling_params(self, max_new_tokens: int) -> SamplingParams:
         return SamplingParams(

@@ -12,8 +12,8 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from lightllm_mtp.server.engine_client import Delta, EngineClient, RequestStream
-from lightllm_mtp.spec_decode.stats import SpecStats
 from lightllm_mtp.server.protocol import ApiError
+from lightllm_mtp.spec_decode.stats import SpecStats
 
 
 class ClientDisconnected(Exception):
@@ -56,13 +56,16 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-def sse_response(client: EngineClient, stream: RequestStream, events: AsyncIterator[dict], done_marker: bool = True):
-    """`data: {json}` per event (then `data: [DONE]`, OpenAI style); a client that leaves aborts the request."""
+def sse_response(client: EngineClient, stream: RequestStream, events: AsyncIterator[dict], done_marker: bool = True,
+                 named: bool = False):  # fmt: skip
+    """`data: {json}` per event (then `data: [DONE]`, OpenAI style); a client that leaves aborts the request.
+    named: each event also gets an `event: <its type>` line (the Responses API's stream)."""
 
     async def body():
         try:
             async for event in events:
-                yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
+                name = f"event: {event['type']}\n" if named else ""
+                yield f"{name}data: {json.dumps(event, ensure_ascii=False)}\n\n"
             if done_marker:
                 yield "data: [DONE]\n\n"
         finally:

@@ -86,7 +86,7 @@ def test_generate_with_a_nan_temperature_is_a_bad_request(do_sample):
 def test_a_chat_template_that_rejects_the_messages_is_a_bad_request():
     from jinja2 import TemplateError
 
-    from lightllm_mtp.server.openai_api import _chat_prompt_ids
+    from lightllm_mtp.server.openai_api import chat_prompt_ids
 
     class Tokenizer:
         chat_template = "{{ raise_exception('System message must be at the beginning.') }}"
@@ -97,6 +97,6 @@ def test_a_chat_template_that_rejects_the_messages_is_a_bad_request():
 
     chat = parse(ChatCompletionRequest, {"messages": [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}]})
     with pytest.raises(ApiError) as e:
-        _chat_prompt_ids(Tokenizer(), chat)
+        chat_prompt_ids(Tokenizer(), chat)
     assert e.value.status == 400 and e.value.body()["error"]["param"] == "messages"
     assert "System message must be at the beginning" in e.value.body()["error"]["message"]

@@ -1,0 +1,161 @@
+"""OpenAI Responses API: POST /v1/responses (text in, text out; streaming with the Responses event types).
+
+The input (a string, or messages with text content) and `instructions` become a chat conversation, encoded by the
+tokenizer's chat template as /v1/chat/completions does; `max_output_tokens`, `temperature`, `top_p` map onto the
+same sampling. Not supported (400): tools, previous_response_id, background; `store` is accepted and ignored (no
+response is stored).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import AsyncIterator, Literal
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, Field, field_validator
+
+from lightllm_mtp.server.engine_client import EngineClient, RequestStream
+from lightllm_mtp.server.openai_api import chat_prompt_ids, check_model, completion_budget, submit
+from lightllm_mtp.server.protocol import STRICT, ChatCompletionRequest, SamplingRequest, parse_body
+from lightllm_mtp.server.request_input import PromptEncoder, read_body
+from lightllm_mtp.server.streaming import ClientDisconnected, collect, error_event, mtp_usage, sse_response
+
+
+class InputPart(BaseModel):
+    model_config = STRICT
+    type: Literal["input_text", "output_text", "text"]
+    text: str
+
+
+class InputMessage(BaseModel):
+    model_config = STRICT
+    type: Literal["message"] = "message"
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[InputPart]
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class ResponsesRequest(SamplingRequest):
+    input: str | list[InputMessage] = Field(min_length=1)
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    store: bool = True  # accepted, ignored: nothing is stored
+    tools: list[dict] | None = None
+    previous_response_id: str | None = None
+    background: bool = False
+
+    @field_validator("max_output_tokens")
+    @classmethod
+    def _max_output_tokens(cls, v):
+        return cls._max_tokens(v)
+
+    @field_validator("tools", "previous_response_id", "background")
+    @classmethod
+    def _unsupported(cls, v, info):
+        if v:
+            raise ValueError(f"{info.field_name} is not supported")
+        return v
+
+    def as_chat(self) -> ChatCompletionRequest:
+        messages = [{"role": "system", "content": self.instructions}] if self.instructions else []
+        if isinstance(self.input, str):
+            messages.append({"role": "user", "content": self.input})
+        else:
+            roles = {"developer": "system"}  # the chat templates know system, user, assistant
+            messages += [{"role": roles.get(m.role, m.role), "content": m.text()} for m in self.input]
+        return ChatCompletionRequest.model_validate({"messages": messages})
+
+
+def responses_routes(client: EngineClient, model_name: str, auth, max_body_bytes: int) -> APIRouter:
+    router = APIRouter(dependencies=[Depends(auth)])
+    encoder = PromptEncoder(client.tokenizer, client.max_model_len)
+
+    @router.post("/v1/responses")
+    async def responses(request: Request):
+        req = parse_body(ResponsesRequest, await read_body(request, max_body_bytes))
+        check_model(req, model_name)
+        chat = req.as_chat()
+        encoder.check_fits("".join(m.text() for m in chat.messages), "input")
+        prompt_ids = await encoder.run(chat_prompt_ids, client.tokenizer, chat)
+        max_new = completion_budget(client, prompt_ids, req.max_output_tokens, default=client.max_model_len)
+        stream = submit(client, req, prompt_ids, max_new, "responses")
+        response = _response(f"resp_{uuid.uuid4().hex}", model_name, req)
+        item_id = f"msg_{uuid.uuid4().hex}"
+        if req.stream:
+            events = _events(stream, response, item_id, req.return_mtp_stats)
+            return sse_response(client, stream, events, done_marker=False, named=True)
+        try:
+            out = await collect(client, stream, request)
+        except ClientDisconnected:
+            return Response(status_code=499)
+        return JSONResponse(_finished(response, item_id, out.text, out.last, req.return_mtp_stats))
+
+    return router
+
+
+def _response(rid: str, model: str, req: ResponsesRequest) -> dict:
+    return {
+        "id": rid, "object": "response", "created_at": int(time.time()), "status": "in_progress", "model": model,
+        "output": [], "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
+        "temperature": req.temperature, "top_p": req.top_p, "parallel_tool_calls": False, "tool_choice": "none",
+        "tools": [], "error": None, "incomplete_details": None, "usage": None, "metadata": {},
+    }  # fmt: skip
+
+
+def _message(item_id: str, text: str, status: str) -> dict:
+    content = [{"type": "output_text", "text": text, "annotations": []}]
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
+
+
+def _finished(response: dict, item_id: str, text: str, last, with_mtp: bool) -> dict:
+    incomplete = last.finish_reason == "length"
+    usage = {
+        "input_tokens": last.num_prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": last.num_output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": last.num_prompt_tokens + last.num_output_tokens,
+    }  # fmt: skip
+    if with_mtp:
+        usage["mtp"] = mtp_usage(last.spec)
+    return {
+        **response,
+        "status": "incomplete" if incomplete else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "output": [_message(item_id, text, "incomplete" if incomplete else "completed")],
+        "usage": usage,
+    }
+
+
+async def _events(stream: RequestStream, response: dict, item_id: str, with_mtp: bool) -> AsyncIterator[dict]:
+    seq = iter(range(1 << 30))
+    where = {"item_id": item_id, "output_index": 0, "content_index": 0}
+    yield {"type": "response.created", "sequence_number": next(seq), "response": response}
+    yield {"type": "response.in_progress", "sequence_number": next(seq), "response": response}
+    yield {"type": "response.output_item.added", "sequence_number": next(seq), "output_index": 0,
+           "item": _message(item_id, "", "in_progress") | {"content": []}}  # fmt: skip
+    yield {"type": "response.content_part.added", "sequence_number": next(seq), **where,
+           "part": {"type": "output_text", "text": "", "annotations": []}}  # fmt: skip
+    texts = []
+    async for d in stream:
+        if d.finish_reason == "error":
+            yield {"type": "error", "sequence_number": next(seq), **error_event(d)["error"]}
+            return
+        if d.text:
+            texts.append(d.text)
+            yield {"type": "response.output_text.delta", "sequence_number": next(seq), **where, "delta": d.text,
+                   "logprobs": []}  # fmt: skip
+        if d.finish_reason is not None:
+            text = "".join(texts)
+            yield {"type": "response.output_text.done", "sequence_number": next(seq), **where, "text": text,
+                   "logprobs": []}  # fmt: skip
+            yield {"type": "response.content_part.done", "sequence_number": next(seq), **where,
+                   "part": {"type": "output_text", "text": text, "annotations": []}}  # fmt: skip
+            done = _finished(response, item_id, text, d, with_mtp)
+            yield {"type": "response.output_item.done", "sequence_number": next(seq), "output_index": 0,
+                   "item": done["output"][0]}  # fmt: skip
+            kind = "response.completed" if done["status"] == "completed" else "response.incomplete"
+            yield {"type": kind, "sequence_number": next(seq), "response": done}
+            return
