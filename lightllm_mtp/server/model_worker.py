@@ -7,11 +7,14 @@ is the engine's business (its runner is a SpecRunner when MTP is on): nothing he
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import platform
 import queue
 import signal
+import sys
+import time
 import traceback
 
 from lightllm_mtp.server.messages import (
@@ -32,7 +35,13 @@ PARENT_CHECK_S = 1.0  # an idle worker checks this often that the front is still
 
 def run_worker(rank: int, engine_args, dp: int, inbox, outbox, log_level: str) -> None:
     """Process entry point (multiprocessing spawn target)."""
+    parent = os.getppid()
+    _die_with_parent()
+    if os.getppid() != parent:  # the front died before the death signal was armed
+        os._exit(0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the front shuts us down
+    # The outbox's feeder thread must not hold the exit: once the front is gone nobody drains that pipe
+    outbox.cancel_join_thread()
     logging.basicConfig(level=log_level.upper(), format=f"%(asctime)s worker{rank} %(levelname)s %(message)s")
     try:
         worker = ModelWorker(rank, engine_args, dp, inbox, outbox)
@@ -40,7 +49,21 @@ def run_worker(rank: int, engine_args, dp: int, inbox, outbox, log_level: str) -
         logger.error("start-up failed:\n%s", traceback.format_exc())
         outbox.put(WorkerFailed(rank, f"{type(e).__name__}: {e}"))
         return
-    worker.run()
+    if not worker.run():  # the front is gone: leave at once, nothing left to flush or to tell
+        os._exit(0)
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel sends SIGKILL when the front process dies (kill -9 included), whatever this process is
+    doing; a busy step or a write blocked on the full outbox pipe cannot keep it alive. Elsewhere the loop's
+    parent check below is the only guard."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        logger.warning("prctl(PR_SET_PDEATHSIG) unavailable: the worker checks for its front once a second")
 
 
 class ModelWorker:
@@ -82,15 +105,22 @@ class ModelWorker:
             )
         )
 
-    def run(self) -> None:
+    def run(self) -> bool:
+        """Serves until the front says Shutdown (True) or is found gone (False)."""
+        last_check = time.monotonic()
         while True:
             msgs = self._receive(block=not self.engine.has_unfinished())
             if msgs is None:
-                return
+                return False
+            if time.monotonic() - last_check > PARENT_CHECK_S:  # also while busy
+                last_check = time.monotonic()
+                if os.getppid() != self.parent_pid:
+                    logger.warning("the front process is gone; exiting")
+                    return False
             deltas: list[TokenDelta] = []
             for msg in msgs:
                 if isinstance(msg, Shutdown):
-                    return
+                    return True
                 deltas += self._handle(msg)
             if self.engine.has_unfinished():
                 deltas += self._step()
