@@ -33,6 +33,7 @@ class ServerArgs:
     log_level: str = "info"
     enable_api_docs: bool = False  # /docs, /redoc, /openapi.json (behind the API key when one is set)
     max_request_body_bytes: int = 8 * 2**20  # larger bodies get 413 before they are read whole
+    worker_restart_attempts: int = 3  # per replica: a worker that dies is started again this many times
 
     def __post_init__(self) -> None:
         if self.dp < 1:
@@ -43,6 +44,8 @@ class ServerArgs:
             n = torch.cuda.device_count()
             if self.dp > n:
                 raise ValueError(f"--dp {self.dp} needs {self.dp} GPUs, {n} visible")
+        if self.worker_restart_attempts < 0:
+            raise ValueError(f"--worker_restart_attempts must be >= 0, got {self.worker_restart_attempts}")
         if self.max_request_body_bytes < 1024:
             raise ValueError(f"--max_request_body_bytes must be >= 1024, got {self.max_request_body_bytes}")
         if not 1 <= self.port <= 65535:
@@ -114,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--api_key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* and /generate*")
     h.add_argument("--max_request_body_bytes", type=int, default=8 * 2**20, help="larger request bodies are "
                    "answered 413 (default: %(default)s, 8 MiB)")
+    h.add_argument("--worker_restart_attempts", type=int, default=3, help="restart a replica whose worker dies, "
+                   "at most this many times per replica (0: never; default: %(default)s)")
     h.add_argument("--enable_api_docs", action="store_true", help="serve /docs, /redoc and /openapi.json (off by "
                    "default; behind --api_key when it is set)")
     h.add_argument("--dp", type=int, default=1, help="model replicas, each its own worker process (and GPU); "
@@ -177,4 +182,5 @@ def server_args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
         log_level=ns.log_level,
         enable_api_docs=ns.enable_api_docs,
         max_request_body_bytes=ns.max_request_body_bytes,
+        worker_restart_attempts=ns.worker_restart_attempts,
     )

@@ -18,7 +18,15 @@ from dataclasses import dataclass
 
 from lightllm_mtp.sampling_params import SamplingParams
 from lightllm_mtp.server.detokenizer import IncrementalDetokenizer
-from lightllm_mtp.server.messages import AbortRequest, AddRequest, TokenDelta, WorkerOutput, WorkerStats
+from lightllm_mtp.server.messages import (
+    AbortRequest,
+    AddRequest,
+    TokenDelta,
+    WorkerFailed,
+    WorkerOutput,
+    WorkerReady,
+    WorkerStats,
+)
 from lightllm_mtp.server.metrics import ServerMetrics
 from lightllm_mtp.server.protocol import ApiError
 from lightllm_mtp.server.router import Router
@@ -81,7 +89,9 @@ class EngineClient:
         self.kv_lookahead_slots = info.kv_lookahead_slots
         self.router = Router(len(pool.ready))
         self.worker_stats: dict[int, WorkerStats] = {r.rank: r.stats for r in pool.ready}
-        self.dead: set[int] = set()
+        self.dead: set[int] = set()  # replicas not serving: their worker died (maybe restarting)
+        self.restarting: set[int] = set()
+        self.restarts_left = {r: pool.args.worker_restart_attempts for r in range(len(pool.ready))}
         self._streams: dict[int, RequestStream] = {}
         self._rids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -101,7 +111,12 @@ class EngineClient:
 
     @property
     def healthy(self) -> bool:
-        return not self.dead
+        """At least one replica serves (the others are dead or restarting: degraded, not down)."""
+        return len(self.dead) < len(self.router.outstanding)
+
+    def replica_states(self) -> list[str]:
+        return ["restarting" if r in self.restarting else "dead" if r in self.dead else "ok"
+                for r in range(len(self.router.outstanding))]  # fmt: skip
 
     # ---- event-loop side -----------------------------------------------------------------------------------
     def validate(self, prompt_ids: list[int], max_new_tokens: int) -> None:
@@ -124,11 +139,11 @@ class EngineClient:
                endpoint: str = "") -> RequestStream:  # fmt: skip
         """Validates (ApiError on bad input), then hands the request to the least loaded replica."""
         self.validate(prompt_ids, params.max_new_tokens)
-        if self.dead:
-            raise ApiError(503, f"model worker(s) {sorted(self.dead)} died; restart the server",
+        rank = self.router.pick(down=set(self.dead))
+        if rank is None:
+            raise ApiError(503, f"no model worker is serving (replicas {self.replica_states()})",
                            type="server_error")  # fmt: skip
         rid = next(self._rids)
-        rank = self.router.pick()
         stream = RequestStream(rid, rank, prompt_ids, IncrementalDetokenizer(self.tokenizer, prompt_ids, stop))
         self._streams[rid] = stream  # before the worker can answer
         self.metrics.requests.labels(endpoint).inc()
@@ -164,6 +179,15 @@ class EngineClient:
                     self._on_output(out)
                 except Exception:  # never lose the reader: every later request would hang
                     logger.exception("failed to process worker %d output", out.rank)
+            elif isinstance(out, WorkerReady):  # a restarted replica has loaded its model
+                logger.info("worker %d restarted on %s", out.rank, out.device)
+                self.worker_stats[out.rank] = out.stats
+                self.restarting.discard(out.rank)
+                self.dead.discard(out.rank)
+            elif isinstance(out, WorkerFailed):
+                logger.error("worker %d failed to restart: %s", out.rank, out.error)
+                self.restarting.discard(out.rank)
+                self._restart(out.rank)
 
     def _on_output(self, out: WorkerOutput) -> None:
         self.worker_stats[out.rank] = out.stats
@@ -213,6 +237,8 @@ class EngineClient:
             return
         logger.error("model worker(s) %s died", sorted(dead))
         self.dead |= dead
+        for rank in sorted(dead):
+            self._restart(rank)
         now = time.monotonic()
         posts = []
         for stream in [s for s in list(self._streams.values()) if s.rank in dead]:
@@ -222,6 +248,15 @@ class EngineClient:
                                         None)))  # fmt: skip
         if posts:
             self._post(posts)
+
+    def _restart(self, rank: int) -> None:
+        """Starts a dead replica again while attempts are left (on the event loop's thread, which made the pool)."""
+        if self.restarts_left[rank] <= 0 or self._loop is None or self._stop.is_set():
+            return
+        self.restarts_left[rank] -= 1
+        self.restarting.add(rank)
+        logger.warning("restarting worker %d (%d attempts left)", rank, self.restarts_left[rank])
+        self._loop.call_soon_threadsafe(self.pool.restart, rank)
 
     def _post(self, posts: list[tuple[RequestStream, Delta]]) -> None:
         def deliver():

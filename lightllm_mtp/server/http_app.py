@@ -79,9 +79,12 @@ def create_app(args: ServerArgs, client: EngineClient, metrics: ServerMetrics, o
 
     @app.get("/health")
     async def health():
+        states = client.replica_states()
         if not client.healthy:
-            return JSONResponse({"status": "error", "dead_workers": sorted(client.dead)}, status_code=503)
-        return {"status": "ok"}
+            return JSONResponse({"status": "error", "replicas": states}, status_code=503)
+        if client.dead:  # some replicas serve, others are dead or restarting
+            return {"status": "degraded", "replicas": states, "dead_workers": sorted(client.dead)}
+        return {"status": "ok", "replicas": states}
 
     @app.get("/metrics")
     async def metrics_endpoint():
@@ -96,6 +99,7 @@ def create_app(args: ServerArgs, client: EngineClient, metrics: ServerMetrics, o
             "dp": args.dp,
             "devices": [r.device for r in client.pool.ready],
             "worker_pids": [proc.pid for proc in client.pool.processes],
+            "replicas": client.replica_states(),
             "dtype": str(e.dtype).removeprefix("torch."),
             "max_model_len": client.max_model_len,
             "running_max_req_size": e.max_batch_size,

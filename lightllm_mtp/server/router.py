@@ -15,11 +15,13 @@ class Router:
         self._next = 0  # rotation start, so equal loads spread evenly
         self._lock = threading.Lock()
 
-    def pick(self) -> int:
-        """The replica for a new request (counted as outstanding until `done`)."""
+    def pick(self, down: set[int] = frozenset()) -> int | None:
+        """The replica for a new request (counted as outstanding until `done`), none of `down`; None: all down."""
         with self._lock:
             n = len(self.outstanding)
-            order = [(self._next + i) % n for i in range(n)]
+            order = [(self._next + i) % n for i in range(n) if (self._next + i) % n not in down]
+            if not order:
+                return None
             rank = min(order, key=lambda r: self.outstanding[r])
             self.outstanding[rank] += 1
             self._next = (rank + 1) % n

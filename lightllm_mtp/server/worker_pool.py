@@ -21,20 +21,34 @@ class WorkerStartError(RuntimeError):
 class WorkerPool:
     def __init__(self, args: ServerArgs):
         self.args = args
-        ctx = mp.get_context("spawn")  # no forked CUDA or torch state; workers import torch themselves
-        self.outbox = ctx.Queue()
-        self.inboxes = [ctx.Queue() for _ in range(args.dp)]
-        self.processes = [
-            ctx.Process(
-                target=run_worker,
-                args=(rank, args.worker_engine_args(rank), args.dp, self.inboxes[rank], self.outbox, args.log_level),
-                name=f"lightllm_mtp-worker{rank}",
-                daemon=True,
-            )
-            for rank in range(args.dp)
-        ]
+        self.ctx = mp.get_context("spawn")  # no forked CUDA or torch state; workers import torch themselves
+        self.outbox = self.ctx.Queue()
+        self.inboxes = [self.ctx.Queue() for _ in range(args.dp)]
+        self.processes = [self._process(rank) for rank in range(args.dp)]
         self.ready: list[WorkerReady] = []
         self._shut_down = False
+
+    def _process(self, rank: int):
+        args = self.args
+        return self.ctx.Process(
+            target=run_worker,
+            args=(rank, args.worker_engine_args(rank), args.dp, self.inboxes[rank], self.outbox, args.log_level),
+            name=f"lightllm_mtp-worker{rank}",
+            daemon=True,
+        )
+
+    def restart(self, rank: int) -> None:
+        """Starts replica `rank` again after its worker died (a fresh inbox: the old one may hold a half-written
+        message); it reports WorkerReady, or WorkerFailed, on the outbox like at start-up. Call from the thread
+        that started the pool (a worker dies with the thread that made it)."""
+        if self._shut_down:
+            return
+        old = self.inboxes[rank]
+        old.cancel_join_thread()
+        old.close()
+        self.inboxes[rank] = self.ctx.Queue()
+        self.processes[rank] = self._process(rank)
+        self.processes[rank].start()
 
     def start(self, timeout_s: float = 3600.0) -> list[WorkerReady]:
         """Starts every worker and waits until each has loaded its model; raises WorkerStartError otherwise."""
@@ -61,7 +75,12 @@ class WorkerPool:
         return self.ready
 
     def send(self, rank: int, msg) -> None:
-        self.inboxes[rank].put(msg)
+        if self._shut_down:  # late aborts of handlers finishing during shutdown: nobody reads them any more
+            return
+        try:
+            self.inboxes[rank].put(msg)
+        except ValueError:  # the queue was closed by a restart or the shutdown in between
+            pass
 
     def dead_workers(self) -> list[int]:
         return [rank for rank, p in enumerate(self.processes) if p.pid is not None and not p.is_alive()]
