@@ -6,7 +6,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 COMPAT = Path(__file__).resolve().parents[1] / "compat" / "lightllm"
 

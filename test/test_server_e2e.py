@@ -207,7 +207,8 @@ def test_a_huge_body_is_refused_quickly_and_health_stays_up(mtp_server):
                        timeout=60)  # fmt: skip
         results[name] = (r.status_code, time.monotonic() - started, r.json()["error"]["code"])
 
-    workers = [threading.Thread(target=post, args=(name, size)) for name, size in (("huge", 10 * 2**20), ("big", 2**20))]
+    sizes = {"huge": 10 * 2**20, "big": 2**20}
+    workers = [threading.Thread(target=post, args=item) for item in sizes.items()]
     for w in workers:
         w.start()
     health = []

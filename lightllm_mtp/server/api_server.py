@@ -35,6 +35,7 @@ def serve(args: ServerArgs) -> int:
     import uvicorn
     from transformers import AutoTokenizer
 
+    from lightllm_mtp.server.draining import DrainingServer
     from lightllm_mtp.server.engine_client import EngineClient
     from lightllm_mtp.server.http_app import create_app
     from lightllm_mtp.server.metrics import ServerMetrics
@@ -59,7 +60,7 @@ def serve(args: ServerArgs) -> int:
         logger.info("serving %s on http://%s:%d (dp=%d, mtp=%s)", args.model_name, args.host, args.port, args.dp, mtp)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                 access_log=args.log_level == "debug", timeout_graceful_shutdown=5)  # fmt: skip
-        server = uvicorn.Server(config)
+        server = DrainingServer(config, client, args.shutdown_grace_s)
         server.run(sockets=[sock])
         return 0 if server.started else 1
     finally:

@@ -34,6 +34,7 @@ class ServerArgs:
     enable_api_docs: bool = False  # /docs, /redoc, /openapi.json (behind the API key when one is set)
     max_request_body_bytes: int = 8 * 2**20  # larger bodies get 413 before they are read whole
     worker_restart_attempts: int = 3  # per replica: a worker that dies is started again this many times
+    shutdown_grace_s: float = 30.0  # SIGTERM: running requests get this long to finish, then fail
 
     def __post_init__(self) -> None:
         if self.dp < 1:
@@ -44,6 +45,8 @@ class ServerArgs:
             n = torch.cuda.device_count()
             if self.dp > n:
                 raise ValueError(f"--dp {self.dp} needs {self.dp} GPUs, {n} visible")
+        if not self.shutdown_grace_s >= 0:
+            raise ValueError(f"--shutdown_grace_s must be >= 0, got {self.shutdown_grace_s}")
         if self.worker_restart_attempts < 0:
             raise ValueError(f"--worker_restart_attempts must be >= 0, got {self.worker_restart_attempts}")
         if self.max_request_body_bytes < 1024:
@@ -119,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "answered 413 (default: %(default)s, 8 MiB)")
     h.add_argument("--worker_restart_attempts", type=int, default=3, help="restart a replica whose worker dies, "
                    "at most this many times per replica (0: never; default: %(default)s)")
+    h.add_argument("--shutdown_grace_s", type=float, default=30.0, help="on SIGTERM, running requests get this "
+                   "long to finish before they are failed with an error body (default: %(default)s)")
     h.add_argument("--enable_api_docs", action="store_true", help="serve /docs, /redoc and /openapi.json (off by "
                    "default; behind --api_key when it is set)")
     h.add_argument("--dp", type=int, default=1, help="model replicas, each its own worker process (and GPU); "
@@ -183,4 +188,5 @@ def server_args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
         enable_api_docs=ns.enable_api_docs,
         max_request_body_bytes=ns.max_request_body_bytes,
         worker_restart_attempts=ns.worker_restart_attempts,
+        shutdown_grace_s=ns.shutdown_grace_s,
     )

@@ -92,6 +92,8 @@ class EngineClient:
         self.dead: set[int] = set()  # replicas not serving: their worker died (maybe restarting)
         self.restarting: set[int] = set()
         self.restarts_left = {r: pool.args.worker_restart_attempts for r in range(len(pool.ready))}
+        self.draining = False  # shutting down: new requests get 503, running ones finish or fail
+        self._fail_pending: str | None = None
         self._streams: dict[int, RequestStream] = {}
         self._rids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -139,6 +141,8 @@ class EngineClient:
                endpoint: str = "") -> RequestStream:  # fmt: skip
         """Validates (ApiError on bad input), then hands the request to the least loaded replica."""
         self.validate(prompt_ids, params.max_new_tokens)
+        if self.draining:
+            raise ApiError(503, "the server is shutting down", type="server_error", code="shutting_down")
         rank = self.router.pick(down=set(self.dead))
         if rank is None:
             raise ApiError(503, f"no model worker is serving (replicas {self.replica_states()})",
@@ -165,11 +169,14 @@ class EngineClient:
 
         last_check = time.monotonic()
         while not self._stop.is_set():
+            if self._fail_pending is not None:
+                error, self._fail_pending = self._fail_pending, None
+                self._fail(list(self._streams.values()), lambda s: error)
             if time.monotonic() - last_check > WORKER_CHECK_S:  # also while other replicas keep talking
                 last_check = time.monotonic()
                 self._check_workers()
             try:
-                out = self.pool.outbox.get(timeout=WORKER_CHECK_S)
+                out = self.pool.outbox.get(timeout=0.05 if self._fail_pending is not None else WORKER_CHECK_S)
             except queue.Empty:
                 continue
             except (EOFError, OSError):
@@ -239,15 +246,26 @@ class EngineClient:
         self.dead |= dead
         for rank in sorted(dead):
             self._restart(rank)
-        now = time.monotonic()
-        posts = []
-        for stream in [s for s in list(self._streams.values()) if s.rank in dead]:
+        self._fail([s for s in self._streams.values() if s.rank in dead], lambda s: f"model worker {s.rank} died")
+
+    def _fail(self, streams: list[RequestStream], error) -> None:
+        """Ends `streams` with an error delta (the handler answers an OpenAI error body or a stream error event)."""
+        now, posts = time.monotonic(), []
+        for stream in list(streams):
             self._end(stream, "error", now, None)
-            error = f"model worker {stream.rank} died"
-            posts.append((stream, Delta("", [], "error", error, stream.num_prompt_tokens, stream.num_output_tokens,
-                                        None)))  # fmt: skip
+            posts.append((stream, Delta("", [], "error", error(stream), stream.num_prompt_tokens,
+                                        stream.num_output_tokens, None)))  # fmt: skip
         if posts:
             self._post(posts)
+
+    # ---- shutdown ------------------------------------------------------------------------------------------
+    @property
+    def in_flight(self) -> int:
+        return len(self._streams)
+
+    def fail_in_flight(self, error: str) -> None:
+        """Fails every request still running, from the reader thread (which owns the streams) at its next turn."""
+        self._fail_pending = error
 
     def _restart(self, rank: int) -> None:
         """Starts a dead replica again while attempts are left (on the event loop's thread, which made the pool)."""
