@@ -5,6 +5,8 @@
 #   bash benchmark/gpu_runs.sh 35b      # 35B-A3B: no-spec at B=1,32
 #   bash benchmark/gpu_runs.sh peer     # 27B: our engine vs HF transformers generate at B=1,8 (ours freed first)
 #   bash benchmark/gpu_runs.sh 27b_k1   # 27B: no-spec + MTP k=1 at B=1,32, overlap on
+#   bash benchmark/gpu_runs.sh serving_27b|serving_35b|serving_tiny  # the HTTP server under load (MTP off, k=1, k=3;
+#                                       # concurrency 1, 8, 32); needs the server extra's wheels in .whl/
 #   bash benchmark/gpu_runs.sh mixed    # 27B, MTP k=1, 32 running with arrivals: this tree, then baseline/ (an older
 #                                       # commit exported with `git archive REV --prefix=baseline/`; carry baseline)
 # Results go to $OUT (the device tool's folder) or benchmark/results; each JSON holds its exact command.
@@ -37,7 +39,16 @@ case "${1:-}" in
       "${mixed[@]}" --label "before ($(cat baseline/REVISION 2>/dev/null || echo baseline))" --engine_root baseline \
         --out "$out/mixed_qwen3.5-27b_mtp_k1_h100_before.json"
     fi ;;
+  serving_27b|serving_35b|serving_tiny)
+    serve=(python3 benchmark/serving.py --launch --device cuda --mtp_configs none,eagle_with_att:1,eagle_with_att:3
+           --concurrency 1,8,32 --num_prompts 32 --input_len 512 --output_len 64)
+    case "$1" in
+      serving_27b) "${serve[@]}" --model_shape qwen3.5-27b --out "$out/serving_qwen3.5-27b_h100.json" ;;
+      serving_35b) "${serve[@]}" --model_shape qwen3.5-35b-a3b --out "$out/serving_qwen3.5-35b-a3b_h100.json" ;;
+      serving_tiny) "${serve[@]}" --model_dir lightllm_mtp/fixtures/tiny_qwen3_5_trained \
+        --out "$out/serving_tiny_qwen3_5_trained_h100.json" ;;
+    esac ;;
   peer) bench --model_shape qwen3.5-27b --batch_sizes 1,8 --output_len 32 --hf_peer --hf_batch_sizes 1,8 \
       --out "$out/static_qwen3.5-27b_hf_peer_h100.json" ;;
-  *) echo "usage: $0 tests|27b|27b_k1|35b|peer|mixed" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|27b|27b_k1|35b|peer|mixed|serving_27b|serving_35b|serving_tiny" >&2; exit 2 ;;
 esac
