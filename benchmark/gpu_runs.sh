@@ -41,7 +41,8 @@ case "${1:-}" in
     fi ;;
   serving_27b|serving_35b|serving_tiny)
     serve=(python3 benchmark/serving.py --launch --device cuda --mtp_configs none,eagle_with_att:1,eagle_with_att:3
-           --concurrency 1,8,32 --num_prompts 32 --input_len 512 --output_len 64)
+           --concurrency 1,8,32 --num_prompts 32 --input_len 512 --output_len 64
+           --server_args "--max_req_total_len 1024 --running_max_req_size 32")
     case "$1" in
       serving_27b) "${serve[@]}" --model_shape qwen3.5-27b --out "$out/serving_qwen3.5-27b_h100.json" ;;
       serving_35b) "${serve[@]}" --model_shape qwen3.5-35b-a3b --out "$out/serving_qwen3.5-35b-a3b_h100.json" ;;
