@@ -29,3 +29,17 @@ def test_tiny_positive_temperatures_are_raised_to_the_minimum():
     """logits / 1e-45 overflows float32 and would fail the whole batch in sampling."""
     assert SamplingParams(temperature=1e-45).temperature == MIN_TEMPERATURE
     assert SamplingParams(temperature=0.0).greedy and SamplingParams(temperature=0.5).temperature == 0.5
+
+
+def test_stop_token_ids_are_a_capped_set():
+    """Issue 19 item 8: the engine tests every generated token for membership, so the ids are held as a frozenset,
+    and at most MAX_STOP_TOKEN_IDS of them are taken (a 1M-entry list slowed a neighbour's stream by 44%)."""
+    from lightllm_mtp.sampling_params import MAX_STOP_TOKEN_IDS
+
+    p = SamplingParams(stop_token_ids=[5, 7, 5])
+    assert isinstance(p.stop_token_ids, frozenset) and p.stop_token_ids == {5, 7}
+    assert len(SamplingParams(stop_token_ids=range(MAX_STOP_TOKEN_IDS)).stop_token_ids) == MAX_STOP_TOKEN_IDS
+    with pytest.raises(ValueError, match=f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids"):
+        SamplingParams(stop_token_ids=range(MAX_STOP_TOKEN_IDS + 1))
+    with pytest.raises(ValueError, match="stop_token_ids must be"):
+        SamplingParams(stop_token_ids=[True])

@@ -21,6 +21,7 @@ from lightllm_mtp.server.lightllm_api import lightllm_routes
 from lightllm_mtp.server.metrics import ServerMetrics
 from lightllm_mtp.server.openai_api import openai_routes
 from lightllm_mtp.server.protocol import ApiError
+from lightllm_mtp.server.request_input import PromptEncoder
 from lightllm_mtp.server.responses_api import responses_routes
 
 logger = logging.getLogger("lightllm_mtp.server")
@@ -111,7 +112,9 @@ def create_app(args: ServerArgs, client: EngineClient, metrics: ServerMetrics, o
             "workers": [dataclasses.asdict(client.worker_stats[r]) for r in sorted(client.worker_stats)],
         }
 
-    app.include_router(openai_routes(client, args.model_name, auth, args.max_request_body_bytes))
-    app.include_router(lightllm_routes(client, auth, args.max_request_body_bytes))
-    app.include_router(responses_routes(client, args.model_name, auth, args.max_request_body_bytes))
+    encoder = PromptEncoder(client.tokenizer, client.max_model_len)  # one tokenizer thread pool for every endpoint
+    body_cap = args.max_request_body_bytes
+    app.include_router(openai_routes(client, encoder, args.model_name, auth, body_cap))
+    app.include_router(lightllm_routes(client, encoder, auth, body_cap))
+    app.include_router(responses_routes(client, encoder, args.model_name, auth, body_cap))
     return app

@@ -12,23 +12,27 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from lightllm_mtp.server.engine_client import EngineClient, RequestStream
-from lightllm_mtp.server.protocol import ApiError, GenerateRequest, parse_body
+from lightllm_mtp.server.generate_protocol import GenerateRequest
+from lightllm_mtp.server.openai_api import completion_budget
+from lightllm_mtp.server.protocol import ApiError, parse_body
 from lightllm_mtp.server.request_input import PromptEncoder, read_body
 from lightllm_mtp.server.streaming import ClientDisconnected, collect, error_event, mtp_usage, sse_response
 
 
-def lightllm_routes(client: EngineClient, auth, max_body_bytes: int) -> APIRouter:
+def lightllm_routes(client: EngineClient, encoder: PromptEncoder, auth, max_body_bytes: int) -> APIRouter:
     router = APIRouter(dependencies=[Depends(auth)])
-    encoder = PromptEncoder(client.tokenizer, client.max_model_len)
 
     async def submit(request: Request, endpoint: str) -> RequestStream:
         req = parse_body(GenerateRequest, await read_body(request, max_body_bytes))
+        p = req.parameters
         try:
-            params = req.parameters.sampling_params()
+            p.sampling_params()  # bad values are 400s before the prompt is tokenized
         except ValueError as e:
             raise ApiError(400, str(e), param="parameters") from None
         prompt_ids = await encoder.encode(req.inputs, param="inputs")
-        return client.submit(prompt_ids, params, req.parameters.stop_strings, endpoint)
+        max_new = completion_budget(client, prompt_ids, p.asked_max_new_tokens, p.max_new_tokens,
+                                    field="max_new_tokens", param="parameters")  # fmt: skip
+        return client.submit(prompt_ids, p.sampling_params(max_new), p.stop_strings, endpoint)
 
     @router.post("/generate")
     async def generate(request: Request):

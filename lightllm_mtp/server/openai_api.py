@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import re
 import time
 import uuid
 from typing import AsyncIterator
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
-from jinja2 import TemplateError
 
 from lightllm_mtp.server.engine_client import EngineClient, RequestStream
 from lightllm_mtp.server.protocol import ApiError, ChatCompletionRequest, CompletionRequest, SamplingRequest, parse_body
@@ -17,9 +15,8 @@ from lightllm_mtp.server.request_input import PromptEncoder, read_body
 from lightllm_mtp.server.streaming import ClientDisconnected, collect, error_event, sse_response, usage
 
 
-def openai_routes(client: EngineClient, model_name: str, auth, max_body_bytes: int) -> APIRouter:
+def openai_routes(client: EngineClient, encoder: PromptEncoder, model_name: str, auth, max_body_bytes: int):
     router = APIRouter(dependencies=[Depends(auth)])
-    encoder = PromptEncoder(client.tokenizer, client.max_model_len)
 
     @router.get("/v1/models")
     async def models():
@@ -49,15 +46,15 @@ def openai_routes(client: EngineClient, model_name: str, auth, max_body_bytes: i
     async def chat_completions(request: Request):
         req = parse_body(ChatCompletionRequest, await read_body(request, max_body_bytes))
         check_model(req, model_name)
-        encoder.check_fits("".join(m.text() if isinstance(m.content, str) else "" for m in req.messages), "messages")
-        prompt_ids = await encoder.run(chat_prompt_ids, client.tokenizer, req)
+        prompt_ids = await encoder.encode_chat(req)
         # OpenAI's default for chat: as much as the context allows
         max_new = completion_budget(client, prompt_ids, req.max_new_tokens, default=client.max_model_len)
         stream = submit(client, req, prompt_ids, max_new, "chat_completions")
         meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
                 "model": model_name}  # fmt: skip
         if req.stream:
-            return sse_response(client, stream, _chat_chunks(stream, req, {**meta, "object": "chat.completion.chunk"}))
+            chunk_meta = {**meta, "object": "chat.completion.chunk"}
+            return sse_response(client, stream, _chat_chunks(stream, req, chunk_meta, len(prompt_ids)))
         try:
             out = await collect(client, stream, request)
         except ClientDisconnected:
@@ -75,59 +72,19 @@ def check_model(req: SamplingRequest, model_name: str) -> None:
                        param="model", code="model_not_found")  # fmt: skip
 
 
-def completion_budget(client: EngineClient, prompt_ids: list[int], asked: int | None, default: int) -> int:
-    """An explicit max_tokens that does not fit beside the prompt is an error (as OpenAI-compatible servers answer);
-    the default is cut to what fits."""
+def completion_budget(client: EngineClient, prompt_ids: list[int], asked: int | None, default: int,
+                      field: str = "max_tokens", param: str | None = None) -> int:  # fmt: skip
+    """An explicit max_tokens (the request's `field`) that does not fit beside the prompt is an error, as
+    OpenAI-compatible servers answer; the default is cut to what fits."""
     room = client.max_model_len - len(prompt_ids)
     if asked is None:
         return max(1, min(default, room))
     if asked > room:
         raise ApiError(400, f"this model's maximum context length is {client.max_model_len} tokens; the request has "
                        f"{len(prompt_ids)} prompt tokens and asks for {asked} completion tokens "
-                       f"({len(prompt_ids) + asked} in all): lower max_tokens or the prompt",
-                       param="max_tokens", code="context_length_exceeded")  # fmt: skip
+                       f"({len(prompt_ids) + asked} in all): lower {field} or the prompt",
+                       param=param or field, code="context_length_exceeded")  # fmt: skip
     return asked
-
-
-_CONTENT = "\ue000{}\ue001"  # private-use marks around a message's index while the template renders
-_CONTENT_SPLIT = re.compile("\ue000(\\d+)\ue001")
-
-
-def chat_prompt_ids(tokenizer, req: ChatCompletionRequest) -> list[int]:
-    """The templated conversation as token ids. Special-token text inside a message (a user typing "<|im_end|>") is
-    encoded as plain text, so that no message can forge a turn: the template is rendered around markers and only its
-    own text is parsed for special tokens."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise ApiError(400, "this model's tokenizer has no chat template: use /v1/completions", param="messages")
-    try:
-        contents = [m.text() for m in req.messages]
-    except ValueError as e:
-        raise ApiError(400, str(e), param="messages") from None
-    special = [t for t in tokenizer.all_special_tokens if t]
-    if not any(t in c for c in contents for t in special):
-        text = _render(tokenizer, req, contents)
-        return tokenizer.encode(text, add_special_tokens=False)
-    rendered = _render(tokenizer, req, [_CONTENT.format(i) for i in range(len(contents))])
-    parts = _CONTENT_SPLIT.split(rendered)  # template text, index, template text, ...
-    if sorted(int(i) for i in parts[1::2]) != list(range(len(contents))):
-        raise ApiError(400, "a message holds special-token text that this chat template does not pass through",
-                       param="messages")  # fmt: skip
-    ids: list[int] = []
-    for j, part in enumerate(parts):
-        if j % 2:
-            ids += tokenizer.encode(contents[int(part)], add_special_tokens=False, split_special_tokens=True)
-        elif part:
-            ids += tokenizer.encode(part, add_special_tokens=False)
-    return ids
-
-
-def _render(tokenizer, req: ChatCompletionRequest, contents: list[str]) -> str:
-    try:
-        messages = [{"role": m.role, "content": c} for m, c in zip(req.messages, contents)]
-        # the template itself may reject the conversation (Qwen's raise_exception, e.g. a misplaced system message)
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    except (ValueError, TemplateError) as e:
-        raise ApiError(400, f"the chat template rejected these messages: {e}", param="messages") from None
 
 
 def submit(client: EngineClient, req: SamplingRequest, prompt_ids: list[int], max_new: int, endpoint: str):
@@ -150,9 +107,11 @@ async def _completion_chunks(stream: RequestStream, req: CompletionRequest, meta
             yield {**meta, "choices": [], "usage": usage(d, req.return_mtp_stats)}
 
 
-async def _chat_chunks(stream: RequestStream, req: ChatCompletionRequest, meta: dict) -> AsyncIterator[dict]:
+async def _chat_chunks(stream: RequestStream, req: ChatCompletionRequest, meta: dict, num_prompt_tokens: int
+                       ) -> AsyncIterator[dict]:  # fmt: skip
     first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-    yield {**meta, "choices": [first]}
+    so_far = {"usage": _usage_so_far(num_prompt_tokens, 0)} if req.continuous_usage else {}
+    yield {**meta, "choices": [first], **so_far}
     async for d in stream:
         if d.finish_reason == "error":
             yield error_event(d)
@@ -168,5 +127,10 @@ async def _chat_chunks(stream: RequestStream, req: ChatCompletionRequest, meta: 
 def _with_usage(chunk: dict, d, req: SamplingRequest) -> dict:
     """stream_options.continuous_usage_stats: every chunk carries the usage so far."""
     if req.continuous_usage:
-        chunk["usage"] = usage(d, with_mtp=False)
+        chunk["usage"] = _usage_so_far(d.num_prompt_tokens, d.num_output_tokens)
     return chunk
+
+
+def _usage_so_far(num_prompt_tokens: int, num_output_tokens: int) -> dict:
+    total = num_prompt_tokens + num_output_tokens
+    return {"prompt_tokens": num_prompt_tokens, "completion_tokens": num_output_tokens, "total_tokens": total}

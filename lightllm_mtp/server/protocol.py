@@ -1,4 +1,4 @@
-"""Request schemas (OpenAI completions / chat, LightLLM generate) and the OpenAI error body.
+"""Request schemas (OpenAI completions / chat; LightLLM's /generate in generate_protocol.py) and the OpenAI error body.
 
 Bodies are parsed here, not by FastAPI, so that every bad input (invalid JSON, a wrong type, an out-of-range
 value, an unsupported feature) becomes one `ApiError`: HTTP 4xx with
@@ -70,7 +70,7 @@ def _reject_lone_surrogates(data) -> None:
             pending += item
 
 
-def _check_stop(v: str | list[str] | None) -> str | list[str] | None:
+def check_stop(v: str | list[str] | None) -> str | list[str] | None:
     stops = [v] if isinstance(v, str) else v or []
     if len(stops) > MAX_STOP_STRINGS:
         raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
@@ -79,7 +79,7 @@ def _check_stop(v: str | list[str] | None) -> str | list[str] | None:
     return v
 
 
-def _check_seed(v: int | None) -> int | None:
+def check_seed(v: int | None) -> int | None:
     if v is not None and not -(2**63) <= v < 2**63:
         raise ValueError("must fit in 64 bits")
     return v
@@ -151,12 +151,12 @@ class SamplingRequest(BaseModel):
     @field_validator("stop")
     @classmethod
     def _stop(cls, v):
-        return _check_stop(v)
+        return check_stop(v)
 
     @field_validator("seed")
     @classmethod
     def _seed(cls, v):
-        return _check_seed(v)
+        return check_seed(v)
 
     @field_validator("stop_token_ids")
     @classmethod
@@ -279,54 +279,3 @@ class ChatCompletionRequest(SamplingRequest):
     @property
     def max_new_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-
-
-class GenerateParameters(BaseModel):
-    """LightLLM's /generate "parameters" (do_sample false: greedy)."""
-
-    model_config = STRICT
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_new_tokens: int = 16
-    stop_sequences: str | list[str] | None = None
-    ignore_eos: bool = False
-    seed: int | None = None
-
-    @field_validator("stop_sequences")
-    @classmethod
-    def _stop(cls, v):
-        return _check_stop(v)
-
-    @field_validator("temperature")
-    @classmethod
-    def _temperature(cls, v):  # checked even with do_sample false, which ignores it
-        if not math.isfinite(v) or v < 0:
-            raise ValueError(f"must be a finite number >= 0, got {v}")
-        return v
-
-    @field_validator("seed")
-    @classmethod
-    def _seed(cls, v):
-        return _check_seed(v)
-
-    def sampling_params(self) -> SamplingParams:
-        return SamplingParams(
-            temperature=self.temperature if self.do_sample else 0.0,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            max_new_tokens=self.max_new_tokens,
-            seed=self.seed,
-            ignore_eos=self.ignore_eos,
-        )
-
-    @property
-    def stop_strings(self) -> tuple[str, ...]:
-        return (self.stop_sequences,) if isinstance(self.stop_sequences, str) else tuple(self.stop_sequences or ())
-
-
-class GenerateRequest(BaseModel):
-    model_config = STRICT
-    inputs: str = Field(min_length=1)
-    parameters: GenerateParameters = Field(default_factory=GenerateParameters)

@@ -1,15 +1,31 @@
 """Reading what a client sends, without letting one request stall the others: the body read up to a size cap, and
-prompt text checked against a cheap lower bound of its token count before it is tokenized, off the event loop."""
+prompt text checked against a sound lower bound of its token count before it is tokenized, off the event loop.
+
+The bound: a token covers at most `max_token_bytes` UTF-8 bytes of (normalized) text, so a text of n bytes has at
+least ceil(n / max_token_bytes) tokens, and one with at least max_model_len tokens cannot fit (the prompt needs room
+for one generated token). This holds for byte-level BPE (Qwen, Llama 3, GPT-2): its pre-tokenizer keeps every byte
+and its vocabulary spells one byte per character, so the longest entry, in characters, is the most bytes a token
+covers (special tokens: their text's bytes). Text is first measured as sent; only when that says "cannot fit" is it
+measured again after the tokenizer's normalizer (which may shorten it, e.g. NFC composes), so the bound never
+rejects text that would fit. Tokenizers where no such bound holds (a pre-tokenizer that drops whitespace, an added
+token that swallows the whitespace beside it, no fast tokenizer) get no early check: their text is tokenized whole,
+in the thread pool, and the body cap bounds the cost.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import json
 from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import Request
 
-from lightllm_mtp.server.protocol import ApiError
+from lightllm_mtp.server.chat_prompt import ChatPromptEncoder
+from lightllm_mtp.server.protocol import ApiError, ChatCompletionRequest
+
+TOKENIZE_THREADS = 2
+_KEEPS_EVERY_BYTE = {"ByteLevel", "Digits", "Split", "Punctuation", "Sequence"}  # unless `behavior` is "removed"
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -27,32 +43,71 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def max_token_bytes(tokenizer) -> int | None:
+    """The most UTF-8 bytes of text one token covers, or None where the tokenizer admits no such bound."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    spec = json.loads(backend.to_str())
+    added = spec.get("added_tokens") or []
+    if any(t.get("lstrip") or t.get("rstrip") for t in added):  # such a token also covers the whitespace beside it
+        return None
+    parts, byte_level = [spec.get("pre_tokenizer") or {}], False
+    while parts:
+        part = parts.pop()
+        kind = part.get("type")
+        if kind not in _KEEPS_EVERY_BYTE or str(part.get("behavior", "")).lower() == "removed":
+            return None
+        byte_level |= kind == "ByteLevel"
+        parts += part.get("pretokenizers") or []
+    vocab = (spec.get("model") or {}).get("vocab")
+    if not byte_level or spec["model"].get("type") != "BPE" or not isinstance(vocab, dict) or not vocab:
+        return None
+    return max(max(map(len, vocab)), max((len(t["content"].encode("utf-8")) for t in added), default=1))
+
+
 class PromptEncoder:
-    """Tokenizes prompt text in a worker thread. Text whose token count is certainly >= max_model_len is rejected
-    before: no token of this vocabulary covers more than `max_token_bytes` UTF-8 bytes of text, so a text of n
-    bytes has at least ceil(n / max_token_bytes) tokens (a sound bound: it never rejects text that would fit)."""
+    """Tokenizes prompt text and chat conversations in a small thread pool (tokenizing never blocks the event loop),
+    after the lower-bound check above."""
 
     def __init__(self, tokenizer, max_model_len: int):
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
-        texts = list(tokenizer.get_vocab()) + [str(t) for t in getattr(tokenizer, "all_special_tokens", [])]
-        self.max_token_bytes = max(1, max(len(t.encode("utf-8", "surrogatepass")) for t in texts))
-        self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
+        self.max_token_bytes = max_token_bytes(tokenizer)
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self.normalizer = backend.normalizer if backend is not None else None
+        self.chat = ChatPromptEncoder(tokenizer)
+        self.executor = ThreadPoolExecutor(max_workers=TOKENIZE_THREADS, thread_name_prefix="tokenize")
 
-    def min_tokens(self, text: str) -> int:
+    def min_tokens(self, text: str, normalized: bool = False) -> int:
+        """A lower bound of the token count of `text` (0 where the tokenizer admits none). normalized: measure the
+        text after the tokenizer's normalizer (slower; never larger)."""
+        if self.max_token_bytes is None:
+            return 0
+        if normalized and self.normalizer is not None:
+            text = self.normalizer.normalize_str(text)
         return -(-len(text.encode("utf-8", "surrogatepass")) // self.max_token_bytes)
 
     def check_fits(self, text: str, param: str) -> None:
-        at_least = self.min_tokens(text)
+        if self.min_tokens(text) < self.max_model_len:
+            return
+        at_least = self.min_tokens(text, normalized=True)
         if at_least >= self.max_model_len:
             raise ApiError(400, f"the {param} has at least {at_least} tokens; this model's maximum context length is "
                            f"{self.max_model_len} (prompt + at least one generated token)", param=param,
                            code="context_length_exceeded")  # fmt: skip
 
     async def run(self, fn, *args, **kwargs):
-        """fn(*args, **kwargs) in the tokenizer thread pool (tokenizing never blocks the event loop)."""
+        """fn(*args, **kwargs) in the tokenizer thread pool."""
         return await asyncio.get_running_loop().run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
 
     async def encode(self, text: str, param: str = "prompt") -> list[int]:
+        return await self.run(self._encode, text, param)
+
+    async def encode_chat(self, req: ChatCompletionRequest, param: str = "messages") -> list[int]:
+        """The conversation through the chat template; the whole prompt text is checked before it is tokenized."""
+        return await self.run(self.chat.encode, req, functools.partial(self.check_fits, param=param))
+
+    def _encode(self, text: str, param: str) -> list[int]:
         self.check_fits(text, param)
-        return await self.run(self.tokenizer.encode, text, add_special_tokens=False)
+        return self.tokenizer.encode(text, add_special_tokens=False)

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field, field_validator
 
 from lightllm_mtp.server.engine_client import EngineClient, RequestStream
-from lightllm_mtp.server.openai_api import chat_prompt_ids, check_model, completion_budget, submit
+from lightllm_mtp.server.openai_api import check_model, completion_budget, submit
 from lightllm_mtp.server.protocol import STRICT, ChatCompletionRequest, SamplingRequest, parse_body
 from lightllm_mtp.server.request_input import PromptEncoder, read_body
 from lightllm_mtp.server.streaming import ClientDisconnected, collect, error_event, mtp_usage, sse_response
@@ -70,18 +70,16 @@ class ResponsesRequest(SamplingRequest):
         return ChatCompletionRequest.model_validate({"messages": messages})
 
 
-def responses_routes(client: EngineClient, model_name: str, auth, max_body_bytes: int) -> APIRouter:
+def responses_routes(client: EngineClient, encoder: PromptEncoder, model_name: str, auth, max_body_bytes: int):
     router = APIRouter(dependencies=[Depends(auth)])
-    encoder = PromptEncoder(client.tokenizer, client.max_model_len)
 
     @router.post("/v1/responses")
     async def responses(request: Request):
         req = parse_body(ResponsesRequest, await read_body(request, max_body_bytes))
         check_model(req, model_name)
-        chat = req.as_chat()
-        encoder.check_fits("".join(m.text() for m in chat.messages), "input")
-        prompt_ids = await encoder.run(chat_prompt_ids, client.tokenizer, chat)
-        max_new = completion_budget(client, prompt_ids, req.max_output_tokens, default=client.max_model_len)
+        prompt_ids = await encoder.encode_chat(req.as_chat(), param="input")
+        max_new = completion_budget(client, prompt_ids, req.max_output_tokens, default=client.max_model_len,
+                                    field="max_output_tokens")  # fmt: skip
         stream = submit(client, req, prompt_ids, max_new, "responses")
         response = _response(f"resp_{uuid.uuid4().hex}", model_name, req)
         item_id = f"msg_{uuid.uuid4().hex}"

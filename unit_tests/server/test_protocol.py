@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from lightllm_mtp.server.protocol import ApiError, ChatCompletionRequest, CompletionRequest, GenerateRequest, parse_body
+from lightllm_mtp.server.generate_protocol import GenerateRequest
+from lightllm_mtp.server.protocol import ApiError, ChatCompletionRequest, CompletionRequest, parse_body
 
 
 def parse(model, body):
@@ -86,7 +87,7 @@ def test_generate_with_a_nan_temperature_is_a_bad_request(do_sample):
 def test_a_chat_template_that_rejects_the_messages_is_a_bad_request():
     from jinja2 import TemplateError
 
-    from lightllm_mtp.server.openai_api import chat_prompt_ids
+    from lightllm_mtp.server.chat_prompt import ChatPromptEncoder
 
     class Tokenizer:
         chat_template = "{{ raise_exception('System message must be at the beginning.') }}"
@@ -95,8 +96,9 @@ def test_a_chat_template_that_rejects_the_messages_is_a_bad_request():
         def apply_chat_template(self, *args, **kwargs):
             raise TemplateError("System message must be at the beginning.")
 
-    chat = parse(ChatCompletionRequest, {"messages": [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}]})
+    messages = [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}]
+    chat = parse(ChatCompletionRequest, {"messages": messages})
     with pytest.raises(ApiError) as e:
-        chat_prompt_ids(Tokenizer(), chat)
+        ChatPromptEncoder(Tokenizer()).encode(chat)
     assert e.value.status == 400 and e.value.body()["error"]["param"] == "messages"
     assert "System message must be at the beginning" in e.value.body()["error"]["message"]

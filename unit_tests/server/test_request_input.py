@@ -57,3 +57,86 @@ def test_tokenizing_happens_in_a_worker_thread(tokenizer):
     ids = asyncio.run(PromptEncoder(Recording(), max_model_len=128).encode("def add(a, b):"))
     assert ids == tokenizer.encode("def add(a, b):", add_special_tokens=False)
     assert threads and threads[0].startswith("tokenize") and threads[0] != threading.main_thread().name
+
+
+def test_the_bound_is_the_longest_token_in_bytes(tokenizer):
+    """Byte-level BPE spells one byte per character ('Ġ', 2 UTF-8 bytes as spelled, is one space): the bound is the
+    longest token's text in bytes, and that text is one token (the bound is tight)."""
+    enc = PromptEncoder(tokenizer, max_model_len=128)
+    texts = [tokenizer.decode([i]) for i in range(len(tokenizer))]
+    longest = max(texts, key=lambda t: len(t.encode("utf-8")))
+    assert enc.max_token_bytes == len(longest.encode("utf-8")) == 53
+    assert len(tokenizer.encode(longest, add_special_tokens=False)) == 1
+    spaces = " " * 39  # 'Ġ' x 39: 78 bytes as the vocabulary spells it, 39 of text
+    assert len(tokenizer.encode(spaces, add_special_tokens=False)) == 1 and enc.min_tokens(spaces) == 1
+
+
+def _byte_level_bpe():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE({c: i for i, c in enumerate(alphabet)}, []))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    return tok
+
+
+def _whitespace_dropping():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return tok, "a" + " " * 100_000 + "b"
+
+
+def _normalizer_removes_spaces():
+    from tokenizers import normalizers
+
+    tok = _byte_level_bpe()
+    tok.normalizer = normalizers.Replace(" ", "")
+    return tok, "a" + " " * 100_000 + "b"
+
+
+def _added_token_swallows_whitespace():
+    from tokenizers import AddedToken
+
+    tok = _byte_level_bpe()
+    tok.add_tokens([AddedToken("<x>", rstrip=True)])
+    return tok, "<x>" + " " * 100_000
+
+
+@pytest.mark.parametrize("build", [_whitespace_dropping, _normalizer_removes_spaces, _added_token_swallows_whitespace])
+def test_text_that_fits_is_never_rejected_early(build):
+    """100,000 bytes that are one or two tokens: a bytes-per-token bound must not hold against them (none is used
+    where the tokenizer drops text; after the normalizer where it shortens it)."""
+    from transformers import PreTrainedTokenizerFast
+
+    backend, text = build()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend)
+    ids = asyncio.run(PromptEncoder(tok, max_model_len=128).encode(text))
+    assert ids == tok.encode(text, add_special_tokens=False) and len(ids) <= 2
+
+
+def test_chat_text_that_cannot_fit_is_rejected_without_tokenizing(tokenizer):
+    """Content parts count as much as plain content: the whole templated prompt is checked before it is encoded."""
+    from lightllm_mtp.server.protocol import ChatCompletionRequest
+
+    calls = []
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(tokenizer, name)
+
+        def encode(self, *args, **kwargs):
+            calls.append(1)
+            return tokenizer.encode(*args, **kwargs)
+
+    enc = PromptEncoder(Counting(), max_model_len=128)
+    parts = [{"type": "text", "text": "x" * 500_000}, {"type": "text", "text": "y" * 500_000}]
+    for content in ("x" * 1_000_000, parts):
+        req = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": content}]})
+        with pytest.raises(ApiError) as e:
+            asyncio.run(enc.encode_chat(req))
+        assert e.value.status == 400 and e.value.code == "context_length_exceeded" and e.value.param == "messages"
+    assert not calls
+    ok = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}]})
+    assert asyncio.run(enc.encode_chat(ok)) and calls

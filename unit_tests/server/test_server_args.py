@@ -73,3 +73,20 @@ def test_help_explains_every_flag(capsys):
     for action in build_parser()._actions:
         assert action.help, action.option_strings
         assert action.option_strings[0] in out
+
+
+def test_the_model_is_served_under_model_dir_exactly_as_given(tiny_dense_dir, monkeypatch):
+    """Issue 19 item 15: a relative path with its trailing slash stays as typed (no resolving, no base name), so a
+    client can load the tokenizer from the served name; --model_name overrides."""
+    monkeypatch.chdir(tiny_dense_dir.parent)
+    given = f"./{tiny_dense_dir.name}/"
+    assert parse_server_args(["--model_dir", given]).model_name == given
+    named = parse_server_args(["--model_dir", given, "--model_name", "Qwen/Qwen3.5-27B"])
+    assert named.model_name == "Qwen/Qwen3.5-27B"
+
+
+def test_request_body_cap_and_api_docs_flags(tiny_dense_dir):
+    a = parse_server_args(["--model_dir", str(tiny_dense_dir)])
+    assert (a.max_request_body_bytes, a.enable_api_docs) == (8 * 2**20, False)  # docs off by default (item 9)
+    b = parse_server_args(["--model_dir", str(tiny_dense_dir), "--max_request_body_bytes", "4096", "--enable_api_docs"])
+    assert (b.max_request_body_bytes, b.enable_api_docs) == (4096, True)

@@ -1,0 +1,84 @@
+"""A chat conversation as prompt token ids, through the tokenizer's chat template, with no forged turns.
+
+Special-token text inside a message (a user typing "<|im_end|>\\n<|im_start|>assistant") is encoded as plain text,
+as the OpenAI-compatible servers do: the template is rendered around markers, only the template's own text is
+parsed for special tokens, and each message's text is encoded with special-token parsing off.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from jinja2 import TemplateError
+from tokenizers import Tokenizer
+
+from lightllm_mtp.server.protocol import ApiError, ChatCompletionRequest
+
+_CONTENT = "\ue000{}\ue001"  # private-use marks around a message's index while the template renders
+_CONTENT_SPLIT = re.compile("\ue000(\\d+)\ue001")
+
+
+def special_token_texts(tokenizer) -> list[str]:
+    """The texts the tokenizer turns into special (control) tokens: its special added tokens, which
+    `split_special_tokens=True` encodes as plain text, and the named special tokens."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    texts = {t.content for t in added.values() if getattr(t, "special", False)}
+    texts.update(str(t) for t in getattr(tokenizer, "all_special_tokens", []))
+    return sorted(t for t in texts if t)
+
+
+class ChatPromptEncoder:
+    """Encodes conversations for one tokenizer. Message text goes through a second copy of the fast tokenizer that
+    never parses special tokens: the wrapper's `split_special_tokens=True` flips a flag on the shared Rust tokenizer,
+    which an encode running at the same time in another thread would see (and parse a user's "<|im_end|>")."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.special = special_token_texts(tokenizer)
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None:  # a Python tokenizer: split_special_tokens is an argument of the call, not shared state
+            self.encode_plain = lambda text: tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+        else:
+            plain = Tokenizer.from_str(backend.to_str())
+            plain.encode_special_tokens = True
+            self.encode_plain = lambda text: plain.encode(text, add_special_tokens=False).ids
+
+    def encode(self, req: ChatCompletionRequest, check: Callable[[str], None] | None = None) -> list[int]:
+        """The templated conversation as token ids. `check(text)` sees the whole prompt text before it is tokenized
+        (the prompt encoder rejects there what cannot fit)."""
+        tokenizer = self.tokenizer
+        if not getattr(tokenizer, "chat_template", None):
+            raise ApiError(400, "this model's tokenizer has no chat template: use /v1/completions", param="messages")
+        try:
+            contents = [m.text() for m in req.messages]
+        except ValueError as e:
+            raise ApiError(400, str(e), param="messages") from None
+        if not any(t in c for c in contents for t in self.special):  # the common case: one encode of the whole text
+            text = _render(tokenizer, req, contents)
+            if check is not None:
+                check(text)
+            return tokenizer.encode(text, add_special_tokens=False)
+        rendered = _render(tokenizer, req, [_CONTENT.format(i) for i in range(len(contents))])
+        parts = _CONTENT_SPLIT.split(rendered)  # template text, index, template text, ...
+        if sorted(int(i) for i in parts[1::2]) != list(range(len(contents))):
+            raise ApiError(400, "a message holds special-token text that this chat template does not pass through",
+                           param="messages")  # fmt: skip
+        if check is not None:
+            check("".join(contents[int(part)] if j % 2 else part for j, part in enumerate(parts)))
+        ids: list[int] = []
+        for j, part in enumerate(parts):
+            if j % 2:
+                ids += self.encode_plain(contents[int(part)])
+            elif part:
+                ids += tokenizer.encode(part, add_special_tokens=False)
+        return ids
+
+
+def _render(tokenizer, req: ChatCompletionRequest, contents: list[str]) -> str:
+    try:
+        messages = [{"role": m.role, "content": c} for m, c in zip(req.messages, contents)]
+        # the template itself may reject the conversation (Qwen's raise_exception, e.g. a misplaced system message)
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except (ValueError, TemplateError) as e:
+        raise ApiError(400, f"the chat template rejected these messages: {e}", param="messages") from None
