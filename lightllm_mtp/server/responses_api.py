@@ -20,7 +20,7 @@ from lightllm_mtp.server.engine_client import EngineClient, RequestStream
 from lightllm_mtp.server.openai_api import check_model, completion_budget, submit
 from lightllm_mtp.server.protocol import STRICT, ChatCompletionRequest, SamplingRequest, parse_body
 from lightllm_mtp.server.request_input import PromptEncoder, read_body
-from lightllm_mtp.server.streaming import ClientDisconnected, collect, error_event, mtp_usage, sse_response
+from lightllm_mtp.server.streaming import ClientDisconnected, collect, mtp_usage, sse_response
 
 
 class InputPart(BaseModel):
@@ -112,7 +112,7 @@ def _message(item_id: str, text: str, status: str) -> dict:
 def _finished(response: dict, item_id: str, text: str, last, with_mtp: bool) -> dict:
     incomplete = last.finish_reason == "length"
     usage = {
-        "input_tokens": last.num_prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens": last.num_prompt_tokens, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": last.num_output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": last.num_prompt_tokens + last.num_output_tokens,
     }  # fmt: skip
@@ -138,8 +138,11 @@ async def _events(stream: RequestStream, response: dict, item_id: str, with_mtp:
            "part": {"type": "output_text", "text": "", "annotations": []}}  # fmt: skip
     texts = []
     async for d in stream:
-        if d.finish_reason == "error":
-            yield {"type": "error", "sequence_number": next(seq), **error_event(d)["error"]}
+        if d.finish_reason == "error":  # the Responses stream's error event, then the response as failed
+            error = {"code": "server_error", "message": d.error or "generation failed"}
+            yield {"type": "error", "sequence_number": next(seq), **error, "param": None}
+            failed = {**response, "status": "failed", "error": error}
+            yield {"type": "response.failed", "sequence_number": next(seq), "response": failed}
             return
         if d.text:
             texts.append(d.text)
