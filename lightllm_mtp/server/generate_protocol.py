@@ -8,7 +8,7 @@ import math
 from pydantic import BaseModel, Field, field_validator
 
 from lightllm_mtp.sampling_params import SamplingParams
-from lightllm_mtp.server.protocol import STRICT, check_seed, check_stop
+from lightllm_mtp.server.protocol import STRICT, Strings, check_seed, check_stop
 
 
 class GenerateParameters(BaseModel):
@@ -20,7 +20,7 @@ class GenerateParameters(BaseModel):
     top_p: float = 1.0
     top_k: int = -1
     max_new_tokens: int = 16
-    stop_sequences: str | list[str] | None = None
+    stop_sequences: str | Strings | None = None
     ignore_eos: bool = False
     seed: int | None = None
 

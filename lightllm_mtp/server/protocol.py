@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Literal, TypeVar
+import re
+from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
@@ -18,6 +19,14 @@ from lightllm_mtp.sampling_params import MAX_STOP_TOKEN_IDS, SamplingParams
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 STRICT = ConfigDict(extra="ignore", strict=True)
+
+# Every collection stops at its first bad item: an 8 MiB body of 1.6M `true`s as token ids otherwise builds an error
+# per item and union member (a minute of CPU in the front), and a million bad messages several seconds.
+FIRST_ERROR = Field(fail_fast=True)
+TokenIds = Annotated[list[StrictInt], FIRST_ERROR]
+Strings = Annotated[list[str], FIRST_ERROR]
+Objects = Annotated[list[dict], FIRST_ERROR]
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # the only way a surrogate gets into valid UTF-8 JSON
 
 
 class ApiError(Exception):
@@ -35,14 +44,15 @@ M = TypeVar("M", bound=BaseModel)
 
 def parse_body(model: type[M], raw: bytes) -> M:
     try:
-        data = json.loads(raw)
+        data = json.loads(raw.decode("utf-8"))  # strict: json.loads(bytes) would let UTF-8-encoded surrogates through
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ApiError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
     except RecursionError:
         raise ApiError(400, "the request body is nested too deeply", code="invalid_json") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
-    _reject_lone_surrogates(data)
+    if _SURROGATE_ESCAPE.search(raw):  # else no string in it can hold one: no walk over a million token ids
+        _reject_lone_surrogates(data)
     try:
         return model.model_validate(data)
     except ValidationError as e:
@@ -65,7 +75,8 @@ def _reject_lone_surrogates(data) -> None:
                 raise ApiError(400, "the request holds a string that is not valid Unicode (a lone surrogate)",
                                code="invalid_value") from None  # fmt: skip
         elif isinstance(item, dict):
-            pending += list(item.keys()) + list(item.values())
+            pending += item.keys()
+            pending += item.values()
         elif isinstance(item, list):
             pending += item
 
@@ -103,14 +114,14 @@ class SamplingRequest(BaseModel):
     top_k: int = -1  # extension: -1 or 0 disables
     n: int = 1
     seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[StrictInt] | None = None  # extension
+    stop: str | Strings | None = None
+    stop_token_ids: TokenIds | None = None  # extension
     ignore_eos: bool = False  # extension
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    logit_bias: dict[str, float] | None = None
+    logit_bias: Annotated[dict[str, float], FIRST_ERROR] | None = None
     return_mtp_stats: bool = False  # extension: the request's MTP acceptance in usage["mtp"]
 
     @field_validator("max_tokens")
@@ -206,7 +217,7 @@ class SamplingRequest(BaseModel):
 
 
 class CompletionRequest(SamplingRequest):
-    prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]  # strict: true / false are not token ids
+    prompt: str | TokenIds | Strings | Annotated[list[TokenIds], FIRST_ERROR]  # strict: true is not a token id
     echo: bool = False
     logprobs: int | None = None
     best_of: int | None = None
@@ -247,7 +258,7 @@ class ContentPart(BaseModel):
 class ChatMessage(BaseModel):
     model_config = STRICT
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = None
+    content: str | Annotated[list[ContentPart], FIRST_ERROR] | None = None
 
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
@@ -259,10 +270,10 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(SamplingRequest):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, fail_fast=True)
     max_completion_tokens: int | None = None
     logprobs: bool = False
-    tools: list[dict] | None = None
+    tools: Objects | None = None
 
     @field_validator("max_completion_tokens")
     @classmethod

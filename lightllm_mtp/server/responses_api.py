@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import AsyncIterator, Literal
+from typing import Annotated, AsyncIterator, Literal
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from lightllm_mtp.server.engine_client import EngineClient, RequestStream
 from lightllm_mtp.server.openai_api import check_model, completion_budget, submit
-from lightllm_mtp.server.protocol import STRICT, ChatCompletionRequest, SamplingRequest, parse_body
+from lightllm_mtp.server.protocol import FIRST_ERROR, STRICT, ChatCompletionRequest, Objects, SamplingRequest
 from lightllm_mtp.server.request_input import PromptEncoder, read_body
 from lightllm_mtp.server.streaming import ClientDisconnected, collect, mtp_usage, sse_response
 
@@ -33,18 +33,18 @@ class InputMessage(BaseModel):
     model_config = STRICT
     type: Literal["message"] = "message"
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[InputPart]
+    content: str | Annotated[list[InputPart], FIRST_ERROR]
 
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
 class ResponsesRequest(SamplingRequest):
-    input: str | list[InputMessage] = Field(min_length=1)
+    input: str | Annotated[list[InputMessage], FIRST_ERROR] = Field(min_length=1)
     instructions: str | None = None
     max_output_tokens: int | None = None
     store: bool = True  # accepted, ignored: nothing is stored
-    tools: list[dict] | None = None
+    tools: Objects | None = None
     previous_response_id: str | None = None
     background: bool = False
 
@@ -75,7 +75,7 @@ def responses_routes(client: EngineClient, encoder: PromptEncoder, model_name: s
 
     @router.post("/v1/responses")
     async def responses(request: Request):
-        req = parse_body(ResponsesRequest, await read_body(request, max_body_bytes))
+        req = await encoder.parse(ResponsesRequest, await read_body(request, max_body_bytes))
         check_model(req, model_name)
         prompt_ids = await encoder.encode_chat(req.as_chat(), param="input")
         max_new = completion_budget(client, prompt_ids, req.max_output_tokens, default=client.max_model_len,

@@ -140,3 +140,23 @@ def test_chat_text_that_cannot_fit_is_rejected_without_tokenizing(tokenizer):
     assert not calls
     ok = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}]})
     assert asyncio.run(enc.encode_chat(ok)) and calls
+
+
+def test_large_bodies_are_parsed_off_the_event_loop(tokenizer, monkeypatch):
+    """8 MiB of JSON token ids is ~0.5 s of parsing: bodies over INLINE_PARSE_BYTES are parsed in the pool."""
+    from lightllm_mtp.server import request_input
+    from lightllm_mtp.server.protocol import CompletionRequest, parse_body
+
+    threads = []
+
+    def recording_parse_body(model, raw):
+        threads.append(threading.current_thread().name)
+        return parse_body(model, raw)
+
+    monkeypatch.setattr(request_input, "parse_body", recording_parse_body)
+    enc = PromptEncoder(tokenizer, max_model_len=128)
+    small = b'{"prompt": [1, 2, 3]}'
+    large = b'{"prompt": [' + b",".join([b"1"] * request_input.INLINE_PARSE_BYTES) + b"]}"
+    assert asyncio.run(enc.parse(CompletionRequest, small)).prompt == [1, 2, 3]
+    assert len(asyncio.run(enc.parse(CompletionRequest, large)).prompt) == request_input.INLINE_PARSE_BYTES
+    assert threads[0] == threading.main_thread().name and threads[1].startswith("tokenize")
