@@ -45,12 +45,18 @@ class IncrementalDetokenizer:
             self.stopped = True
 
     def _held_back(self) -> int:
-        """Length of the longest tail of `text` that could begin a stop string."""
-        for n in range(min(len(self.text), max((len(s) for s in self.stop), default=1) - 1), 0, -1):
-            tail = self.text[-n:]
-            if any(s.startswith(tail) for s in self.stop):
-                return n
-        return 0
+        """Length of the longest tail of `text` that could begin a stop string. Only tails that start with a stop
+        string's first character are compared (found by str.find), not every tail length."""
+        held = 0
+        for s in self.stop:
+            window = self.text[max(0, len(self.text) - len(s) + 1) :]  # tails shorter than the stop string
+            i = window.find(s[0])
+            while i != -1 and len(window) - i > held:  # leftmost first: the longest tail
+                if s.startswith(window[i:]):
+                    held = len(window) - i
+                    break
+                i = window.find(s[0], i + 1)
+        return held
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)

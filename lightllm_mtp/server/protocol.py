@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, f
 from lightllm_mtp.sampling_params import MAX_STOP_TOKEN_IDS, SamplingParams
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
+MAX_STOP_STRING_CHARS = 1024  # output text is matched against every stop string at each step, in the front
 STRICT = ConfigDict(extra="ignore", strict=True)
 
 # Every collection stops at its first bad item: an 8 MiB body of 1.6M `true`s as token ids otherwise builds an error
@@ -87,6 +88,8 @@ def check_stop(v: str | list[str] | None) -> str | list[str] | None:
         raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
     if any(not s for s in stops):
         raise ValueError("stop strings must be non-empty")
+    if any(len(s) > MAX_STOP_STRING_CHARS for s in stops):
+        raise ValueError(f"stop strings are at most {MAX_STOP_STRING_CHARS} characters long")
     return v
 
 

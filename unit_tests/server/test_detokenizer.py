@@ -52,3 +52,31 @@ def test_text_that_only_looks_like_a_stop_prefix_is_released(tokenizer):
     out = [detok.push(tokenizer.encode(t, add_special_tokens=False), final=False) for t in ["x a", "b", "c"]]
     assert "".join(out) == "x abc" and out[0] == "x " and out[1] == ""  # "ab" held: it may start "ab!"
     assert detok.push([], final=True) == ""
+
+
+def test_held_back_text_is_the_longest_tail_that_may_begin_a_stop_string(tokenizer):
+    """Against every tail length, on random texts and stop strings over a small alphabet (many partial matches)."""
+    rng = random.Random(0)
+    for _ in range(2000):
+        stops = tuple("".join(rng.choice("ab\n") for _ in range(rng.randint(1, 6))) for _ in range(rng.randint(1, 4)))
+        detok = IncrementalDetokenizer(tokenizer, [], stops)
+        detok.text = "".join(rng.choice("ab\n") for _ in range(rng.randint(0, 12)))
+        expected = max((n for n in range(1, len(detok.text) + 1) for s in stops
+                        if n < len(s) and s.startswith(detok.text[-n:])), default=0)  # fmt: skip
+        assert detok._held_back() == expected, (stops, detok.text)
+
+
+def test_long_stop_strings_cost_little_per_step(tokenizer):
+    """The longest stop strings a request may send (4 x 1024 characters) against a long output: a step's check
+    compares only the tails that start like a stop string (every tail length: ~1M character comparisons a step)."""
+    import time
+
+    from lightllm_mtp.server.protocol import MAX_STOP_STRING_CHARS
+
+    stops = tuple(c * (MAX_STOP_STRING_CHARS - 1) + "!" for c in "wxyz")
+    detok = IncrementalDetokenizer(tokenizer, [], stops)
+    detok.text = "ab " * 20_000
+    started = time.perf_counter()
+    for _ in range(200):
+        assert detok._held_back() == 0
+    assert (time.perf_counter() - started) / 200 < 2e-4  # every tail length: ~1.7 ms

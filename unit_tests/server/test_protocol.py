@@ -51,6 +51,8 @@ def test_valid_requests_and_their_sampling_params():
         (CompletionRequest, {"prompt": "a", "stop": ["a"] * 5}, "stop", "at most 4 stop strings"),
         (CompletionRequest, {"prompt": "a", "stop": [""]}, "stop", "non-empty"),
         (CompletionRequest, {"prompt": "a", "stop": 3}, "stop", "valid string"),
+        (CompletionRequest, {"prompt": "a", "stop": ["x" * 1025]}, "stop", "at most 1024 characters"),
+        (GenerateRequest, {"inputs": "a", "parameters": {"stop_sequences": "x" * 1025}}, "parameters", "at most 1024"),
         (CompletionRequest, {"prompt": "a", "stop_token_ids": [-1]}, "stop_token_ids", "must be >= 0"),
         (CompletionRequest, {"prompt": "a", "seed": 2**64}, "seed", "must fit in 64 bits"),
         (CompletionRequest, {"prompt": "a", "presence_penalty": 0.5}, "presence_penalty", "not supported"),
