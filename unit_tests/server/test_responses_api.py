@@ -9,8 +9,10 @@ from openai.types.responses import Response, ResponseStreamEvent
 from lightllm_mtp.server.engine_client import Delta
 from lightllm_mtp.server.responses_api import ResponsesRequest, _events, _response
 
-EVENT_TYPES = {typing.get_args(cls.model_fields["type"].annotation)[0]: cls
-               for cls in typing.get_args(typing.get_args(ResponseStreamEvent)[0])}  # "response.created": its class
+EVENT_TYPES = {
+    typing.get_args(cls.model_fields["type"].annotation)[0]: cls
+    for cls in typing.get_args(typing.get_args(ResponseStreamEvent)[0])
+}  # "response.created": its class
 
 
 def delta(text, n, finish=None, error=None):
