@@ -60,14 +60,16 @@ def tiny_dense_tied_dir(tmp_path_factory):
 def tiny_dense_mtp3_dir(tmp_path_factory):
     from lightllm_mtp.tools.make_tiny_checkpoint import build_tiny_checkpoint
 
-    return build_tiny_checkpoint(arch="qwen3_5", out_dir=tmp_path_factory.mktemp("dense_mtp3"), mtp_layers=3, seed=1)
+    return build_tiny_checkpoint(arch="qwen3_5", out_dir=tmp_path_factory.mktemp("dense_mtp3"), mtp_layers=3, seed=1,
+                                 ptd=True)
 
 
 @pytest.fixture(scope="session")
 def tiny_moe_mtp3_dir(tmp_path_factory):
     from lightllm_mtp.tools.make_tiny_checkpoint import build_tiny_checkpoint
 
-    return build_tiny_checkpoint(arch="qwen3_5_moe", out_dir=tmp_path_factory.mktemp("moe_mtp3"), mtp_layers=3, seed=1)
+    return build_tiny_checkpoint(arch="qwen3_5_moe", out_dir=tmp_path_factory.mktemp("moe_mtp3"), mtp_layers=3, seed=1,
+                                 ptd=True)
 
 
 def _trained(arch):

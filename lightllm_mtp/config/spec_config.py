@@ -30,21 +30,40 @@ class SpecConfig:
     mode: MtpMode
     num_draft_tokens: int  # k, draft tokens per verify step (the CLI's mtp_step), 1..MAX_MTP_STEP
     draft_model_dir: str | None = None  # None: the mtp.* tensors of the main checkpoint
+    # one draft forward proposes all k tokens from [x_{t+1}, MASK x (k-1)] (PTD; eagle_with_att only)
+    parallel_drafting: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_draft_tokens, int) or not 1 <= self.num_draft_tokens <= MAX_MTP_STEP:
             raise ValueError(f"mtp_step must be an int in [1, {MAX_MTP_STEP}], got {self.num_draft_tokens!r}")
+        if self.parallel_drafting and self.mode is not MtpMode.EAGLE_WITH_ATT:
+            raise ValueError(
+                f"parallel_drafting needs mtp_mode {MtpMode.EAGLE_WITH_ATT.value} (one MTP module drafting every "
+                f"position), got {self.mode.value}"
+            )
 
     @property
     def num_draft_modules(self) -> int:
         return 1 if self.mode is MtpMode.EAGLE_WITH_ATT else self.num_draft_tokens
 
+    @property
+    def num_context_rows(self) -> int:
+        """Committed rows before each verify block that every draft pass recomputes: multi-layer MTP refreshes
+        module m's last m rows, whose next tokens were predictions when they were written."""
+        return self.num_draft_modules - 1
+
     @classmethod
     def from_args(
-        cls, mtp_mode: "MtpMode | str | None", mtp_step: int, draft_model_dir: str | None
+        cls,
+        mtp_mode: "MtpMode | str | None",
+        mtp_step: int,
+        draft_model_dir: str | None,
+        parallel_drafting: bool = False,
     ) -> "SpecConfig | None":
         if mtp_mode is None:
             if draft_model_dir is not None:
                 raise ValueError("mtp_draft_model_dir is set but mtp_mode is not")
+            if parallel_drafting:
+                raise ValueError("parallel_drafting is set but mtp_mode is not")
             return None
-        return cls(MtpMode.parse(mtp_mode), mtp_step, draft_model_dir)
+        return cls(MtpMode.parse(mtp_mode), mtp_step, draft_model_dir, parallel_drafting)

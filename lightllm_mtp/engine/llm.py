@@ -41,6 +41,7 @@ class LLM:
         mtp_mode: str | None = None,
         mtp_step: int = 0,
         mtp_draft_model_dir: str | Path | None = None,
+        parallel_drafting: bool = False,
         disable_overlap: bool = False,
     ):
         args = EngineArgs(
@@ -55,6 +56,7 @@ class LLM:
             mtp_mode=mtp_mode,
             mtp_step=mtp_step,
             mtp_draft_model_dir=None if mtp_draft_model_dir is None else str(mtp_draft_model_dir),
+            parallel_drafting=parallel_drafting,
             disable_overlap=disable_overlap,
         )
         self.engine = LLMEngine(args)

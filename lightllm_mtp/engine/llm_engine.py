@@ -72,7 +72,10 @@ class LLMEngine:
         self.runner: StepRunner = model_runner
         if spec is not None:
             caches = self.model.caches
-            state = DraftState(args.max_batch_size, spec.num_draft_tokens, args.device)
+            state = DraftState(
+                args.max_batch_size, spec.num_draft_tokens, args.device, spec.num_context_rows, cfg.hidden_size,
+                args.dtype,
+            )  # fmt: skip
             builder = StepBuilder(state, caches.req_manager.req_to_token, self.max_model_len, caches.kv_pool.hold_slot)
             proposer = create_proposer(
                 self.model, spec, args.model_dir, builder, model_runner.graph_max_batch_size, model_runner.graph_pool

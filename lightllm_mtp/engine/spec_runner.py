@@ -22,7 +22,7 @@ from lightllm_mtp.engine.request import Request, RequestStatus
 from lightllm_mtp.engine.scheduler import ScheduledRequest
 from lightllm_mtp.engine.step import HostCopy, PromptChunksLaunch, SpecStep, VerifyLaunch
 from lightllm_mtp.spec_decode.draft_state import DRAFTS, NUM_DRAFTS, START
-from lightllm_mtp.spec_decode.proposer import DraftInput, Proposer
+from lightllm_mtp.spec_decode.proposer import CommittedBlocks, DraftInput, Proposer
 from lightllm_mtp.spec_decode.step_builder import StepBuilder
 from lightllm_mtp.spec_decode.verify import verify_block
 
@@ -88,6 +88,10 @@ class SpecRunner:
         ahead, rows_per_req = self._prompt_next_tokens(chunks, sampled)
         for s in chunks:
             s.request.num_computed += s.num_new_tokens
+        self.builder.prompt_context(
+            self._device([s.request.req_idx for s in chunks]), rows_per_req,
+            [s.request.num_computed for s in chunks], [s.request.prompt_ids for s in chunks], out.hidden,
+        )  # fmt: skip
         if not sampled:
             self._propose(batch, out.hidden, ahead, [], [], None)  # MTP KV over the chunk rows only
             return PromptChunksLaunch([], None)
@@ -99,7 +103,13 @@ class SpecRunner:
             start=self._device([len(r.prompt_ids) for r in sampled], torch.int64),
             last_token=tokens,
         )
-        self._propose(batch, out.hidden, ahead, anchors, sampled, b_req_idx, sampled_tokens=tokens)
+        blocks = CommittedBlocks(
+            b_start=self._device([len(r.prompt_ids) - 1 for r in sampled], torch.int64),
+            b_accept_len=torch.ones(len(sampled), dtype=torch.int64, device=self.device),
+            b_row0=self._device(anchors, torch.int64),
+            b_tokens=torch.stack([self._device([r.prompt_ids[-1] for r in sampled], torch.int64), tokens], dim=1),
+        )
+        self._propose(batch, out.hidden, ahead, anchors, sampled, b_req_idx, sampled_tokens=tokens, blocks=blocks)
         return PromptChunksLaunch(sampled, HostCopy(tokens))
 
     def _prompt_next_tokens(self, chunks, sampled) -> tuple[list[list[int]], list[range]]:
@@ -124,7 +134,7 @@ class SpecRunner:
             first += n
         return ahead, rows
 
-    def _propose(self, batch, hidden, ahead, anchors, reqs, b_req_idx, sampled_tokens=None) -> None:
+    def _propose(self, batch, hidden, ahead, anchors, reqs, b_req_idx, sampled_tokens=None, blocks=None) -> None:
         """Proposer pass over prompt-chunk rows; drafts for `reqs` (anchor rows `anchors`) into DraftState."""
         need = sorted(set(anchors) | {i for i, row in enumerate(ahead) if row[-1] == _NOT_COMMITTED})
         position = {row: i for i, row in enumerate(need)}
@@ -140,6 +150,7 @@ class SpecRunner:
             anchor_rows=self._device(anchors, torch.int64),
             anchor_logits=self._device([position[a] for a in anchors], torch.int64),
             b_req_idx=b_req_idx if b_req_idx is not None else self._device([]),
+            blocks=blocks,
         )
         drafts = self.proposer.propose(inp)
         if reqs:
@@ -163,14 +174,15 @@ class SpecRunner:
         last_token = result.emitted.gather(1, (accept - 1)[:, None]).squeeze(1)
         self._open_blocks(reqs, b_req_idx=b_req_idx, start=rows[:, START] + accept, last_token=last_token,
                           accept_len=accept)  # fmt: skip
-        drafts = self.proposer.propose(self._verified_rows(batch, out.hidden, result, b_req_idx))
+        drafts = self.proposer.propose(self._verified_rows(batch, rows, out.hidden, result, b_req_idx))
         self.state.write_drafts(b_req_idx, drafts)
         host = torch.cat([result.b_accept_len[:, None].to(torch.int64), result.emitted, num_drafts[:, None]], dim=1)
         return VerifyLaunch(list(reqs), blocks, batch, HostCopy(host))
 
-    def _verified_rows(self, batch, hidden, result, b_req_idx) -> DraftInput:
-        """The proposer's view of a verify step: the token 1..lookahead positions after block row r is
-        emitted[r + m] while r + m < accept length (emitted is -1 past it); the anchor is row accept - 1."""
+    def _verified_rows(self, batch, rows, hidden, result, b_req_idx) -> DraftInput:
+        """The proposer's view of a verify step: the verified blocks (`rows`: their DraftState rows); the token
+        1..lookahead positions after block row r is emitted[r + m] while r + m < accept length (emitted is -1 past
+        it); the anchor is row accept - 1."""
         bsz, q, lookahead = result.emitted.shape[0], self.block_rows, self.proposer.lookahead
         accept = result.b_accept_len.to(torch.int64)
         if lookahead == 1:
@@ -180,8 +192,15 @@ class SpecRunner:
             emitted = torch.nn.functional.pad(result.emitted, (0, lookahead), value=_NOT_COMMITTED)
             committed = cols[None] < accept[:, None, None]
             next_tokens = torch.where(committed, emitted[:, cols], _NOT_COMMITTED).view(bsz * q, lookahead)
-        anchors = batch.b1_cu_q_len[:-1].to(torch.int64) + accept - 1
-        return DraftInput(batch, hidden, next_tokens, None, anchors, anchors, b_req_idx)
+        row0 = batch.b1_cu_q_len[:-1].to(torch.int64)
+        anchors = row0 + accept - 1
+        blocks = CommittedBlocks(
+            b_start=rows[:, START],
+            b_accept_len=accept,
+            b_row0=row0,
+            b_tokens=torch.cat([batch.input_ids.view(bsz, q)[:, :1], result.emitted], dim=1),
+        )
+        return DraftInput(batch, hidden, next_tokens, None, anchors, anchors, b_req_idx, blocks)
 
     def _collect_verify(self, v: VerifyLaunch) -> list[tuple[Request, list[int]]]:
         """Commits accepted rows' KV slots, frees the others, records acceptance; waits for this step's copy only."""

@@ -8,6 +8,8 @@ and KV managers and rope caches with the main model by reference, and owns one K
 Forward for the pair (h_t, x_{t+1}) at position t:
     u = fc(concat[norm_e(embed(x_{t+1})), norm_h(h_t)]);  u = decoder_layer(u);  h' = mtp.norm(u)
     logits = lm_head(h')  -> predicts x_{t+2}; h' is the hidden fed to the next eagle step.
+Parallel drafting: a row whose input id is -1 is a mask row; `mtp.mask_embedding` replaces embed(x_{t+1}) there
+(the proposer feeds `mtp.mask_hidden` as its h_t).
 """
 
 from __future__ import annotations
@@ -29,10 +31,15 @@ from lightllm_mtp.config.runtime import LoadFormat
 from lightllm_mtp.kernels.norm.rmsnorm import add_rmsnorm
 
 
+_MASK_TENSORS = ("mtp.mask_embedding", "mtp.mask_hidden")
+
+
 class MtpWeightRetargetMixin:
     ffn_class: type[Layer]  # declared by each draft package
 
-    def __init__(self, main: TpPartBaseModel, model_dir: str | Path, mtp_layer: int, kv_layer: int):
+    def __init__(
+        self, main: TpPartBaseModel, model_dir: str | Path, mtp_layer: int, kv_layer: int, parallel_drafting: bool = False
+    ):
         cfg = self.cfg = main.cfg
         if cfg.mtp_num_hidden_layers <= mtp_layer:
             raise ValueError(
@@ -45,9 +52,19 @@ class MtpWeightRetargetMixin:
                 f"{model_dir}: checkpoint has no MTP weights (mtp.fc.weight and the other mtp.* tensors); "
                 "MTP speculative decoding needs a checkpoint that ships its MTP head"
             )
-        weights = load_weights(
-            model_dir, self.weight_specs(mtp_layer), main.rt.dtype, main.rt.device, main.rt.load_format, 1 + mtp_layer
-        )
+        specs = self.weight_specs(mtp_layer)
+        if parallel_drafting:
+            index = {} if dummy else shard_index(Path(model_dir))
+            missing = [name for name in _MASK_TENSORS if not dummy and name not in index]
+            if missing:
+                raise WeightLoadError(
+                    f"{model_dir}: parallel drafting needs the trained mask inputs {', '.join(missing)}; this "
+                    "checkpoint has none (train one with `train_tiny --ptd`, or drop --parallel_drafting)"
+                )
+            specs += [TensorSpec(name, (cfg.hidden_size,)) for name in _MASK_TENSORS]
+        weights = load_weights(model_dir, specs, main.rt.dtype, main.rt.device, main.rt.load_format, 1 + mtp_layer)
+        self.mask_embedding = weights.get("mtp.mask_embedding")  # [H] or None
+        self.mask_hidden = weights.get("mtp.mask_hidden")  # [H] or None
         self.embed, self.lm_head, self.caches = main.embed, main.lm_head, main.caches
         self.fc = weights["mtp.fc.weight"]  # [H, 2H]: input is [embedding part | hidden part]
         self.norm_embedding = RMSNorm(cfg, "mtp.pre_fc_norm_embedding.weight", weights)
@@ -73,7 +90,11 @@ class MtpWeightRetargetMixin:
     def forward(self, batch: ForwardBatch, main_hidden: torch.Tensor) -> ModelOutput:
         """main_hidden [T, H]: the target's final-norm hidden (or the previous eagle step's h') per row.
         Returns logits of batch.b_logits_index rows and h' of ALL rows."""
-        e = self.norm_embedding(self.embed(batch.input_ids))
+        ids = batch.input_ids
+        e = self.embed(ids.clamp_min(0)) if self.mask_embedding is not None else self.embed(ids)
+        if self.mask_embedding is not None:
+            e = torch.where((ids < 0)[:, None], self.mask_embedding, e)
+        e = self.norm_embedding(e)
         u = F.linear(torch.cat([e, self.norm_hidden(main_hidden)], dim=-1), self.fc)
         delta, residual = self.layer.forward(u, None, batch, self.caches)
         hidden, _ = add_rmsnorm(delta, residual, self.final_norm.weight, self.final_norm.eps)

@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "vanilla_with_att uses mtp.layers.j for draft j (default: no speculation)")
     s.add_argument("--mtp_step", type=int, default=0,
                    help=f"draft tokens per step, 1..{MAX_MTP_STEP} (needs --mtp_mode)")
+    s.add_argument("--parallel_drafting", action="store_true", help="with --mtp_mode eagle_with_att: one MTP "
+                   "forward drafts all mtp_step tokens from [next token, MASK x (mtp_step - 1)] (PTD; needs a "
+                   "checkpoint with mtp.mask_embedding and mtp.mask_hidden)")
     s.add_argument("--mtp_draft_model_dir", default=None, help="directory holding the mtp.* tensors (default: "
                    "model_dir)")
     h = p.add_argument_group("HTTP")
@@ -169,6 +172,7 @@ def server_args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
         mtp_mode=ns.mtp_mode,
         mtp_step=ns.mtp_step,
         mtp_draft_model_dir=ns.mtp_draft_model_dir,
+        parallel_drafting=ns.parallel_drafting,
     )
     cfg = ModelConfig.from_model_dir(model_dir)
     max_len = engine.resolved_max_model_len(cfg.max_position_embeddings)

@@ -10,7 +10,7 @@ from lightllm_mtp.common.basemodel.cuda_graph import CudaGraphSet, GraphedForwar
 from lightllm_mtp.common.basemodel.forward_batch import ForwardMode
 from lightllm_mtp.config.model_config import ModelType
 from lightllm_mtp.config.spec_config import MtpMode, SpecConfig
-from lightllm_mtp.spec_decode.mtp_proposer import EagleMtpProposer, VanillaMtpProposer
+from lightllm_mtp.spec_decode.mtp_proposer import EagleMtpProposer, MultiLayerMtpProposer, ParallelMtpProposer
 from lightllm_mtp.spec_decode.proposer import Proposer
 from lightllm_mtp.spec_decode.step_builder import StepBuilder
 
@@ -22,7 +22,6 @@ SUPPORTED_DRAFTS: dict[tuple[ModelType, MtpMode], str] = {
     (ModelType.QWEN3_5_MOE, MtpMode.EAGLE_WITH_ATT): _MOE,
     (ModelType.QWEN3_5_MOE, MtpMode.VANILLA_WITH_ATT): _MOE,
 }
-_PROPOSERS = {MtpMode.EAGLE_WITH_ATT: EagleMtpProposer, MtpMode.VANILLA_WITH_ATT: VanillaMtpProposer}
 
 
 def create_drafts(main: TpPartBaseModel, spec: SpecConfig, main_model_dir: str) -> list:
@@ -40,27 +39,41 @@ def create_drafts(main: TpPartBaseModel, spec: SpecConfig, main_model_dir: str) 
     cls = getattr(importlib.import_module(module), cls_name)
     model_dir = spec.draft_model_dir or main_model_dir
     first_kv = len(main.cfg.full_attention_layers)
-    return [cls(main, model_dir, mtp_layer=j, kv_layer=first_kv + j) for j in range(spec.num_draft_modules)]
+    return [
+        cls(main, model_dir, mtp_layer=j, kv_layer=first_kv + j, parallel_drafting=spec.parallel_drafting)
+        for j in range(spec.num_draft_modules)
+    ]
 
 
 def create_proposer(
     main: TpPartBaseModel, spec: SpecConfig, main_model_dir: str, builder: StepBuilder, graph_max_batch_size: int,
     graph_pool,
 ) -> Proposer:  # fmt: skip
-    """The proposer of `spec.mode` over the checkpoint's MTP modules. With CUDA graphs (graph_max_batch_size > 0)
-    each module replays its pass over the verify blocks (EXTEND, k+1 rows per request) and the eagle module its
-    chain steps (DECODE, one row per request)."""
+    """The proposer of `spec` over the checkpoint's MTP modules. With CUDA graphs (graph_max_batch_size > 0)
+    each module replays its draft-window pass (EXTEND, window rows per request) and the eagle module its chain
+    steps (DECODE, one row per request)."""
     drafts = create_drafts(main, spec, main_model_dir)
     k = spec.num_draft_tokens
+    if spec.parallel_drafting:
+        window_rows, chain = 2 * k, False
+    elif spec.mode is MtpMode.EAGLE_WITH_ATT:
+        window_rows, chain = k + 1, k > 1
+    else:
+        window_rows, chain = spec.num_context_rows + k + 1, False
     modules = []
-    for j, draft in enumerate(drafts):
-        layouts = [(ForwardMode.EXTEND, k + 1)]
-        if spec.mode is MtpMode.EAGLE_WITH_ATT and k > 1:
-            layouts.append((ForwardMode.DECODE, 1))
+    for draft in drafts:
+        layouts = [(ForwardMode.EXTEND, window_rows)] + ([(ForwardMode.DECODE, 1)] if chain else [])
         graphs = [
             CudaGraphSet(draft.forward, main.caches, mode, rows, graph_max_batch_size, graph_pool,
                          hidden_size=main.cfg.hidden_size, hidden_dtype=main.rt.dtype)
             for mode, rows in layouts
         ] if graph_max_batch_size > 0 else []  # fmt: skip
         modules.append(GraphedForward(draft.forward, graphs))
-    return _PROPOSERS[spec.mode](modules, builder)
+    if spec.parallel_drafting:
+        proposer = ParallelMtpProposer(modules, builder, drafts[0].mask_hidden)
+    elif spec.mode is MtpMode.EAGLE_WITH_ATT:
+        proposer = EagleMtpProposer(modules, builder)
+    else:
+        proposer = MultiLayerMtpProposer(modules, builder)
+    assert proposer.window_rows == window_rows
+    return proposer

@@ -4,6 +4,10 @@ step, so a verify step can be queued before the previous one's results reach the
 
 One int64 row per request slot, so that building a step is one gather and opening blocks one scatter:
     [start, num_drafts, accept_len, last_token, d_1..d_k, slot_0..slot_k]   (the block's input ids are contiguous)
+
+Multi-layer MTP also keeps, per slot, the context of its draft window (the P = modules - 1 committed rows before
+`start` that every draft pass recomputes): the target's hidden at positions start-P..start-1 and the tokens at
+start-P+1..start-1.
 """
 
 from __future__ import annotations
@@ -14,12 +18,23 @@ START, NUM_DRAFTS, ACCEPT_LEN, LAST_TOKEN, DRAFTS = 0, 1, 2, 3, 4
 
 
 class DraftState:
-    def __init__(self, max_reqs: int, num_draft_tokens: int, device: torch.device):
+    def __init__(
+        self,
+        max_reqs: int,
+        num_draft_tokens: int,
+        device: torch.device,
+        num_context_rows: int = 0,
+        hidden_size: int = 0,
+        dtype: torch.dtype = torch.float32,
+    ):
         """Rows are request slots (ReqManager), the last one the padding slot of CUDA-graph batches."""
         k = self.num_draft_tokens = num_draft_tokens
         self.slots_col = DRAFTS + k  # first of the k+1 KV-slot columns
         self.table = torch.zeros(max_reqs + 1, DRAFTS + 2 * k + 1, dtype=torch.int64, device=device)
         self.table[:, ACCEPT_LEN] = 1
+        p = self.num_context_rows = num_context_rows
+        self.context_hidden = torch.zeros(max_reqs + 1, p, hidden_size, dtype=dtype, device=device)
+        self.context_tokens = torch.full((max_reqs + 1, max(p - 1, 0)), -1, dtype=torch.int64, device=device)
 
     # views, for readers and tests
     @property

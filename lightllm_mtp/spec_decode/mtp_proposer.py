@@ -1,19 +1,31 @@
 """The MTP proposers: the checkpoint's MTP layer(s) draft from the target's hidden states.
 
-Each MTP module first runs over the target's rows with (hidden of row i, the token after row i) and writes its KV
-at the same slots, so its attention always sees the whole committed context.
-  eagle (`eagle_with_att`): one module; d_1 from its pass at the anchor row, then k-1 chain steps, one row per
-      request inside the next block, each fed the previous draft and the module's own hidden.
-  vanilla (`vanilla_with_att`): module m (mtp.layers.m) drafts d_{m+1}; it reads the token m+1 positions after
-      each row where that is committed, else module m-1's prediction at that row, and module m-1's hidden.
+Every module's KV holds, at position p, its pass over (the hidden at p, the token after p): prompt chunks write it
+over the chunk rows, verify steps over a draft window (StepBuilder.draft_window: the committed block rows, with
+context rows before them, mask rows or padding after them).
+  eagle (`eagle_with_att`): one module; d_1 from its window pass at the anchor row (position N - 1, whose next token
+      is the newest one, at N), then k-1 chain steps, one row per request inside the next block, each fed the
+      previous draft and the module's own hidden.
+  parallel drafting (`eagle_with_att` + parallel_drafting): one module, one forward: the window holds k-1 mask
+      rows after the anchor (the trained mask embedding and mask hidden as inputs); anchor and mask rows predict
+      d_1..d_k.
+  multi-layer (`vanilla_with_att`, M modules, k = M): module m drafts d_{m+1}. Training convention (train_tiny):
+      module m at position p reads module m-1's hidden at p (the target's for m = 0) and the token m+1 positions
+      after p, or module m-1's prediction of it where that token is not committed yet (newest token at N): its
+      last m rows N-m..N-1 are provisional. Each verify window therefore starts P = M - 1 committed rows before
+      the verified block (the target's hidden of those rows is kept in DraftState), so a provisional row is
+      recomputed once its tokens are committed, and every module's KV at every position whose inputs are all
+      committed equals a from-scratch pass over the committed sequence (unit_tests/spec_decode/test_draft_kv.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from lightllm_mtp.common.basemodel.cuda_graph import GraphedForward
-from lightllm_mtp.common.basemodel.forward_batch import ModelOutput
+from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode, ModelOutput
 from lightllm_mtp.spec_decode.proposer import DraftInput, Proposer
 from lightllm_mtp.spec_decode.step_builder import StepBuilder, draft_pass_batch
 
@@ -25,16 +37,34 @@ class _MtpProposer(Proposer):
         self.num_draft_tokens = builder.num_draft_tokens
 
     def _pass(self, m: int, inp: DraftInput, tokens: torch.Tensor, hidden: torch.Tensor) -> ModelOutput:
+        """Module m over the target's rows (prompt chunks)."""
         return self.modules[m].forward(draft_pass_batch(inp.batch, tokens, inp.logits_rows), hidden)
+
+    def _run(self, m: int, batch: ForwardBatch, tokens: torch.Tensor, hidden: torch.Tensor) -> ModelOutput:
+        return self.modules[m].forward(dataclasses.replace(batch, input_ids=tokens), hidden)
+
+
+def _is_verify(inp: DraftInput) -> bool:
+    return inp.batch.mode is ForwardMode.VERIFY
 
 
 class EagleMtpProposer(_MtpProposer):
     lookahead = 1
 
+    @property
+    def window_rows(self) -> int:
+        return self.num_draft_tokens + 1
+
     def propose(self, inp: DraftInput) -> torch.Tensor:
-        out = self._pass(0, inp, inp.next_tokens[:, 0].clamp_min(0), inp.hidden)
-        tokens = out.logits[inp.anchor_logits].argmax(dim=-1)
-        hidden = out.hidden[inp.anchor_rows]
+        if _is_verify(inp):
+            batch, hidden, w = self.builder.draft_window(inp.blocks, inp.b_req_idx, inp.hidden, self.window_rows)
+            out = self._run(0, batch, batch.input_ids.clamp_min(0), hidden)
+            anchor_logits = anchor_rows = w.b_anchor
+        else:
+            out = self._pass(0, inp, inp.next_tokens[:, 0].clamp_min(0), inp.hidden)
+            anchor_logits, anchor_rows = inp.anchor_logits, inp.anchor_rows
+        tokens = out.logits[anchor_logits].argmax(dim=-1)
+        hidden = out.hidden[anchor_rows]
         drafts = [tokens]
         chain_steps = self.num_draft_tokens - 1 if inp.anchor_rows.shape[0] else 0  # prompt chunks may draft none
         for row in range(chain_steps):
@@ -44,22 +74,67 @@ class EagleMtpProposer(_MtpProposer):
         return torch.stack(drafts, dim=1)
 
 
-class VanillaMtpProposer(_MtpProposer):
+class ParallelMtpProposer(_MtpProposer):
+    """One module; one window forward per step drafts all k tokens (prompt chunks: the chunk pass writes the
+    module's KV, then the window over each finished prompt's last row drafts)."""
+
+    lookahead = 1
+
+    def __init__(self, modules: list[GraphedForward], builder: StepBuilder, mask_hidden: torch.Tensor):
+        super().__init__(modules, builder)
+        self.mask_hidden = mask_hidden
+
+    @property
+    def window_rows(self) -> int:
+        return 2 * self.num_draft_tokens  # at most k+1 committed block rows, then at most k-1 mask rows
+
+    def propose(self, inp: DraftInput) -> torch.Tensor:
+        k = self.num_draft_tokens
+        if not _is_verify(inp):
+            self._pass(0, inp, inp.next_tokens[:, 0].clamp_min(0), inp.hidden)
+            if inp.blocks is None:
+                return torch.empty(0, k, dtype=torch.int64, device=inp.hidden.device)
+        idx = inp.b_req_idx.to(torch.int64)
+        num_masks = (self.builder.state.num_drafts[idx] - 1).clamp_min(0)
+        batch, hidden, w = self.builder.draft_window(
+            inp.blocks, inp.b_req_idx, inp.hidden, self.window_rows, num_masks=num_masks, mask_hidden=self.mask_hidden
+        )
+        out = self._run(0, batch, batch.input_ids, hidden)  # -1 rows read the mask embedding
+        rows = w.b_anchor[:, None] + torch.arange(k, device=w.b_anchor.device)
+        return out.logits.argmax(dim=-1)[rows]
+
+
+class MultiLayerMtpProposer(_MtpProposer):
     @property
     def lookahead(self) -> int:
         return len(self.modules)
 
+    @property
+    def window_rows(self) -> int:
+        return self.builder.state.num_context_rows + self.num_draft_tokens + 1
+
     def propose(self, inp: DraftInput) -> torch.Tensor:
-        drafts, hidden, predicted = [], inp.hidden, None
+        if _is_verify(inp):
+            batch, hidden, w = self.builder.draft_window(
+                inp.blocks, inp.b_req_idx, inp.hidden, self.window_rows, lookahead=self.lookahead
+            )
+            next_tokens, anchors = w.next_tokens, w.b_anchor
+            run = lambda m, tokens, hidden: self._run(m, batch, tokens, hidden)  # noqa: E731
+            logits_rows = None
+        else:
+            hidden, next_tokens, anchors = inp.hidden, inp.next_tokens, inp.anchor_logits
+            run = lambda m, tokens, hidden: self._pass(m, inp, tokens, hidden)  # noqa: E731
+            logits_rows = inp.logits_rows
+        drafts, predicted = [], None
         for m in range(len(self.modules)):
-            ahead = inp.next_tokens[:, m]
+            ahead = next_tokens[:, m]
             tokens = ahead.clamp_min(0) if predicted is None else torch.where(ahead >= 0, ahead, predicted)
-            out = self._pass(m, inp, tokens, hidden)
+            out = run(m, tokens, hidden)
             argmax = out.logits.argmax(dim=-1)
-            drafts.append(argmax[inp.anchor_logits])
-            if inp.logits_rows is None:
+            drafts.append(argmax[anchors])
+            if logits_rows is None:
                 predicted = argmax
             else:  # rows without logits always have their next input committed
-                predicted = torch.zeros_like(ahead).index_copy_(0, inp.logits_rows, argmax)
+                predicted = torch.zeros_like(ahead).index_copy_(0, logits_rows, argmax)
             hidden = out.hidden
         return torch.stack(drafts, dim=1)

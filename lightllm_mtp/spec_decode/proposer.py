@@ -18,6 +18,18 @@ from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch
 
 
 @dataclass(frozen=True)
+class CommittedBlocks:
+    """What a target forward committed per drafting request, as a block: row 0 at position b_start, its first
+    b_accept_len rows committed, the newest token at b_start + b_accept_len. After a verify these are the verified
+    blocks; after a prompt, the last prompt row (accept length 1, the sampled token the newest)."""
+
+    b_start: torch.Tensor  # [B] int64
+    b_accept_len: torch.Tensor  # [B] int64
+    b_row0: torch.Tensor  # [B] int64 the target row (of DraftInput.hidden) of block row 0
+    b_tokens: torch.Tensor  # [B, C] int64 tokens at positions b_start, b_start + 1, ..; -1 where not committed
+
+
+@dataclass(frozen=True)
 class DraftInput:
     batch: ForwardBatch  # the target forward's rows (VERIFY blocks, or EXTEND prompt chunks)
     hidden: torch.Tensor  # [T, H] the target's final-norm hidden of every row
@@ -28,6 +40,7 @@ class DraftInput:
     anchor_rows: torch.Tensor  # [B] per drafting request: the row whose next token is the newest emitted one
     anchor_logits: torch.Tensor  # [B] the same rows as indices into logits_rows (== anchor_rows when None)
     b_req_idx: torch.Tensor  # [B] int32 the drafting requests' slots (their next blocks are open)
+    blocks: CommittedBlocks | None = None  # per drafting request; None for prompt chunks that finish no prompt
 
 
 class Proposer(ABC):

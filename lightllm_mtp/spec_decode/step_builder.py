@@ -11,7 +11,9 @@ import dataclasses
 import torch
 
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode
+from lightllm_mtp.kernels.speculative.draft_inputs import DraftWindow, draft_window
 from lightllm_mtp.spec_decode.draft_state import ACCEPT_LEN, DRAFTS, LAST_TOKEN, START, DraftState
+from lightllm_mtp.spec_decode.proposer import CommittedBlocks
 
 
 class StepBuilder:
@@ -107,6 +109,79 @@ class StepBuilder:
             b_logits_index=logits_index,
             max_q_len=1,
         )
+
+
+    def draft_window(
+        self,
+        blocks: CommittedBlocks,
+        b_req_idx: torch.Tensor,
+        hidden: torch.Tensor,
+        rows: int,
+        lookahead: int = 1,
+        num_masks: torch.Tensor | None = None,
+        mask_hidden: torch.Tensor | None = None,
+    ) -> tuple[ForwardBatch, torch.Tensor, DraftWindow]:
+        """A draft pass over committed blocks: the state's context rows, the committed block rows, `num_masks` [B]
+        mask rows and padding, `rows` per request (kernels/speculative/draft_inputs.py). Returns the EXTEND batch
+        (its input_ids are next-token column 0: -1 on mask and padding rows), the hidden of its rows and the
+        window. Multi-layer MTP: the state's context moves on to the rows before the newest token."""
+        s, idx, h = self.state, b_req_idx.to(torch.int64), hidden.shape[1]
+        p = s.num_context_rows
+        b_tokens = torch.cat([s.context_tokens[idx], blocks.b_tokens], dim=1)
+        mask_row = mask_hidden if mask_hidden is not None else hidden.new_zeros(h)
+        source = torch.cat([hidden, s.context_hidden.view(-1, h), mask_row[None]])
+        if num_masks is None:
+            num_masks = torch.zeros_like(blocks.b_start)
+        w = draft_window(
+            b_start=blocks.b_start, b_accept_len=blocks.b_accept_len, b_num_masks=num_masks, b_req_idx=b_req_idx,
+            b_row0=blocks.b_row0, b_tokens=b_tokens, req_to_token=self.req_to_token, hold_slot=self.hold_slot,
+            num_prepend=p, rows=rows, lookahead=lookahead, context_base=hidden.shape[0],
+            mask_index=source.shape[0] - 1,
+        )  # fmt: skip
+        window_hidden = source[w.hidden_index]
+        cu, has_state, logits_index = self._batch_constants(idx.shape[0], rows)
+        batch = ForwardBatch(
+            mode=ForwardMode.EXTEND,
+            input_ids=w.next_tokens[:, 0],
+            positions=w.positions,
+            mem_index=w.mem_index,
+            b_req_idx=b_req_idx,
+            b_seq_len=w.b_seq_len,
+            b1_cu_q_len=cu,
+            b_has_initial_state=has_state,
+            b_logits_index=logits_index,
+            max_q_len=rows,
+            keep_all_hidden=True,
+        )
+        if p:
+            valid = (w.b_context_rows >= 0)[..., None]
+            new = window_hidden[w.b_context_rows.clamp_min(0)]
+            s.context_hidden[idx] = torch.where(valid, new, s.context_hidden[idx])
+            cols = blocks.b_accept_len.to(torch.int64)[:, None] + torch.arange(p - 1, device=self.device)
+            s.context_tokens[idx] = b_tokens.gather(1, cols)
+        return batch, window_hidden, w
+
+    def prompt_context(
+        self, b_req_idx: torch.Tensor, rows: list[range], chunk_ends: list[int], prompts: list[list[int]],
+        hidden: torch.Tensor,
+    ) -> None:  # fmt: skip
+        """Multi-layer MTP after prompt chunks: each request's context moves on to its last P prompt rows so far
+        (`rows`: its rows of the chunk batch, `hidden` the target hidden of every row; `chunk_ends`: the position
+        after its chunk)."""
+        s, p = self.state, self.state.num_context_rows
+        if p == 0 or not rows:
+            return
+        h, base = hidden.shape[1], hidden.shape[0]
+        index, tokens = [], []
+        for req, chunk, end, prompt in zip(b_req_idx.tolist(), rows, chunk_ends, prompts):
+            n = len(chunk)  # entry j <- old entry n + j while that exists, else chunk row n + j - p
+            index.append([base + req * p + n + j if n + j < p else chunk.start + n + j - p for j in range(p)])
+            tokens.append([prompt[q] if q >= 0 else -1 for q in range(end - p + 1, end)])
+        source = torch.cat([hidden, s.context_hidden.view(-1, h)])
+        idx = b_req_idx.to(torch.int64)
+        s.context_hidden[idx] = source[torch.tensor(index, device=self.device)]
+        if p > 1:
+            s.context_tokens[idx] = torch.tensor(tokens, dtype=torch.int64, device=self.device)
 
 
 def draft_pass_batch(main: ForwardBatch, input_ids: torch.Tensor, logits_rows: torch.Tensor | None) -> ForwardBatch:

@@ -51,8 +51,9 @@ def _perturb(model: torch.nn.Module) -> None:
             module.in_proj_a.weight.mul_(0.25)
 
 
-def _mtp_tensors(cfg, mtp_layers: int) -> dict[str, torch.Tensor]:
-    """mtp.* weights: fc, the three norms, and N full-attention decoder layers built by HF's text model.
+def _mtp_tensors(cfg, mtp_layers: int, ptd: bool = False) -> dict[str, torch.Tensor]:
+    """mtp.* weights: fc, the three norms, and N full-attention decoder layers built by HF's text model; with
+    `ptd` also the parallel-drafting mask inputs mtp.mask_embedding and mtp.mask_hidden.
 
     No mtp.* at all when mtp_layers == 0 (a checkpoint without a draft head)."""
     if mtp_layers == 0:
@@ -66,6 +67,9 @@ def _mtp_tensors(cfg, mtp_layers: int) -> dict[str, torch.Tensor]:
     for name, tensor in stack.state_dict().items():
         if name.startswith("layers."):
             out[f"mtp.{name}"] = tensor.clone()
+    if ptd:
+        out["mtp.mask_embedding"] = torch.randn(h) * INIT_STD
+        out["mtp.mask_hidden"] = torch.randn(h)
     return out
 
 
@@ -76,6 +80,7 @@ def build_tiny_checkpoint(
     seed: int = 0,
     tie_word_embeddings: bool = False,
     fused_experts: bool | None = None,
+    ptd: bool = False,
 ) -> Path:
     """Write the tiny checkpoint into `out_dir` (created if needed) and return it as a Path.
 
@@ -99,7 +104,9 @@ def build_tiny_checkpoint(
         head = model.get_output_embeddings().weight  # the embedding itself when tied
         head *= HEAD_STD / INIT_STD  # wide logits for clear greedy margins
         head[len(tokenizer) :] *= 0.1  # ids past the tokenizer (vocab padding): small logits, never greedy picks
-    mtp = _mtp_tensors(cfg, mtp_layers)
+    if ptd and mtp_layers == 0:
+        raise ValueError("ptd needs an MTP head (mtp_layers >= 1)")
+    mtp = _mtp_tensors(cfg, mtp_layers, ptd)
     write_published_checkpoint(model, out, mtp, fused_experts, SHARD_BYTES)
     return out
 
@@ -111,6 +118,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mtp_layers", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tie_word_embeddings", action="store_true")
+    parser.add_argument("--ptd", action="store_true", help="also write the parallel-drafting mask inputs "
+                        "(mtp.mask_embedding, mtp.mask_hidden)")
     layout = parser.add_mutually_exclusive_group()
     layout.add_argument("--fused_experts", dest="fused_experts", action="store_true", default=None,
                         help="MoE: fused 3-D experts in the main model and mtp.* (default: the published Qwen3.5 "
@@ -120,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     start = time.perf_counter()
     a = args
-    out = build_tiny_checkpoint(a.arch, a.out, a.mtp_layers, a.seed, a.tie_word_embeddings, a.fused_experts)
+    out = build_tiny_checkpoint(a.arch, a.out, a.mtp_layers, a.seed, a.tie_word_embeddings, a.fused_experts, a.ptd)
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
     print(f"wrote {out} ({size / 1e6:.2f} MB) in {time.perf_counter() - start:.1f} s")
 

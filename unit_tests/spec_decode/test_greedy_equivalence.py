@@ -9,6 +9,12 @@ PROMPTS = [[5, 17, 300, 42, 9, 77, 1024, 3, 58, 600, 11, 12, 13], [900, 4, 4, 25
 MAX_NEW = [23, 9, 16]  # requests finish at different steps, mid-block for most k
 
 
+def mtp_kwargs(mode, step):
+    if mode == "ptd":
+        return dict(mtp_mode="eagle_with_att", mtp_step=step, parallel_drafting=True)
+    return dict(mtp_mode=mode, mtp_step=step)
+
+
 def greedy(n, stops=()):
     return SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True, stop_token_ids=list(stops))
 
@@ -33,12 +39,22 @@ def test_mtp_greedy_equals_plain_decoding(model_dir, reference, mode, step):
     assert all(o.spec.verify_steps > 0 for o in outs)
 
 
-@pytest.mark.parametrize("mode", ["eagle_with_att", "vanilla_with_att"])
+@pytest.mark.parametrize("step", [1, 2, 4, 7])
+def test_parallel_drafting_greedy_equals_plain_decoding(model_dir, reference, step):
+    llm = LLM(model_dir, max_model_len=64, mtp_mode="eagle_with_att", mtp_step=step, parallel_drafting=True,
+              chunked_prefill_size=5)  # fmt: skip
+    outs = llm.generate(PROMPTS, [greedy(n) for n in MAX_NEW])
+    assert [o.token_ids for o in outs] == reference
+    assert all(o.spec.verify_steps > 0 for o in outs)
+    assert all(len(o.spec.proposed_at) == step for o in outs)
+
+
+@pytest.mark.parametrize("mode", ["eagle_with_att", "vanilla_with_att", "ptd"])
 @pytest.mark.parametrize("step", [1, 3])
 @pytest.mark.parametrize("corrupt_every", [1000, 3])
 def test_high_acceptance_blocks_stay_exact(monkeypatch, model_dir, reference, mode, step, corrupt_every):
     oracle_drafts(monkeypatch, reference, corrupt_every)
-    llm = LLM(model_dir, max_model_len=64, mtp_mode=mode, mtp_step=step)
+    llm = LLM(model_dir, max_model_len=64, **mtp_kwargs(mode, step))
     pool, reqs = llm.engine.model.caches.kv_pool, llm.engine.model.caches.req_manager
     free_kv, free_req = pool.num_free, reqs.num_free
     outs = llm.generate(PROMPTS, [greedy(n) for n in MAX_NEW])
@@ -68,8 +84,8 @@ def test_drafts_capped_near_max_model_len(model_dir):
     prompts = [[3] * 20, [4] * 22, [5] * 23]
     plain = LLM(model_dir, max_model_len=24)
     ref = [o.token_ids for o in plain.generate(prompts, greedy(100))]
-    for mode in ("eagle_with_att", "vanilla_with_att"):
-        llm = LLM(model_dir, max_model_len=24, mtp_mode=mode, mtp_step=3)
+    for mode in ("eagle_with_att", "vanilla_with_att", "ptd"):
+        llm = LLM(model_dir, max_model_len=24, **mtp_kwargs(mode, 3))
         outs = llm.generate(prompts, greedy(100))
         assert [o.token_ids for o in outs] == ref
         assert [len(o.token_ids) for o in outs] == [4, 2, 1]
