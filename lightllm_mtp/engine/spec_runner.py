@@ -88,10 +88,16 @@ class SpecRunner:
         ahead, rows_per_req = self._prompt_next_tokens(chunks, sampled)
         for s in chunks:
             s.request.num_computed += s.num_new_tokens
+        finished = {id(r) for r in sampled}
+        last = [int(id(s.request) in finished) for s in chunks]  # 1: the prompt ends in this chunk
         self.builder.prompt_context(
-            self._device([s.request.req_idx for s in chunks]), rows_per_req,
-            [s.request.num_computed for s in chunks], [s.request.prompt_ids for s in chunks], out.hidden,
-        )  # fmt: skip
+            self._device([s.request.req_idx for s in chunks]),
+            [range(rows.start, rows.stop - drop) for rows, drop in zip(rows_per_req, last)],
+            [s.request.num_computed - drop for s, drop in zip(chunks, last)],
+            [s.request.prompt_ids for s in chunks],
+            out.hidden,
+        )  # context rows (multi-layer MTP): before the chunk's end, or before the last prompt row, whose window
+        # recomputes them once the sampled token is known (spec_decode/mtp_proposer.py)
         if not sampled:
             self._propose(batch, out.hidden, ahead, [], [], None)  # MTP KV over the chunk rows only
             return PromptChunksLaunch([], None)

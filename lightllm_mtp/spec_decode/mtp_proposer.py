@@ -114,27 +114,34 @@ class MultiLayerMtpProposer(_MtpProposer):
         return self.builder.state.num_context_rows + self.num_draft_tokens + 1
 
     def propose(self, inp: DraftInput) -> torch.Tensor:
-        if _is_verify(inp):
-            batch, hidden, w = self.builder.draft_window(
-                inp.blocks, inp.b_req_idx, inp.hidden, self.window_rows, lookahead=self.lookahead
-            )
-            next_tokens, anchors = w.next_tokens, w.b_anchor
-            run = lambda m, tokens, hidden: self._run(m, batch, tokens, hidden)  # noqa: E731
-            logits_rows = None
-        else:
-            hidden, next_tokens, anchors = inp.hidden, inp.next_tokens, inp.anchor_logits
-            run = lambda m, tokens, hidden: self._pass(m, inp, tokens, hidden)  # noqa: E731
-            logits_rows = inp.logits_rows
-        drafts, predicted = [], None
+        """Prompt chunks: every module over the chunk rows (their KV); a request that finished its prompt then
+        drafts from a window over its last prompt row, whose context rows (the last P prompt rows before it) are
+        recomputed now that the sampled token is known. Verify steps: the window over the verified blocks."""
+        if not _is_verify(inp):
+            self._modules_over(inp.next_tokens, inp.logits_rows, inp.hidden,
+                               lambda m, tokens, hidden: self._pass(m, inp, tokens, hidden))  # fmt: skip
+            if inp.blocks is None:
+                return torch.empty(0, self.num_draft_tokens, dtype=torch.int64, device=inp.hidden.device)
+        batch, hidden, w = self.builder.draft_window(
+            inp.blocks, inp.b_req_idx, inp.hidden, self.window_rows, lookahead=self.lookahead
+        )
+        argmax = self._modules_over(w.next_tokens, None, hidden,
+                                    lambda m, tokens, hidden: self._run(m, batch, tokens, hidden))  # fmt: skip
+        return torch.stack([a[w.b_anchor] for a in argmax], dim=1)
+
+    def _modules_over(self, next_tokens, logits_rows, hidden, run) -> list[torch.Tensor]:
+        """Module m reads the committed token m+1 positions ahead, or module m-1's prediction of it, and module
+        m-1's hidden. Returns each module's argmax (of logits_rows; None: every row)."""
+        argmaxes, predicted = [], None
         for m in range(len(self.modules)):
             ahead = next_tokens[:, m]
             tokens = ahead.clamp_min(0) if predicted is None else torch.where(ahead >= 0, ahead, predicted)
             out = run(m, tokens, hidden)
             argmax = out.logits.argmax(dim=-1)
-            drafts.append(argmax[anchors])
+            argmaxes.append(argmax)
             if logits_rows is None:
                 predicted = argmax
             else:  # rows without logits always have their next input committed
                 predicted = torch.zeros_like(ahead).index_copy_(0, logits_rows, argmax)
             hidden = out.hidden
-        return torch.stack(drafts, dim=1)
+        return argmaxes

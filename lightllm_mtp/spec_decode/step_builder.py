@@ -127,7 +127,8 @@ class StepBuilder:
         window. Multi-layer MTP: the state's context moves on to the rows before the newest token."""
         s, idx, h = self.state, b_req_idx.to(torch.int64), hidden.shape[1]
         p = s.num_context_rows
-        b_tokens = torch.cat([s.context_tokens[idx], blocks.b_tokens], dim=1)
+        # the kernel's tokens start at position start - p + 1: p - 1 context tokens, then the block's from `start`
+        b_tokens = torch.cat([s.context_tokens[idx], blocks.b_tokens], dim=1) if p else blocks.b_tokens[:, 1:]
         mask_row = mask_hidden if mask_hidden is not None else hidden.new_zeros(h)
         source = torch.cat([hidden, s.context_hidden.view(-1, h), mask_row[None]])
         if num_masks is None:

@@ -89,10 +89,16 @@ def test_mixed_workload_tokens_equal_plain_decoding(tiny_dense_mtp3_dir):
             assert outputs(mtp_mode=mode, mtp_step=k) == plain, (mode, k)
 
 
-@pytest.mark.parametrize("mode", ["eagle_with_att", "vanilla_with_att"])
+@pytest.mark.parametrize("mode", ["eagle_with_att", "vanilla_with_att", "ptd"])
 def test_padding_rows_near_max_model_len_touch_only_the_padding_slot(monkeypatch, tiny_dense_mtp3_dir, mode):
-    batches = []
+    batches, windows = [], []
     real = StepBuilder.verify_batch
+    real_window = StepBuilder.draft_window
+
+    def recording_window(self, *args, **kwargs):
+        batch, hidden, w = real_window(self, *args, **kwargs)
+        windows.append((batch.positions.clone(), batch.mem_index.clone(), self.hold_slot))
+        return batch, hidden, w
 
     def recording(self, b_req_idx):
         batch, rows = real(self, b_req_idx)
@@ -101,8 +107,10 @@ def test_padding_rows_near_max_model_len_touch_only_the_padding_slot(monkeypatch
         return batch, rows
 
     monkeypatch.setattr(StepBuilder, "verify_batch", recording)
+    monkeypatch.setattr(StepBuilder, "draft_window", recording_window)
+    spec = dict(mtp_mode="eagle_with_att", parallel_drafting=True) if mode == "ptd" else dict(mtp_mode=mode)
     engine = LLMEngine(EngineArgs(model_dir=str(tiny_dense_mtp3_dir), max_model_len=24, max_batch_size=4,
-                                  mtp_mode=mode, mtp_step=3))
+                                  mtp_step=3, **spec))  # fmt: skip
     reqs = [engine.add_request(p, greedy(100)) for p in ([3] * 17, [4] * 19, [5] * 22)]
     while engine.has_unfinished():
         engine.step_outputs()
@@ -118,6 +126,9 @@ def test_padding_rows_near_max_model_len_touch_only_the_padding_slot(monkeypatch
         assert (batch.positions[~padding] < 24 - 1).all()  # a real row's emitted token lands below max_model_len
         padded += int(padding.sum())
     assert padded > 0
+    for positions, mem, hold in windows:  # draft passes: no real row at or past the last position
+        assert (positions[mem != hold] < 24 - 1).all() and (mem[positions >= 24 - 1] == hold).all()
+    assert windows
     table = engine.model.caches.req_manager.req_to_token
-    assert table.shape[1] == 24 + 3
+    assert table.shape[1] == 24 + 2 * 3
     assert ((table[:, 24:] == 0) | (table[:, 24:] == engine.model.caches.kv_pool.hold_slot)).all()
