@@ -3,8 +3,11 @@
     python -m lightllm_mtp.training.train_tiny --arch qwen3_5 --out /tmp/tiny_qwen3_5_trained
 
 Loss = main LM loss + mtp_loss_weight * MTP loss (the head at position t reads (h_t, x_{t+1}) and predicts x_{t+2})
-+ router_aux_loss_coef * load-balancing loss (MoE). The BPE tokenizer is trained on the training files first; the
-held-out files (tiny_corpus.is_heldout) give the held-out losses. Prints the loss curve, writes the checkpoint
++ router_aux_loss_coef * load-balancing loss (MoE). `--mtp_layers N` trains N modules, module m at position t
+reading module m-1's hidden and x_{t+m+1} and predicting x_{t+m+2} (each its own MTP loss term, same weight);
+`--ptd` also trains the parallel-drafting mask inputs: mask rows after `ptd_anchors` random positions per batch,
+mask row j predicting the token j+1 after the anchor's (ptd_loss_weight).
+The BPE tokenizer is trained on the training files first; the held-out files (tiny_corpus.is_heldout) give the held-out losses. Prints the loss curve, writes the checkpoint
 (config.json with text_config, model.language_model.*, lm_head, mtp.*, tokenizer) and train_log.json.
 """
 
@@ -24,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from lightllm_mtp.config.spec_config import MAX_MTP_STEP
 from lightllm_mtp.training.tiny_recipe import ARCHS, SPECIAL_TOKENS, make_config, train_tokenizer
 from lightllm_mtp.training.published_layout import padded_vocab_size, write_published_checkpoint
 from lightllm_mtp.training.tiny_corpus import split_corpus, stdlib_root, token_stream
@@ -116,8 +120,11 @@ def train(args) -> tuple[TinyMtpModel, dict]:
     if args.gdn_kernel == "torch":
         use_torch_gated_delta_rule()
     sizes = text_sizes(args.arch, args.hidden_size, args.num_hidden_layers, args.intermediate_size)
-    cfg = make_config(args.arch, padded_vocab_size(tokenizer), eos_id, 1, False, sizes)
-    model = TinyMtpModel(cfg).to(args.device).train()
+    cfg = make_config(args.arch, padded_vocab_size(tokenizer), eos_id, args.mtp_layers, False, sizes)
+    masks = MAX_MTP_STEP - 1 if args.ptd else 0
+    model = TinyMtpModel(cfg, args.ptd, num_masks=masks, anchors=args.ptd_anchors if args.ptd else 0)
+    model = model.to(args.device).train()
+    window = args.seq_len + model.window_extra
     n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     print(f"model: {args.arch}, {n_params / 1e6:.2f} M trainable parameters (main + MTP head), device {args.device}")
     routers = RouterLogits(model)
@@ -132,18 +139,21 @@ def train(args) -> tuple[TinyMtpModel, dict]:
         model.train()
         return losses
 
-    fixed = sample_windows(train_ids, args.batch_size, args.seq_len + 2, gen) if args.overfit_batch else None
+    fixed = sample_windows(train_ids, args.batch_size, window, gen) if args.overfit_batch else None
 
     curve, evals, tokens_seen = [], [], 0
     t0 = time.perf_counter()
     bar = tqdm(range(args.steps), desc=f"train {args.arch}", disable=args.no_progress_bar)
     for step in bar:
-        batch = fixed if fixed is not None else sample_windows(train_ids, args.batch_size, args.seq_len + 2, gen)
+        batch = fixed if fixed is not None else sample_windows(train_ids, args.batch_size, window, gen)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, args)
         with autocast():
-            losses = model(batch.to(args.device, non_blocking=True))
-            loss = losses["main_loss"] + args.mtp_loss_weight * losses["mtp_loss"]
+            losses = model(batch.to(args.device, non_blocking=True), gen)
+            mtp = sum(v for k, v in losses.items() if k.startswith("mtp_loss"))
+            loss = losses["main_loss"] + args.mtp_loss_weight * mtp
+            if "ptd_loss" in losses:
+                loss = loss + args.ptd_loss_weight * losses["ptd_loss"]
             balance = routers.pop_balance_loss()
             if balance is not None:
                 loss = loss + args.router_aux_loss_coef * balance
@@ -156,7 +166,7 @@ def train(args) -> tuple[TinyMtpModel, dict]:
             elapsed = time.perf_counter() - t0
             point = {"step": step, "lr": round(learning_rate(step, args), 6)}
             point["tokens_per_s"] = round(tokens_seen / elapsed)
-            point.update({k: round(losses[k].item(), 4) for k in ("main_loss", "mtp_loss", "mtp_agree")})
+            point.update({k: round(v.item(), 4) for k, v in losses.items() if v.ndim == 0})
             if balance is not None:
                 point["balance_loss"] = round(balance.item(), 4)
             curve.append(point)
@@ -208,6 +218,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup_steps", type=int, default=200)
     p.add_argument("--weight_decay", type=float, default=0.1)
     p.add_argument("--mtp_loss_weight", type=float, default=0.5)
+    p.add_argument("--mtp_layers", type=int, default=1, help="MTP modules (mtp.layers.0..N-1), module m drafting "
+                   "the token m+2 after its position (multi-layer MTP, mtp_mode vanilla_with_att)")
+    p.add_argument("--ptd", action="store_true", help="also train parallel drafting's mask inputs "
+                   "(mtp.mask_embedding, mtp.mask_hidden) for up to 7 drafts per forward")
+    p.add_argument("--ptd_anchors", type=int, default=4, help="anchor positions per batch whose mask rows are trained")
+    p.add_argument("--ptd_loss_weight", type=float, default=0.5)
     p.add_argument("--router_aux_loss_coef", type=float, default=0.01, help="MoE load-balancing loss weight")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

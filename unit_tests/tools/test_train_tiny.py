@@ -137,7 +137,7 @@ def test_reloaded_checkpoint_equals_the_trained_model(trained):
     reloaded = load_tiny_mtp_model(out)
     state, again = model.state_dict(), reloaded.state_dict()
     assert state.keys() == again.keys()
-    for name in [n for n in state if not n.startswith("mtp.stack.embed_tokens.")]:  # not in checkpoints: unused
+    for name in [n for n in state if not (n.startswith("mtp.stacks.") and ".embed_tokens." in n)]:  # unused
         assert torch.equal(state[name].float(), again[name]), name
 
 
@@ -175,3 +175,68 @@ def test_acceptance_sums_the_counts_of_every_request():
     assert stats["acceptance_per_position"] == pytest.approx([(27 + 5) / 40, 18 / 40])
     with pytest.raises(ValueError, match="no verify step"):
         aggregate([output(0, (0, 0))])
+
+
+@pytest.fixture(scope="module")
+def trained_multi(tmp_path_factory):
+    """A toy dense model with 3 MTP modules and parallel-drafting mask inputs, saved in fp32."""
+    out = tmp_path_factory.mktemp("multi")
+    args = ["--arch", "qwen3_5", "--out", str(out), "--steps", "3", "--dtype_save", "fp32", "--mtp_layers", "3",
+            "--ptd", "--ptd_anchors", "2", *TOY]  # fmt: skip
+    model, log = train(parse_args(args))
+    return model, log, out
+
+
+def test_multi_layer_and_ptd_checkpoint(trained_multi):
+    model, log, out = trained_multi
+    tensors = shard_tensors(out)
+    for m in range(3):
+        assert tensors[f"mtp.layers.{m}.self_attn.q_norm.weight"][0] == (32,)
+    assert tensors["mtp.mask_embedding"][0] == tensors["mtp.mask_hidden"][0] == (64,)
+    assert json.loads((out / "config.json").read_text())["text_config"]["mtp_num_hidden_layers"] == 3
+    for point in log["curve"]:
+        assert all(math.isfinite(point[k]) for k in ("mtp_loss", "mtp_loss_1", "mtp_loss_2", "ptd_loss"))
+    reloaded = load_tiny_mtp_model(out)
+    state, again = model.state_dict(), reloaded.state_dict()
+    for name in [n for n in state if not (n.startswith("mtp.stacks.") and ".embed_tokens." in n)]:
+        assert torch.equal(state[name].float(), again[name]), name
+    params = [SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True) for n in MAX_NEW]
+    plain = [o.token_ids for o in LLM(out, max_model_len=64).generate(PROMPTS, params)]
+    for spec in (dict(mtp_mode="vanilla_with_att", mtp_step=3), dict(mtp_mode="eagle_with_att", mtp_step=4,
+                                                                      parallel_drafting=True)):  # fmt: skip
+        outs = LLM(out, max_model_len=64, chunked_prefill_size=8, **spec).generate(PROMPTS, params)
+        assert [o.token_ids for o in outs] == plain
+
+
+def test_training_modules_compute_the_engine_drafts(trained_multi, monkeypatch):
+    """Multi-layer: the engine's prompt pass of module m (rows whose tokens are all in the prompt) equals the
+    training chain. Parallel drafting: the engine's mask rows after the last prompt row equal the training's
+    masked forward of module 0 over the prompt's context."""
+    model, _, out = trained_multi
+    prompt = PROMPTS[0]
+    n = len(prompt)
+    calls = record_first_draft_pass(monkeypatch)
+    LLM(out, max_model_len=64, mtp_mode="vanilla_with_att", mtp_step=3).generate(
+        [prompt], SamplingParams(temperature=0.0, max_new_tokens=1, ignore_eos=True)
+    )
+    sequence = torch.tensor([prompt])
+    embed = model.lm.model.embed_tokens
+    with torch.no_grad():
+        hidden = model.lm.model(input_ids=sequence).last_hidden_state
+        for m in range(3):
+            hidden = model.mtp(embed(sequence[:, m + 1 :]), hidden[:, : n - m - 1], module=m)
+            engine_hidden = calls[m][2][: n - m - 1]
+            torch.testing.assert_close(engine_hidden, hidden[0], atol=2e-5, rtol=1e-4, msg=f"module {m}")
+    calls.clear()
+    k = 4
+    LLM(out, max_model_len=64, mtp_mode="eagle_with_att", mtp_step=k, parallel_drafting=True).generate(
+        [prompt], SamplingParams(temperature=0.0, max_new_tokens=1, ignore_eos=True)
+    )
+    first = LLM(out, max_model_len=64).generate([prompt], SamplingParams(temperature=0.0, max_new_tokens=1))
+    window_ids, _, window_hidden, _ = calls[1]  # calls[0]: the prompt pass; calls[1]: the window
+    assert window_ids[: k].tolist() == [first[0].token_ids[0]] + [-1] * (k - 1)
+    with torch.no_grad():
+        target = model.lm.model(input_ids=sequence).last_hidden_state
+        context = model.mtp.fused_input(embed(torch.tensor([prompt[1:] + first[0].token_ids])), target)
+        masked = model.mtp.masked_forward(context, k - 1)[0]
+    torch.testing.assert_close(window_hidden[1:k], masked, atol=2e-5, rtol=1e-4)
