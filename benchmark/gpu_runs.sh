@@ -7,6 +7,11 @@
 #   bash benchmark/gpu_runs.sh 27b_k1   # 27B: no-spec + MTP k=1 at B=1,32, overlap on
 #   bash benchmark/gpu_runs.sh serving_27b|serving_35b|serving_tiny  # the HTTP server under load (MTP off, k=1, k=3;
 #                                       # concurrency 1, 8, 32); needs the server extra's wheels in .whl/
+#   bash benchmark/gpu_runs.sh tests_spec  # the GPU tests of the drafting modes and the draft-window kernel
+#   bash benchmark/gpu_runs.sh train_mtp3|train_ptd  # trained tiny fixtures: 3-module MTP / parallel drafting, then
+#                                       # their acceptance on the GPU; packed as $OUT/<fixture>.tar.part-* (the
+#                                       # device tool returns at most 8 files), unpacked into lightllm_mtp/fixtures/
+#   bash benchmark/gpu_runs.sh draft_cost_eagle_ptd|draft_cost_multi  # 27B draft cost per step, k = 1..7
 #   bash benchmark/gpu_runs.sh mixed    # 27B, MTP k=1, 32 running with arrivals: this tree, then baseline/ (an older
 #                                       # commit exported with `git archive REV --prefix=baseline/`; carry baseline)
 # Results go to $OUT (the device tool's folder) or benchmark/results; each JSON holds its exact command.
@@ -22,6 +27,22 @@ out=${OUT:-benchmark/results}
 bench() { python3 benchmark/static_inference.py --device cuda --input_len 1024 "$@"; }
 case "${1:-}" in
   tests) python3 -m pytest -q -m gpu unit_tests test ;;
+  tests_spec) python3 -m pytest -q -m gpu test/test_gpu_engine.py unit_tests/kernels/speculative ;;
+  train_mtp3|train_ptd)
+    if [ "$1" = train_mtp3 ]; then
+      name=tiny_qwen3_5_mtp3_trained; flags=(--mtp_layers 3); modes=(vanilla_with_att eagle_with_att); steps=(1 2 3)
+    else
+      name=tiny_qwen3_5_ptd_trained; flags=(--ptd); modes=(ptd eagle_with_att); steps=(1 2 3 4 5 6 7)
+    fi
+    dir=${OUT:+/tmp/fixtures/}${OUT:-lightllm_mtp/fixtures/}$name
+    python3 -m lightllm_mtp.training.train_tiny --arch qwen3_5 "${flags[@]}" --out "$dir" --no_progress_bar
+    python3 -m lightllm_mtp.tools.eval_acceptance --model_dir "$dir" --device cuda --num_prompts 8 \
+      --mtp_modes "${modes[@]}" --mtp_steps "${steps[@]}" --heldout_windows 0 --strict --out "$dir/acceptance_gpu.json"
+    if [ -n "${OUT:-}" ]; then tar cf - -C /tmp/fixtures "$name" | split -b 15M - "$OUT/$name.tar.part-"; fi ;;
+  draft_cost_eagle_ptd) python3 benchmark/draft_cost.py --model_shape qwen3.5-27b --device cuda --ks 1,2,3,4,5,6,7 \
+      --modes eagle_with_att,ptd --out "$out/draft_cost_qwen3.5-27b_eagle_ptd_h100.json" ;;
+  draft_cost_multi) python3 benchmark/draft_cost.py --model_shape qwen3.5-27b --device cuda --ks 1,2,3,4,5,6,7 \
+      --modes vanilla_with_att --out "$out/draft_cost_qwen3.5-27b_multi_layer_h100.json" ;;
   27b)
     bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 48 --mtp_mode eagle_with_att --mtp_step 1 \
       --mtp_accept_rate 0.8,0.95 --plot --out "$out/static_qwen3.5-27b_mtp_k1_h100.json"
@@ -51,5 +72,5 @@ case "${1:-}" in
     esac ;;
   peer) bench --model_shape qwen3.5-27b --batch_sizes 1,8 --output_len 32 --hf_peer --hf_batch_sizes 1,8 \
       --out "$out/static_qwen3.5-27b_hf_peer_h100.json" ;;
-  *) echo "usage: $0 tests|27b|27b_k1|35b|peer|mixed|serving_27b|serving_35b|serving_tiny" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|tests_spec|train_mtp3|train_ptd|draft_cost_eagle_ptd|draft_cost_multi|27b|27b_k1|35b|peer|mixed|serving_27b|serving_35b|serving_tiny" >&2; exit 2 ;;
 esac

@@ -45,7 +45,10 @@ def resolve_source(args) -> ModelSource:
         path = Path(args.model_dir)
         hf = json.loads((path / "config.json").read_text())
         return ModelSource(path.resolve().name, hf, str(path), args.seed)
-    return ModelSource(args.model_shape, json.loads(json.dumps(MODEL_SHAPES[args.model_shape])), None, args.seed)
+    hf = json.loads(json.dumps(MODEL_SHAPES[args.model_shape]))
+    if getattr(args, "mtp_layers", None):  # multi-layer MTP at a published shape: more (random) MTP modules
+        hf["mtp_num_hidden_layers"] = args.mtp_layers
+    return ModelSource(args.model_shape, hf, None, args.seed)
 
 
 def engine_field_names() -> set[str]:
@@ -72,6 +75,8 @@ def build_engine(source: ModelSource, args, max_model_len: int, mtp: bool) -> LL
         kw["disable_overlap"] = True
     if mtp:
         kw.update(mtp_mode=args.mtp_mode, mtp_step=args.mtp_step)
+        if getattr(args, "parallel_drafting", False):
+            kw["parallel_drafting"] = True
     if source.model_dir is not None:
         return LLMEngine(EngineArgs(model_dir=source.model_dir, **kw))
     with tempfile.TemporaryDirectory(prefix="lightllm_mtp_shape_") as tmp:

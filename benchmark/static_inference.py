@@ -46,6 +46,7 @@ from benchmark.timing import (
     versions,
 )
 from lightllm_mtp.config.engine_args import EngineArgs
+from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.engine.llm_engine import LLMEngine
 from lightllm_mtp.env import ENV
 from lightllm_mtp.models.registry import model_class
@@ -221,13 +222,20 @@ def spec_result(rec: GenRecord, base: dict | None, args, cfg, specs, dtype, bw: 
 
 
 def real_acceptance(args) -> dict:
-    """Greedy MTP (eagle, k = 1..4) on held-out text through this engine (tools/eval_acceptance.py)."""
+    """Greedy MTP (the benchmark's drafting mode, k = 1..4) on held-out text through this engine
+    (tools/eval_acceptance.py)."""
     from lightllm_mtp.tools.eval_acceptance import evaluate
 
+    mode = "ptd" if args.parallel_drafting else args.mtp_mode
+    steps = [1, 2, 3, 4]
+    if mode == "vanilla_with_att":  # one module per draft
+        steps = steps[: ModelConfig.from_model_dir(args.model_dir).mtp_num_hidden_layers]
     ns = argparse.Namespace(
-        model_dir=args.model_dir, device=args.device, dtype=args.dtype, mtp_steps=[1, 2, 3, 4], num_prompts=8,
+        model_dir=args.model_dir, device=args.device, dtype=args.dtype, mtp_steps=steps, mtp_modes=[mode],
+        num_prompts=8,
         prompt_tokens=128, max_new_tokens=64, max_batch_size=8, heldout_windows=0, strict=True,
-        argv=["--model_dir", args.model_dir, "--device", args.device, "--num_prompts", "8", "--strict"],
+        argv=["--model_dir", args.model_dir, "--device", args.device, "--num_prompts", "8", "--mtp_modes", mode,
+              "--strict"],
     )  # fmt: skip
     out = evaluate(ns)
     return {"method": "tools/eval_acceptance.py: 8 held-out prompts of 128 tokens, 64 greedy tokens each", **out}
@@ -348,6 +356,9 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--bw_repeats", type=int, default=20)
     p.add_argument("--mtp_mode", default=None, help="eagle_with_att or vanilla_with_att")
     p.add_argument("--mtp_step", type=int, default=1)
+    p.add_argument("--parallel_drafting", action="store_true", help="with eagle_with_att: PTD, one draft forward")
+    p.add_argument("--mtp_layers", type=int, default=None,
+                   help="--model_shape only: MTP modules of the random checkpoint (vanilla_with_att needs mtp_step)")
     p.add_argument("--mtp_accept_rate", type=_floats, default=[0.8], help="simulated per-position acceptance (comma list)")
     p.add_argument("--real_acceptance", action="store_true",
                    help="with --model_dir (a trained checkpoint with a tokenizer): measure real MTP acceptance (k=1..4) "
@@ -373,7 +384,7 @@ def parse_args(argv: list[str] | None):
 def default_out(args, source: ModelSource) -> Path:
     name = f"{source.name}_in{args.input_len}_out{args.output_len}_bs{'-'.join(map(str, args.batch_sizes))}"
     if args.mtp_mode:
-        name += f"_{args.mtp_mode}_k{args.mtp_step}"
+        name += f"_{args.mtp_mode}{'_ptd' if args.parallel_drafting else ''}_k{args.mtp_step}"
     return RESULTS_DIR / f"{name}_{args.device.split(':')[0]}.json"
 
 

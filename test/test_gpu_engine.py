@@ -38,10 +38,17 @@ def test_bf16_graphs_match_eager_and_track_cpu(model_dir):
     assert [x[0] for x in graphs] == [x[0] for x in cpu]
 
 
-@pytest.mark.parametrize("mode", ["eagle_with_att", "vanilla_with_att"])
+SPECS = {
+    "eagle": dict(mtp_mode="eagle_with_att"),
+    "vanilla": dict(mtp_mode="vanilla_with_att"),
+    "ptd": dict(mtp_mode="eagle_with_att", parallel_drafting=True),
+}
+
+
+@pytest.mark.parametrize("mode", list(SPECS))
 def test_mtp_on_gpu_equals_plain(tiny_dense_mtp3_dir, mode):
     plain = tokens(LLM(tiny_dense_mtp3_dir, device="cuda", dtype="float32", max_model_len=64))
-    spec = tokens(LLM(tiny_dense_mtp3_dir, device="cuda", dtype="float32", max_model_len=64, mtp_mode=mode, mtp_step=2))
+    spec = tokens(LLM(tiny_dense_mtp3_dir, device="cuda", dtype="float32", max_model_len=64, mtp_step=2, **SPECS[mode]))
     assert spec == plain
 
 
@@ -54,7 +61,8 @@ def test_cuda_graph_padding_rows_leave_live_state_alone(tiny_dense_dir):
     torch.cuda.synchronize()
 
 
-@pytest.mark.parametrize(("mode", "step"), [("eagle_with_att", 1), ("eagle_with_att", 3), ("vanilla_with_att", 2)])
+@pytest.mark.parametrize(("mode", "step"), [("eagle", 1), ("eagle", 3), ("vanilla", 2), ("vanilla", 3), ("ptd", 3),
+                                            ("ptd", 7)])
 @pytest.mark.parametrize("corrupt_every", [1000, 3])
 def test_mtp_verify_graphs_stay_exact_at_high_acceptance(monkeypatch, tiny_dense_mtp3_dir, mode, step, corrupt_every):
     """Verify / draft-pass / eagle-chain CUDA graphs (3 requests replay the 4-request bucket) with oracle drafts:
@@ -64,7 +72,7 @@ def test_mtp_verify_graphs_stay_exact_at_high_acceptance(monkeypatch, tiny_dense
     plain = tokens(LLM(tiny_dense_mtp3_dir, device="cuda", dtype="float32", max_model_len=64, graph_max_batch_size=0))
     oracle_drafts(monkeypatch, plain, corrupt_every)
     llm = LLM(tiny_dense_mtp3_dir, device="cuda", dtype="float32", max_model_len=64, graph_max_batch_size=8,
-              mtp_mode=mode, mtp_step=step)  # fmt: skip
+              mtp_step=step, **SPECS[mode])  # fmt: skip
     assert llm.engine.model_runner.graphs and all(m.graph_sets for m in llm.engine.runner.proposer.modules)
     caches = llm.engine.model.caches
     free_kv, free_req = caches.kv_pool.num_free, caches.req_manager.num_free
@@ -94,7 +102,8 @@ def test_overlap_scheduling_matches_the_synchronous_loop(tiny_dense_mtp3_dir, mt
 
 
 @pytest.mark.parametrize("mtp", [{}, dict(mtp_mode="eagle_with_att", mtp_step=2), dict(mtp_mode="vanilla_with_att",
-                                 mtp_step=2)], ids=["plain", "eagle", "vanilla"])  # fmt: skip
+                                 mtp_step=3), dict(mtp_mode="eagle_with_att", mtp_step=3, parallel_drafting=True)],
+                         ids=["plain", "eagle", "vanilla", "ptd"])  # fmt: skip
 def test_queuing_a_step_never_waits_for_the_device(tiny_dense_mtp3_dir, mtp):
     """Overlap only pays if `launch` queues a decode / verify step without a device sync (a blocking
     copy, .item(), .tolist() of a device tensor): CUDA's sync debug mode reports every such call made while they

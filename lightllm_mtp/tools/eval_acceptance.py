@@ -2,8 +2,9 @@
 
     python -m lightllm_mtp.tools.eval_acceptance --model_dir lightllm_mtp/fixtures/tiny_qwen3_5_trained --strict
 
-Greedy generation from held-out prompts (tiny_corpus.heldout_prompts) without speculation, then with
-`mtp_mode=eagle_with_att` for each mtp_step k. Per k: tokens per verify step (accepted drafts + 1, the "accept
+Greedy generation from held-out prompts (tiny_corpus.heldout_prompts) without speculation, then for each drafting
+mode of --mtp_modes (eagle_with_att, vanilla_with_att = multi-layer MTP, ptd = eagle_with_att with parallel
+drafting) and each mtp_step k. Per k: tokens per verify step (accepted drafts + 1, the "accept
 length"), accepted drafts per step, and acceptance at draft position j (accepted / proposed; a draft counts as
 accepted only when every draft before it was), all weighted by verify steps over the requests. Each MTP run's
 tokens are compared with plain decoding (--strict: a mismatch is an error). Optionally the held-out main / MTP
@@ -75,18 +76,23 @@ def evaluate(args) -> dict:
         "prompts": {"count": len(ids), "prompt_tokens": args.prompt_tokens, "max_new_tokens": args.max_new_tokens,
                     "files": [path for path, _ in prompts]},
         "plain": {"seconds": round(plain_s, 2)},
-        "mtp": {},
         "samples": [{"prompt": tokenizer.decode(p), "continuation": o.text} for p, o in zip(ids[:3], plain[:3])],
     }  # fmt: skip
-    for k in args.mtp_steps:
-        outs, seconds = run(mtp_mode="eagle_with_att", mtp_step=k)
-        mismatches = {i: first_divergence(o.token_ids, r.token_ids) for i, (o, r) in enumerate(zip(outs, plain))}
-        mismatches = {i: pos for i, pos in mismatches.items() if pos is not None}
-        result["mtp"][str(k)] = {**aggregate(outs), "seconds": round(seconds, 2), "greedy_equal": not mismatches,
-                                 "first_divergence": mismatches}  # fmt: skip
-        print(f"k={k}: {json.dumps(result['mtp'][str(k)])}")
-        if mismatches and args.strict:
-            raise SystemExit(f"k={k}: MTP greedy output differs from plain decoding (request: position) {mismatches}")
+    result["by_mode"] = {}
+    for mode in args.mtp_modes:
+        spec = dict(mtp_mode="eagle_with_att", parallel_drafting=True) if mode == "ptd" else dict(mtp_mode=mode)
+        by_k = result["by_mode"][mode] = {}
+        for k in args.mtp_steps:
+            outs, seconds = run(**spec, mtp_step=k)
+            mismatches = {i: first_divergence(o.token_ids, r.token_ids) for i, (o, r) in enumerate(zip(outs, plain))}
+            mismatches = {i: pos for i, pos in mismatches.items() if pos is not None}
+            by_k[str(k)] = {**aggregate(outs), "seconds": round(seconds, 2), "greedy_equal": not mismatches,
+                            "first_divergence": mismatches}  # fmt: skip
+            print(f"{mode} k={k}: {json.dumps(by_k[str(k)])}")
+            if mismatches and args.strict:
+                raise SystemExit(f"{mode} k={k}: MTP greedy output differs from plain decoding (request: position) "
+                                 f"{mismatches}")  # fmt: skip
+    result["mtp"] = result["by_mode"][args.mtp_modes[0]]
     if args.heldout_windows:
         result["heldout"] = heldout_losses(args, tokenizer, corpus)
         print(f"held-out losses: {json.dumps(result['heldout'])}")
@@ -112,6 +118,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto", help="auto: float32 on CPU, bfloat16 on CUDA")
     p.add_argument("--mtp_steps", type=int, nargs="+", default=[1, 2, 3, 4])
+    p.add_argument("--mtp_modes", nargs="+", default=["eagle_with_att"],
+                   choices=["eagle_with_att", "vanilla_with_att", "ptd"],
+                   help="drafting modes (vanilla_with_att: multi-layer MTP, k <= the checkpoint's MTP layers; ptd: "
+                   "parallel drafting, needs the mask inputs); 'mtp' in the JSON is the first")
     p.add_argument("--num_prompts", type=int, default=16)
     p.add_argument("--prompt_tokens", type=int, default=128)
     p.add_argument("--max_new_tokens", type=int, default=64)

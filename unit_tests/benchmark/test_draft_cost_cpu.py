@@ -1,0 +1,30 @@
+"""CPU smoke test of benchmark/draft_cost.py on a tiny random shape: every mode and k lands in the JSON, with the
+speedup at a given acceptance."""
+
+import json
+
+from benchmark import draft_cost
+from benchmark.model_shapes import MODEL_SHAPES
+from unit_tests.benchmark.test_static_inference_cpu import TINY_MOE_SHAPE
+
+
+def test_every_mode_and_k_is_timed(monkeypatch, tmp_path):
+    monkeypatch.setitem(MODEL_SHAPES, "tiny-moe-test", TINY_MOE_SHAPE)
+    acceptance = tmp_path / "acc.json"
+    acceptance.write_text(json.dumps({"by_mode": {"ptd": {"2": {"tokens_per_step": 2.0,
+                                                                "acceptance_per_position": [0.8, 0.5]}}}}))
+    out = tmp_path / "cost.json"
+    report = draft_cost.main(["--model_shape", "tiny-moe-test", "--device", "cpu", "--input_len", "16",
+                              "--output_len", "12", "--ks", "1,2", "--acceptance", str(acceptance),
+                              "--out", str(out)])  # fmt: skip
+    assert json.loads(out.read_text()) == json.loads(json.dumps(report))
+    assert report["command"].startswith("python benchmark/draft_cost.py ")
+    rows = {(r["mode"], r["k"]): r for r in report["results"]}
+    assert set(rows) == {(m, k) for m in ("eagle_with_att", "vanilla_with_att", "ptd") for k in (1, 2)}
+    assert report["decode_step_ms"] > 0
+    for (mode, k), r in rows.items():
+        assert r["steps_timed"] > 0 and r["draft_ms"] > 0 and r["step_cost"] > 0
+        expected = {"eagle_with_att": k, "vanilla_with_att": k, "ptd": 1}[mode]
+        assert r["draft_forwards_per_step"] == expected, (mode, k)
+    (speedup,) = report["speedup_at_measured_acceptance"]
+    assert speedup["mode"] == "ptd" and speedup["speedup"] == 2.0 / rows[("ptd", 2)]["step_cost"]
