@@ -132,7 +132,12 @@ def draft_window_triton(b_start, b_accept_len, b_num_masks, b_req_idx, b_row0, b
     )
     if bsz == 0:
         return out
-    b_tokens = b_tokens.contiguous()
+    # the kernel indexes every per-request input densely: callers pass column slices (DraftState rows)
+    b_start, b_accept_len, b_num_masks, b_req_idx, b_row0, b_tokens = (
+        t.contiguous() for t in (b_start, b_accept_len, b_num_masks, b_req_idx, b_row0, b_tokens)
+    )
+    if req_to_token.stride(1) != 1:
+        req_to_token = req_to_token.contiguous()
     _draft_window_kernel[(bsz,)](
         b_start, b_accept_len, b_num_masks, b_req_idx, b_row0, b_tokens, req_to_token,
         out.positions, out.mem_index, out.hidden_index, out.next_tokens, out.b_seq_len, out.b_anchor,

@@ -16,14 +16,15 @@ HOLD = 999
 
 def random_case(seed, num_prepend, rows, lookahead, bsz=4, width=40, slots=6):
     g = torch.Generator().manual_seed(seed)
-    start = torch.randint(0, 20, (bsz,), generator=g)
+    start = torch.randint(0, 20, (bsz, 3), generator=g)[:, 1]  # a column slice, as the engine's DraftState rows
     start[0] = 0  # a window clamped at position 0
-    accept = torch.randint(1, rows - num_prepend + 1, (bsz,), generator=g).clamp_min(1)
+    accept = torch.randint(1, rows - num_prepend + 1, (bsz, 2), generator=g)[:, 0]
     masks = torch.randint(0, 3, (bsz,), generator=g)
     req = torch.randperm(slots, generator=g)[:bsz].to(torch.int32)
     row0 = torch.arange(bsz) * 7 + 3
     tokens = torch.randint(0, 500, (bsz, num_prepend + rows + 2), generator=g)
     tokens[1, -2:] = -1
+    tokens = tokens[:, 1:]  # not contiguous either
     table = torch.randint(0, 300, (slots + 1, width), generator=g, dtype=torch.int32)
     return dict(b_start=start, b_accept_len=accept, b_num_masks=masks, b_req_idx=req, b_row0=row0, b_tokens=tokens,
                 req_to_token=table, hold_slot=HOLD, num_prepend=num_prepend, rows=rows, lookahead=lookahead,
