@@ -35,7 +35,7 @@ case "${1:-}" in
     else
       name=tiny_qwen3_5_ptd_trained; flags=(--ptd); modes=(ptd eagle_with_att); steps=(1 2 3 4 5 6 7)
     fi
-    dir=${OUT:+/tmp/fixtures/}${OUT:-lightllm_mtp/fixtures/}$name
+    if [ -n "${OUT:-}" ]; then dir=/tmp/fixtures/$name; else dir=lightllm_mtp/fixtures/$name; fi
     python3 -m lightllm_mtp.training.train_tiny --arch qwen3_5 "${flags[@]}" --out "$dir" --no_progress_bar \
       | grep -v '^{"step"'
     python3 -m lightllm_mtp.tools.eval_acceptance --model_dir "$dir" --device cuda --num_prompts 8 \
