@@ -8,10 +8,10 @@
 #   bash benchmark/gpu_runs.sh serving_27b|serving_35b|serving_tiny  # the HTTP server under load (MTP off, k=1, k=3;
 #                                       # concurrency 1, 8, 32); needs the server extra's wheels in .whl/
 #   bash benchmark/gpu_runs.sh tests_spec  # the GPU tests of the drafting modes and the draft-window kernel
-#   bash benchmark/gpu_runs.sh train_mtp3|train_ptd  # trained tiny fixtures: 3-module MTP / parallel drafting, then
-#                                       # their acceptance on the GPU; packed as $OUT/<fixture>.tar.part-* (the
+#   bash benchmark/gpu_runs.sh train_mtp3_ptd  # the trained tiny fixture with 3 MTP modules and PTD mask inputs,
+#                                       # then its acceptance on the GPU; packed as $OUT/<fixture>.tar.part-* (the
 #                                       # device tool returns at most 8 files), unpacked into lightllm_mtp/fixtures/
-#   bash benchmark/gpu_runs.sh draft_cost_eagle_ptd|draft_cost_multi  # 27B draft cost per step, k = 1..7
+#   bash benchmark/gpu_runs.sh draft_cost [KS]  # 27B draft cost per step by mode, k = 1..7 (or the list KS)
 #   bash benchmark/gpu_runs.sh mixed    # 27B, MTP k=1, 32 running with arrivals: this tree, then baseline/ (an older
 #                                       # commit exported with `git archive REV --prefix=baseline/`; carry baseline)
 # Results go to $OUT (the device tool's folder) or benchmark/results; each JSON holds its exact command.
@@ -29,32 +29,18 @@ case "${1:-}" in
   tests) python3 -m pytest -q -m gpu unit_tests test ;;
   tests_spec) python3 -m pytest -q -m gpu test/test_gpu_engine.py unit_tests/kernels/speculative \
       unit_tests/spec_decode/test_draft_kv.py ;;
-  train_mtp3|train_ptd)
-    if [ "$1" = train_mtp3 ]; then
-      name=tiny_qwen3_5_mtp3_trained; flags=(--mtp_layers 3); modes=(vanilla_with_att eagle_with_att); steps=(1 2 3)
-    else
-      name=tiny_qwen3_5_ptd_trained; flags=(--ptd); modes=(ptd eagle_with_att); steps=(1 2 3 4 5 6 7)
-    fi
+  train_mtp3_ptd)  # 3 MTP modules + parallel-drafting mask inputs on one target, then acceptance on the GPU
+    name=tiny_qwen3_5_mtp3_ptd_trained
     if [ -n "${OUT:-}" ]; then dir=/tmp/fixtures/$name; else dir=lightllm_mtp/fixtures/$name; fi
-    python3 -m lightllm_mtp.training.train_tiny --arch qwen3_5 "${flags[@]}" --out "$dir" --no_progress_bar \
+    python3 -m lightllm_mtp.training.train_tiny --arch qwen3_5 --mtp_layers 3 --ptd --out "$dir" --no_progress_bar \
       | grep -v '^{"step"'
+    if [ -n "${OUT:-}" ]; then tar cf - -C /tmp/fixtures "$name" | split -b 15M - "$OUT/$name.tar.part-"; fi
     python3 -m lightllm_mtp.tools.eval_acceptance --model_dir "$dir" --device cuda --num_prompts 8 \
-      --mtp_modes "${modes[@]}" --mtp_steps "${steps[@]}" --heldout_windows 0 --strict --out "$dir/acceptance_gpu.json" \
-      || echo "eval_acceptance failed: the checkpoint still comes back"
-    if [ -n "${OUT:-}" ]; then tar cf - -C /tmp/fixtures "$name" | split -b 15M - "$OUT/$name.tar.part-"; fi ;;
-  draft_cost_eagle_ptd) python3 benchmark/draft_cost.py --model_shape qwen3.5-27b --device cuda --ks 1,2,3,4,5,6,7 \
-      --modes eagle_with_att,ptd --out "$out/draft_cost_qwen3.5-27b_eagle_ptd_h100.json" ;;
-  draft_cost_multi) python3 benchmark/draft_cost.py --model_shape qwen3.5-27b --device cuda --ks 1,2,3,4,5,6,7 \
-      --modes vanilla_with_att --out "$out/draft_cost_qwen3.5-27b_multi_layer_h100.json" ;;
-  27b)
-    bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 48 --mtp_mode eagle_with_att --mtp_step 1 \
-      --mtp_accept_rate 0.8,0.95 --plot --out "$out/static_qwen3.5-27b_mtp_k1_h100.json"
-    bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 48 --mtp_mode eagle_with_att --mtp_step 1 \
-      --mtp_accept_rate 0.8,0.95 --disable_overlap --out "$out/static_qwen3.5-27b_mtp_k1_h100_no_overlap.json" ;;
-  35b) bench --model_shape qwen3.5-35b-a3b --batch_sizes 1,32 --output_len 48 --plot --out "$out/static_qwen3.5-35b-a3b_h100.json" ;;
-  27b_k1)
-    bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 48 --mtp_mode eagle_with_att --mtp_step 1 \
-      --mtp_accept_rate 0.8,0.95 --out "$out/static_qwen3.5-27b_mtp_k1_h100.json" ;;
+      --mtp_modes vanilla_with_att eagle_with_att ptd --mtp_steps 1 2 3 4 5 6 7 --heldout_windows 0 --strict \
+      --out "${OUT:-$dir}/acceptance_gpu.json" ;;
+  draft_cost) python3 benchmark/draft_cost.py --model_shape qwen3.5-27b --device cuda --ks "${2:-1,2,3,4,5,6,7}" \
+      --modes eagle_with_att,ptd,vanilla_with_att --out "$out/draft_cost_qwen3.5-27b_h100.json" \
+      --acceptance lightllm_mtp/fixtures/tiny_qwen3_5_mtp3_ptd_trained/acceptance_*.json ;;
   mixed)
     mixed=(python3 benchmark/mixed_workload.py --model_shape qwen3.5-27b --device cuda --concurrency 32 --num_requests 96
            --input_len 1024 --output_len 64 --chunked_prefill_size 2048 --mtp_mode eagle_with_att --mtp_step 1)
@@ -75,5 +61,5 @@ case "${1:-}" in
     esac ;;
   peer) bench --model_shape qwen3.5-27b --batch_sizes 1,8 --output_len 32 --hf_peer --hf_batch_sizes 1,8 \
       --out "$out/static_qwen3.5-27b_hf_peer_h100.json" ;;
-  *) echo "usage: $0 tests|tests_spec|train_mtp3|train_ptd|draft_cost_eagle_ptd|draft_cost_multi|27b|27b_k1|35b|peer|mixed|serving_27b|serving_35b|serving_tiny" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|tests_spec|train_mtp3_ptd|draft_cost|27b|27b_k1|35b|peer|mixed|serving_27b|serving_35b|serving_tiny" >&2; exit 2 ;;
 esac

@@ -79,10 +79,15 @@ def evaluate(args) -> dict:
         "samples": [{"prompt": tokenizer.decode(p), "continuation": o.text} for p, o in zip(ids[:3], plain[:3])],
     }  # fmt: skip
     result["by_mode"] = {}
+    from lightllm_mtp.config.model_config import ModelConfig
+
+    modules = ModelConfig.from_model_dir(args.model_dir).mtp_num_hidden_layers
     for mode in args.mtp_modes:
         spec = dict(mtp_mode="eagle_with_att", parallel_drafting=True) if mode == "ptd" else dict(mtp_mode=mode)
         by_k = result["by_mode"][mode] = {}
         for k in args.mtp_steps:
+            if mode == "vanilla_with_att" and k > modules:  # one module per draft
+                continue
             outs, seconds = run(**spec, mtp_step=k)
             mismatches = {i: first_divergence(o.token_ids, r.token_ids) for i, (o, r) in enumerate(zip(outs, plain))}
             mismatches = {i: pos for i, pos in mismatches.items() if pos is not None}

@@ -100,7 +100,9 @@ def check_draft_kv(monkeypatch, model_dir, mode, corrupt_every, device, **engine
             k, v = caches.kv_pool.layer(first_kv + m)
             got = torch.stack([k[slots], v[slots]])
             tol = 2e-5 if device == "cpu" else 2e-4  # TF32-free fp32 kernels, other reduction orders
-            torch.testing.assert_close(got, expected[:, :n], rtol=tol, atol=tol, msg=f"module {m}, request "
-                                       f"{r.request_id}, {len(r.output_ids)} tokens out")  # fmt: skip
+            diff = (got - expected[:, :n]).abs()
+            where = f"module {m}, request {r.request_id}, {len(r.output_ids)} tokens out"
+            torch.testing.assert_close(got, expected[:, :n], rtol=tol, atol=tol, msg=lambda text: f"{where}: "
+                                       f"max |diff| {diff.max():.3g}, {text}")  # fmt: skip
             checked += n
     assert checked > 0
