@@ -4,8 +4,9 @@ every committed position whose inputs are all committed equals a from-scratch pa
 Module m's row at position p reads the token at p + m + 1, so with the newest token at N its rows p <= N - m - 1
 are fully committed (the later ones are provisional and recomputed by the next draft window). The recompute runs
 the target over x_0..x_{N-1} in a fresh engine, then module 0 on (target hidden, x_{p+1}), module m on (module
-m-1's hidden, x_{p+m+1}): the training convention. fp32, tolerance 2e-5 (different batch shapes sum in another
-order)."""
+m-1's hidden, x_{p+m+1}): the training convention. fp32; tolerance 2e-5 plus 4x the largest difference between the
+target's own KV written by the verify steps and by the recompute's prefill (CPU: ~1e-6; the GPU's chunked GDN
+prefill rounds otherwise)."""
 
 import dataclasses
 
@@ -31,8 +32,8 @@ def greedy(n):
     return SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True)
 
 
-def recompute(engine: LLMEngine, tokens: list[int]) -> list[torch.Tensor]:
-    """Each module's (k, v) at positions 0..N-1 from scratch, N = len(tokens) - 1."""
+def recompute(engine: LLMEngine, tokens: list[int]) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Each module's (k, v) at positions 0..N-1 from scratch, N = len(tokens) - 1, and the slots there."""
     model, caches, dev = engine.model, engine.model.caches, engine.args.device
     n = len(tokens) - 1
     req = caches.req_manager.alloc()
@@ -59,7 +60,7 @@ def recompute(engine: LLMEngine, tokens: list[int]) -> list[torch.Tensor]:
         hidden = module.fn(dataclasses.replace(batch, input_ids=ids), hidden).hidden
         k, v = caches.kv_pool.layer(first_kv + m)
         kv.append(torch.stack([k[slots.long()], v[slots.long()]]))
-    return kv
+    return kv, slots.long()
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -93,16 +94,24 @@ def check_draft_kv(monkeypatch, model_dir, mode, corrupt_every, device, **engine
         tokens = r.prompt_ids + r.output_ids
         assert r.output_ids == reference[r.request_id][: len(r.output_ids)]
         newest = len(tokens) - 1
-        want = recompute(fresh, tokens)
+        want, fresh_slots = recompute(fresh, tokens)
+        # the target's own KV over the same positions (verify steps vs one prefill) sets the numerical scale: the
+        # GPU's chunked GDN prefill and its verify kernels round differently, the CPU's agree to ~1e-6
+        live_slots = caches.req_manager.req_to_token[r.req_idx, :newest].long()
+        target_diff = max(
+            (caches.kv_pool.k_buffer[layer][live_slots] - fresh.model.caches.kv_pool.k_buffer[layer][fresh_slots])
+            .abs().max().item()
+            for layer in range(first_kv)
+        )
+        tol = 2e-5 + 4 * target_diff
         for m, expected in enumerate(want):
             n = newest - m  # positions 0..N-m-1 are fully committed for module m
-            slots = caches.req_manager.req_to_token[r.req_idx, :n].long()
+            slots = live_slots[:n]
             k, v = caches.kv_pool.layer(first_kv + m)
             got = torch.stack([k[slots], v[slots]])
-            tol = 2e-5 if device == "cpu" else 2e-4  # TF32-free fp32 kernels, other reduction orders
             diff = (got - expected[:, :n]).abs()
-            where = f"module {m}, request {r.request_id}, {len(r.output_ids)} tokens out"
-            torch.testing.assert_close(got, expected[:, :n], rtol=tol, atol=tol, msg=lambda text: f"{where}: "
+            where = f"module {m}, request {r.request_id}, {len(r.output_ids)} tokens out, target KV diff {target_diff:.3g}"
+            torch.testing.assert_close(got, expected[:, :n], rtol=0, atol=tol, msg=lambda text: f"{where}: "
                                        f"max |diff| {diff.max():.3g}, {text}")  # fmt: skip
             checked += n
     assert checked > 0
