@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> dict:
                             graph_max_batch_size=None, mtp_layers=max(ks))  # fmt: skip
     source = resolve_source(ns)
     device = torch.device(args.device)
-    max_model_len = args.input_len + args.output_len + 2 * max(ks) + KV_SLACK
+    max_model_len = args.input_len + args.output_len + 3 * (max(ks) + 1) + KV_SLACK  # the MTP lookahead slots
     gen = torch.Generator().manual_seed(args.seed)
     prompts = torch.randint(0, source.cfg.vocab_size, (args.batch_size, args.input_len), generator=gen).tolist()
 
