@@ -90,3 +90,9 @@ def trained_dense_dir():
 @pytest.fixture(scope="session")
 def trained_moe_dir():
     return _trained("qwen3_5_moe")
+
+
+@pytest.fixture(scope="session")
+def trained_mtp3_ptd_dir():
+    """Dense, 3 trained MTP modules and trained parallel-drafting mask inputs."""
+    return _trained("qwen3_5_mtp3_ptd")

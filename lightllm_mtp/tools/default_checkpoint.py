@@ -16,12 +16,17 @@ RECIPE_VERSION = 1
 _DONE_MARKER = ".complete"
 
 FIXTURES_DIR = Path(__file__).resolve().parent.parent / "fixtures"
-TRAINED_CHECKPOINTS = {"qwen3_5": "tiny_qwen3_5_trained", "qwen3_5_moe": "tiny_qwen3_5_moe_trained"}
+TRAINED_CHECKPOINTS = {
+    "qwen3_5": "tiny_qwen3_5_trained",
+    "qwen3_5_moe": "tiny_qwen3_5_moe_trained",
+    # dense, 3 MTP modules (multi-layer MTP) and parallel-drafting mask inputs on one target
+    "qwen3_5_mtp3_ptd": "tiny_qwen3_5_mtp3_ptd_trained",
+}
 
 
 def trained_checkpoint_dir(arch: str = "qwen3_5") -> Path | None:
-    """The shipped trained checkpoint of `arch` (lightllm_mtp/fixtures/README.md), or None while it is not there
-    complete (config, tokenizer, index and every shard it names)."""
+    """The shipped trained checkpoint `arch` (a key of TRAINED_CHECKPOINTS; lightllm_mtp/fixtures/README.md), or
+    None while it is not there complete (config, tokenizer, index and every shard it names)."""
     model_dir = FIXTURES_DIR / TRAINED_CHECKPOINTS[arch]
     index = model_dir / "model.safetensors.index.json"
     if not all(p.is_file() for p in (index, model_dir / "config.json", model_dir / "tokenizer.json")):
