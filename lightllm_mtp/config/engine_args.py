@@ -52,6 +52,8 @@ class EngineArgs:
     mtp_step: int = 0  # draft tokens per step when mtp_mode is set (1..7)
     mtp_draft_model_dir: str | None = None  # where mtp.* live; None: model_dir
     parallel_drafting: bool = False  # PTD: one MTP forward drafts all mtp_step tokens (eagle_with_att)
+    mtp_draft_vocab_file: str | None = None  # frequency-ranked token ids of a reduced draft vocabulary
+    mtp_draft_vocab_size: int | None = None  # draft logits over the first N of them (None: all in the file)
     disable_overlap: bool = False  # read each step's tokens before queuing the next (no overlap scheduling)
     spec: SpecConfig | None = field(init=False)  # the speculative settings, None without MTP
 
@@ -71,7 +73,10 @@ class EngineArgs:
                 raise ValueError("mtp_step is set but mtp_mode is not")
         else:
             set_field(self, "mtp_mode", MtpMode.parse(self.mtp_mode))
-        set_field(self, "spec", SpecConfig.from_args(self.mtp_mode, self.mtp_step, self.mtp_draft_model_dir, self.parallel_drafting))
+        set_field(self, "spec", SpecConfig.from_args(
+            self.mtp_mode, self.mtp_step, self.mtp_draft_model_dir, self.parallel_drafting, self.mtp_draft_vocab_file,
+            self.mtp_draft_vocab_size,
+        ))
         for name in ("max_batch_size", "chunked_prefill_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -32,10 +32,18 @@ class SpecConfig:
     draft_model_dir: str | None = None  # None: the mtp.* tensors of the main checkpoint
     # one draft forward proposes all k tokens from [x_{t+1}, MASK x (k-1)] (PTD; eagle_with_att only)
     parallel_drafting: bool = False
+    # reduced draft vocabulary: the draft's logits cover only the first `draft_vocab_size` ids of the
+    # frequency-ranked `draft_vocab_file` (tools/build_draft_vocab.py); None: the full vocabulary
+    draft_vocab_file: str | None = None
+    draft_vocab_size: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_draft_tokens, int) or not 1 <= self.num_draft_tokens <= MAX_MTP_STEP:
             raise ValueError(f"mtp_step must be an int in [1, {MAX_MTP_STEP}], got {self.num_draft_tokens!r}")
+        if self.draft_vocab_size is not None and self.draft_vocab_file is None:
+            raise ValueError("mtp_draft_vocab_size needs mtp_draft_vocab_file (the frequency-ranked token ids)")
+        if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
+            raise ValueError(f"mtp_draft_vocab_size must be >= 1, got {self.draft_vocab_size}")
         if self.parallel_drafting and self.mode is not MtpMode.EAGLE_WITH_ATT:
             raise ValueError(
                 f"parallel_drafting needs mtp_mode {MtpMode.EAGLE_WITH_ATT.value} (one MTP module drafting every "
@@ -59,11 +67,14 @@ class SpecConfig:
         mtp_step: int,
         draft_model_dir: str | None,
         parallel_drafting: bool = False,
+        draft_vocab_file: str | None = None,
+        draft_vocab_size: int | None = None,
     ) -> "SpecConfig | None":
         if mtp_mode is None:
-            if draft_model_dir is not None:
-                raise ValueError("mtp_draft_model_dir is set but mtp_mode is not")
-            if parallel_drafting:
-                raise ValueError("parallel_drafting is set but mtp_mode is not")
+            for name, value in (("mtp_draft_model_dir", draft_model_dir), ("parallel_drafting", parallel_drafting),
+                                ("mtp_draft_vocab_file", draft_vocab_file), ("mtp_draft_vocab_size", draft_vocab_size)):
+                if value:
+                    raise ValueError(f"{name} is set but mtp_mode is not")
             return None
-        return cls(MtpMode.parse(mtp_mode), mtp_step, draft_model_dir, parallel_drafting)
+        return cls(MtpMode.parse(mtp_mode), mtp_step, draft_model_dir, parallel_drafting, draft_vocab_file,
+                   draft_vocab_size)

@@ -42,6 +42,8 @@ class LLM:
         mtp_step: int = 0,
         mtp_draft_model_dir: str | Path | None = None,
         parallel_drafting: bool = False,
+        mtp_draft_vocab_file: str | Path | None = None,
+        mtp_draft_vocab_size: int | None = None,
         disable_overlap: bool = False,
     ):
         args = EngineArgs(
@@ -57,6 +59,8 @@ class LLM:
             mtp_step=mtp_step,
             mtp_draft_model_dir=None if mtp_draft_model_dir is None else str(mtp_draft_model_dir),
             parallel_drafting=parallel_drafting,
+            mtp_draft_vocab_file=None if mtp_draft_vocab_file is None else str(mtp_draft_vocab_file),
+            mtp_draft_vocab_size=mtp_draft_vocab_size,
             disable_overlap=disable_overlap,
         )
         self.engine = LLMEngine(args)

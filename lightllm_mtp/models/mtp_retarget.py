@@ -23,6 +23,7 @@ from lightllm_mtp.common.basemodel.basemodel import TpPartBaseModel
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ModelOutput
 from lightllm_mtp.common.layers.base import Layer
 from lightllm_mtp.common.layers.decoder_layer import DecoderLayer
+from lightllm_mtp.common.layers.embedding import LMHead
 from lightllm_mtp.common.layers.gated_attention import GatedAttention
 from lightllm_mtp.common.layers.norm import RMSNorm
 from lightllm_mtp.common.tensor_spec import TensorSpec
@@ -38,8 +39,16 @@ class MtpWeightRetargetMixin:
     ffn_class: type[Layer]  # declared by each draft package
 
     def __init__(
-        self, main: TpPartBaseModel, model_dir: str | Path, mtp_layer: int, kv_layer: int, parallel_drafting: bool = False
+        self,
+        main: TpPartBaseModel,
+        model_dir: str | Path,
+        mtp_layer: int,
+        kv_layer: int,
+        parallel_drafting: bool = False,
+        lm_head: LMHead | None = None,
     ):
+        """lm_head: a reduced draft vocabulary's rows of the main lm_head (logits index that subset); None: the
+        main model's."""
         cfg = self.cfg = main.cfg
         if cfg.mtp_num_hidden_layers <= mtp_layer:
             raise ValueError(
@@ -65,7 +74,8 @@ class MtpWeightRetargetMixin:
         weights = load_weights(model_dir, specs, main.rt.dtype, main.rt.device, main.rt.load_format, 1 + mtp_layer)
         self.mask_embedding = weights.get("mtp.mask_embedding")  # [H] or None
         self.mask_hidden = weights.get("mtp.mask_hidden")  # [H] or None
-        self.embed, self.lm_head, self.caches = main.embed, main.lm_head, main.caches
+        self.embed, self.caches = main.embed, main.caches
+        self.lm_head = lm_head if lm_head is not None else main.lm_head
         self.fc = weights["mtp.fc.weight"]  # [H, 2H]: input is [embedding part | hidden part]
         self.norm_embedding = RMSNorm(cfg, "mtp.pre_fc_norm_embedding.weight", weights)
         self.norm_hidden = RMSNorm(cfg, "mtp.pre_fc_norm_hidden.weight", weights)

@@ -115,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--parallel_drafting", action="store_true", help="with --mtp_mode eagle_with_att: one MTP "
                    "forward drafts all mtp_step tokens from [next token, MASK x (mtp_step - 1)] (PTD; needs a "
                    "checkpoint with mtp.mask_embedding and mtp.mask_hidden)")
+    s.add_argument("--mtp_draft_vocab_file", default=None, help="JSON of frequency-ranked token ids "
+                   "(python -m lightllm_mtp.tools.build_draft_vocab): the draft's logits cover only those ids")
+    s.add_argument("--mtp_draft_vocab_size", type=int, default=None, help="use the first N ids of "
+                   "--mtp_draft_vocab_file (eos and special ids always included)")
     s.add_argument("--mtp_draft_model_dir", default=None, help="directory holding the mtp.* tensors (default: "
                    "model_dir)")
     h = p.add_argument_group("HTTP")
@@ -173,6 +177,8 @@ def server_args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
         mtp_step=ns.mtp_step,
         mtp_draft_model_dir=ns.mtp_draft_model_dir,
         parallel_drafting=ns.parallel_drafting,
+        mtp_draft_vocab_file=ns.mtp_draft_vocab_file,
+        mtp_draft_vocab_size=ns.mtp_draft_vocab_size,
     )
     cfg = ModelConfig.from_model_dir(model_dir)
     max_len = engine.resolved_max_model_len(cfg.max_position_embeddings)

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import importlib
 
+import torch
+
 from lightllm_mtp.common.basemodel.basemodel import TpPartBaseModel
 from lightllm_mtp.common.basemodel.cuda_graph import CudaGraphSet, GraphedForward
 from lightllm_mtp.common.basemodel.forward_batch import ForwardMode
+from lightllm_mtp.common.layers.embedding import LMHead
 from lightllm_mtp.config.model_config import ModelType
 from lightllm_mtp.config.spec_config import MtpMode, SpecConfig
 from lightllm_mtp.spec_decode.mtp_proposer import EagleMtpProposer, MultiLayerMtpProposer, ParallelMtpProposer
+from lightllm_mtp.spec_decode.draft_vocab import load_draft_vocab
 from lightllm_mtp.spec_decode.proposer import Proposer
 from lightllm_mtp.spec_decode.step_builder import StepBuilder
 
@@ -24,7 +28,9 @@ SUPPORTED_DRAFTS: dict[tuple[ModelType, MtpMode], str] = {
 }
 
 
-def create_drafts(main: TpPartBaseModel, spec: SpecConfig, main_model_dir: str) -> list:
+def create_drafts(
+    main: TpPartBaseModel, spec: SpecConfig, main_model_dir: str, token_map: torch.Tensor | None = None
+) -> list:
     """eagle: one module on mtp.layers.0; vanilla: module j on mtp.layers.j for j < k.
     Draft module j owns KV pool layer (number of main full-attention layers) + j."""
     key = (main.cfg.model_type, spec.mode)
@@ -39,10 +45,20 @@ def create_drafts(main: TpPartBaseModel, spec: SpecConfig, main_model_dir: str) 
     cls = getattr(importlib.import_module(module), cls_name)
     model_dir = spec.draft_model_dir or main_model_dir
     first_kv = len(main.cfg.full_attention_layers)
+    lm_head = None if token_map is None else LMHead(main.lm_head.weight[token_map].contiguous())
     return [
-        cls(main, model_dir, mtp_layer=j, kv_layer=first_kv + j, parallel_drafting=spec.parallel_drafting)
+        cls(main, model_dir, mtp_layer=j, kv_layer=first_kv + j, parallel_drafting=spec.parallel_drafting,
+            lm_head=lm_head)
         for j in range(spec.num_draft_modules)
-    ]
+    ]  # fmt: skip
+
+
+def draft_token_map(main: TpPartBaseModel, spec: SpecConfig) -> torch.Tensor | None:
+    """The reduced draft vocabulary's token ids on the model's device (eos ids always in), or None."""
+    if spec.draft_vocab_file is None:
+        return None
+    ids = load_draft_vocab(spec.draft_vocab_file, spec.draft_vocab_size, main.cfg.vocab_size, main.cfg.eos_token_ids)
+    return ids.to(main.rt.device)
 
 
 def create_proposer(
@@ -52,7 +68,8 @@ def create_proposer(
     """The proposer of `spec` over the checkpoint's MTP modules. With CUDA graphs (graph_max_batch_size > 0)
     each module replays its draft-window pass (EXTEND, window rows per request) and the eagle module its chain
     steps (DECODE, one row per request)."""
-    drafts = create_drafts(main, spec, main_model_dir)
+    token_map = draft_token_map(main, spec)
+    drafts = create_drafts(main, spec, main_model_dir, token_map)
     k = spec.num_draft_tokens
     if spec.parallel_drafting:
         window_rows, chain = 2 * k, False
@@ -70,10 +87,10 @@ def create_proposer(
         ] if graph_max_batch_size > 0 else []  # fmt: skip
         modules.append(GraphedForward(draft.forward, graphs))
     if spec.parallel_drafting:
-        proposer = ParallelMtpProposer(modules, builder, drafts[0].mask_hidden)
+        proposer = ParallelMtpProposer(modules, builder, drafts[0].mask_hidden, token_map=token_map)
     elif spec.mode is MtpMode.EAGLE_WITH_ATT:
-        proposer = EagleMtpProposer(modules, builder)
+        proposer = EagleMtpProposer(modules, builder, token_map=token_map)
     else:
-        proposer = MultiLayerMtpProposer(modules, builder)
+        proposer = MultiLayerMtpProposer(modules, builder, token_map=token_map)
     assert proposer.window_rows == window_rows
     return proposer

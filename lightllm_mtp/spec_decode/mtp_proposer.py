@@ -31,10 +31,17 @@ from lightllm_mtp.spec_decode.step_builder import StepBuilder, draft_pass_batch
 
 
 class _MtpProposer(Proposer):
-    def __init__(self, modules: list[GraphedForward], builder: StepBuilder):
+    def __init__(self, modules: list[GraphedForward], builder: StepBuilder, token_map: torch.Tensor | None = None):
+        """token_map: the reduced draft vocabulary (the modules' logits index it), None: the full vocabulary."""
         self.modules = modules
         self.builder = builder
         self.num_draft_tokens = builder.num_draft_tokens
+        self.token_map = token_map
+
+    def _argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """The greedy draft token of each row of draft logits."""
+        best = logits.argmax(dim=-1)
+        return best if self.token_map is None else self.token_map[best]
 
     def _pass(self, m: int, inp: DraftInput, tokens: torch.Tensor, hidden: torch.Tensor) -> ModelOutput:
         """Module m over the target's rows (prompt chunks)."""
@@ -63,13 +70,13 @@ class EagleMtpProposer(_MtpProposer):
         else:
             out = self._pass(0, inp, inp.next_tokens[:, 0].clamp_min(0), inp.hidden)
             anchor_logits, anchor_rows = inp.anchor_logits, inp.anchor_rows
-        tokens = out.logits[anchor_logits].argmax(dim=-1)
+        tokens = self._argmax(out.logits[anchor_logits])
         hidden = out.hidden[anchor_rows]
         drafts = [tokens]
         chain_steps = self.num_draft_tokens - 1 if inp.anchor_rows.shape[0] else 0  # prompt chunks may draft none
         for row in range(chain_steps):
             out = self.modules[0].forward(self.builder.chain_batch(inp.b_req_idx, tokens, row), hidden)
-            tokens, hidden = out.logits.argmax(dim=-1), out.hidden
+            tokens, hidden = self._argmax(out.logits), out.hidden
             drafts.append(tokens)
         return torch.stack(drafts, dim=1)
 
@@ -80,8 +87,9 @@ class ParallelMtpProposer(_MtpProposer):
 
     lookahead = 1
 
-    def __init__(self, modules: list[GraphedForward], builder: StepBuilder, mask_hidden: torch.Tensor):
-        super().__init__(modules, builder)
+    def __init__(self, modules: list[GraphedForward], builder: StepBuilder, mask_hidden: torch.Tensor,
+                 token_map: torch.Tensor | None = None):  # fmt: skip
+        super().__init__(modules, builder, token_map)
         self.mask_hidden = mask_hidden
 
     @property
@@ -101,7 +109,7 @@ class ParallelMtpProposer(_MtpProposer):
         )
         out = self._run(0, batch, batch.input_ids, hidden)  # -1 rows read the mask embedding
         rows = w.b_anchor[:, None] + torch.arange(k, device=w.b_anchor.device)
-        return out.logits.argmax(dim=-1)[rows]
+        return self._argmax(out.logits)[rows]
 
 
 class MultiLayerMtpProposer(_MtpProposer):
@@ -137,7 +145,7 @@ class MultiLayerMtpProposer(_MtpProposer):
             ahead = next_tokens[:, m]
             tokens = ahead.clamp_min(0) if predicted is None else torch.where(ahead >= 0, ahead, predicted)
             out = run(m, tokens, hidden)
-            argmax = out.logits.argmax(dim=-1)
+            argmax = self._argmax(out.logits)
             argmaxes.append(argmax)
             if logits_rows is None:
                 predicted = argmax
