@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -43,6 +44,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--ks", default="1,2,3,4,5,6,7")
     p.add_argument("--modes", default="eagle_with_att,vanilla_with_att,ptd")
     p.add_argument("--acceptance", nargs="*", default=[], help="eval_acceptance JSON files (by_mode)")
+    p.add_argument("--draft_vocab_sizes", default="0", help="comma list; 0: the full vocabulary, N: a reduced draft "
+                   "vocabulary of N ids (random weights: the first N ids, for timing only)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
@@ -63,6 +66,12 @@ def main(argv: list[str] | None = None) -> dict:
     free_device_memory(device)
     print(f"decode step {decode_ms:.3f} ms", flush=True)
 
+    vocab_sizes = [int(v) for v in args.draft_vocab_sizes.split(",")]
+    vocab_files = {}
+    for n in vocab_sizes:
+        if n:
+            vocab_files[n] = Path(tempfile.mkdtemp()) / f"draft_vocab_{n}.json"
+            vocab_files[n].write_text(json.dumps({"token_ids": list(range(n)), "vocab_size": source.cfg.vocab_size}))
     rows: list[dict] = []
     report = {
         "command": "python " + " ".join(sys.argv if argv is None else ["benchmark/draft_cost.py", *argv]),
@@ -81,40 +90,42 @@ def main(argv: list[str] | None = None) -> dict:
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    for mode in modes:
-        for k in ks:
-            ns.mtp_mode = "eagle_with_att" if mode == "ptd" else mode
-            ns.mtp_step, ns.parallel_drafting = k, mode == "ptd"
-            engine = build_engine(source, ns, max_model_len, mtp=True)
-            timers = (ForwardTimer(engine.model_runner, device),
-                      MultiTimer([ForwardTimer(d, device) for d in engine.runner.proposer.modules]))  # fmt: skip
-            rec = timed(engine, prompts, args, k, timers)
-            del engine, timers
-            free_device_memory(device)
-            row = {
-                "mode": mode,
-                "k": k,
-                "steps_timed": len(rec.step_ms),
-                "step_ms": percentile(rec.step_ms, 50),
-                "verify_ms": percentile(rec.verify_ms, 50),
-                "draft_ms": percentile(rec.draft_ms, 50),
-                "draft_forwards_per_step": percentile(rec.draft_calls, 50),
-            }
-            row["step_cost"] = row["step_ms"] / decode_ms
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-            out.write_text(json.dumps(report, indent=1) + "\n")  # partial results survive a time limit
-    for mode in modes:
-        base = next((r for r in rows if r["mode"] == mode and r["k"] == 1), None)
-        for r in rows:
-            if r["mode"] == mode and base:
-                r["draft_ms_vs_k1"] = r["draft_ms"] / base["draft_ms"]
+    for mode, k, vocab in [(m, k, v) for m in modes for k in ks for v in vocab_sizes]:
+        ns.mtp_draft_vocab_file, ns.mtp_draft_vocab_size = (str(vocab_files[vocab]), vocab) if vocab else (None, None)
+        ns.mtp_mode = "eagle_with_att" if mode == "ptd" else mode
+        ns.mtp_step, ns.parallel_drafting = k, mode == "ptd"
+        engine = build_engine(source, ns, max_model_len, mtp=True)
+        timers = (ForwardTimer(engine.model_runner, device),
+                  MultiTimer([ForwardTimer(d, device) for d in engine.runner.proposer.modules]))  # fmt: skip
+        rec = timed(engine, prompts, args, k, timers)
+        del engine, timers
+        free_device_memory(device)
+        row = {
+            "mode": mode,
+            "k": k,
+            "draft_vocab_size": vocab or source.cfg.vocab_size,
+            "steps_timed": len(rec.step_ms),
+            "step_ms": percentile(rec.step_ms, 50),
+            "verify_ms": percentile(rec.verify_ms, 50),
+            "draft_ms": percentile(rec.draft_ms, 50),
+            "draft_forwards_per_step": percentile(rec.draft_calls, 50),
+        }
+        row["step_cost"] = row["step_ms"] / decode_ms
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        out.write_text(json.dumps(report, indent=1) + "\n")  # partial results survive a time limit
+    for r in rows:
+        base = next((b for b in rows if (b["mode"], b["draft_vocab_size"], b["k"]) == (r["mode"], r["draft_vocab_size"], 1)),
+                    None)  # fmt: skip
+        if base:
+            r["draft_ms_vs_k1"] = r["draft_ms"] / base["draft_ms"]
     speedups = []
     for path in args.acceptance:
         measured = json.loads(Path(path).read_text())
         for mode, by_k in measured.get("by_mode", {}).items():
             for k, stats in by_k.items():
-                row = next((r for r in rows if r["mode"] == mode and r["k"] == int(k)), None)
+                full = source.cfg.vocab_size
+                row = next((r for r in rows if (r["mode"], r["k"], r["draft_vocab_size"]) == (mode, int(k), full)), None)
                 if row:
                     speedups.append({"acceptance_from": path, "mode": mode, "k": int(k),
                                      "tokens_per_step": stats["tokens_per_step"],

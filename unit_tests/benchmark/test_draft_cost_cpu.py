@@ -28,3 +28,12 @@ def test_every_mode_and_k_is_timed(monkeypatch, tmp_path):
         assert r["draft_forwards_per_step"] == expected, (mode, k)
     (speedup,) = report["speedup_at_measured_acceptance"]
     assert speedup["mode"] == "ptd" and speedup["speedup"] == 2.0 / rows[("ptd", 2)]["step_cost"]
+
+
+def test_reduced_draft_vocabulary_is_timed_beside_the_full_one(monkeypatch, tmp_path):
+    monkeypatch.setitem(MODEL_SHAPES, "tiny-moe-test", TINY_MOE_SHAPE)
+    report = draft_cost.main(["--model_shape", "tiny-moe-test", "--device", "cpu", "--input_len", "16",
+                              "--output_len", "10", "--ks", "1", "--modes", "eagle_with_att", "--draft_vocab_sizes",
+                              "0,64", "--out", str(tmp_path / "cost.json")])  # fmt: skip
+    assert [r["draft_vocab_size"] for r in report["results"]] == [TINY_MOE_SHAPE["vocab_size"], 64]
+    assert all(r["draft_ms"] > 0 for r in report["results"])
