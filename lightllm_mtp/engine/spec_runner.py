@@ -186,18 +186,11 @@ class SpecRunner:
         return VerifyLaunch(list(reqs), blocks, batch, HostCopy(host))
 
     def _verified_rows(self, batch, rows, hidden, result, b_req_idx) -> DraftInput:
-        """The proposer's view of a verify step: the verified blocks (`rows`: their DraftState rows); the token
-        1..lookahead positions after block row r is emitted[r + m] while r + m < accept length (emitted is -1 past
-        it); the anchor is row accept - 1."""
-        bsz, q, lookahead = result.emitted.shape[0], self.block_rows, self.proposer.lookahead
+        """The proposer's view of a verify step: the verified blocks (`rows`: their DraftState rows, row 0 at
+        START, the first accept-length rows committed, emitted tokens after them); proposers build their draft
+        pass from these with StepBuilder.draft_window. The anchor is row accept - 1."""
+        bsz, q = result.emitted.shape[0], self.block_rows
         accept = result.b_accept_len.to(torch.int64)
-        if lookahead == 1:
-            next_tokens = result.emitted.view(bsz * q, 1)
-        else:
-            cols = self._block_rows[:, None] + torch.arange(lookahead, device=self.device)
-            emitted = torch.nn.functional.pad(result.emitted, (0, lookahead), value=_NOT_COMMITTED)
-            committed = cols[None] < accept[:, None, None]
-            next_tokens = torch.where(committed, emitted[:, cols], _NOT_COMMITTED).view(bsz * q, lookahead)
         row0 = batch.b1_cu_q_len[:-1].to(torch.int64)
         anchors = row0 + accept - 1
         blocks = CommittedBlocks(
@@ -206,7 +199,7 @@ class SpecRunner:
             b_row0=row0,
             b_tokens=torch.cat([batch.input_ids.view(bsz, q)[:, :1], result.emitted], dim=1),
         )
-        return DraftInput(batch, hidden, next_tokens, None, anchors, anchors, b_req_idx, blocks)
+        return DraftInput(batch, hidden, None, None, anchors, anchors, b_req_idx, blocks)
 
     def _collect_verify(self, v: VerifyLaunch) -> list[tuple[Request, list[int]]]:
         """Commits accepted rows' KV slots, frees the others, records acceptance; waits for this step's copy only."""

@@ -33,9 +33,9 @@ class CommittedBlocks:
 class DraftInput:
     batch: ForwardBatch  # the target forward's rows (VERIFY blocks, or EXTEND prompt chunks)
     hidden: torch.Tensor  # [T, H] the target's final-norm hidden of every row
-    # [T, lookahead] int64: the committed token 1, 2, .. positions after each row's input, -1 where not committed
-    # (rows after a rejected draft, positions past the newest emitted token)
-    next_tokens: torch.Tensor
+    # prompt chunks: [T, lookahead] int64, the committed token 1, 2, .. positions after each row's input, -1 past
+    # the newest token; None for verify steps, whose proposers read `blocks` through the draft window
+    next_tokens: torch.Tensor | None
     logits_rows: torch.Tensor | None  # [N] rows whose draft logits are needed (None: every row)
     anchor_rows: torch.Tensor  # [B] per drafting request: the row whose next token is the newest emitted one
     anchor_logits: torch.Tensor  # [B] the same rows as indices into logits_rows (== anchor_rows when None)
@@ -44,7 +44,7 @@ class DraftInput:
 
 
 class Proposer(ABC):
-    """Draft k tokens per request. Implementations: MTP eagle and MTP vanilla (mtp_proposer.py)."""
+    """Draft k tokens per request. Implementations (mtp_proposer.py): MTP eagle, parallel drafting, multi-layer MTP."""
 
     num_draft_tokens: int  # k
     lookahead: int  # columns of DraftInput.next_tokens it reads
