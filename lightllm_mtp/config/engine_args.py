@@ -54,6 +54,7 @@ class EngineArgs:
     parallel_drafting: bool = False  # PTD: one MTP forward drafts all mtp_step tokens (eagle_with_att)
     mtp_draft_vocab_file: str | None = None  # frequency-ranked token ids of a reduced draft vocabulary
     mtp_draft_vocab_size: int | None = None  # draft logits over the first N of them (None: all in the file)
+    mtp_adaptive: bool = False  # each step drafts 0..mtp_step tokens, picked from live acceptance and step cost
     disable_overlap: bool = False  # read each step's tokens before queuing the next (no overlap scheduling)
     spec: SpecConfig | None = field(init=False)  # the speculative settings, None without MTP
 
@@ -75,7 +76,7 @@ class EngineArgs:
             set_field(self, "mtp_mode", MtpMode.parse(self.mtp_mode))
         set_field(self, "spec", SpecConfig.from_args(
             self.mtp_mode, self.mtp_step, self.mtp_draft_model_dir, self.parallel_drafting, self.mtp_draft_vocab_file,
-            self.mtp_draft_vocab_size,
+            self.mtp_draft_vocab_size, self.mtp_adaptive,
         ))
         for name in ("max_batch_size", "chunked_prefill_size"):
             if getattr(self, name) < 1:

@@ -36,6 +36,9 @@ class SpecConfig:
     # frequency-ranked `draft_vocab_file` (tools/build_draft_vocab.py); None: the full vocabulary
     draft_vocab_file: str | None = None
     draft_vocab_size: int | None = None
+    # each launch picks the drafts of the blocks it opens, 0..num_draft_tokens, from live acceptance and the
+    # measured step cost (spec_decode/adaptive.py)
+    adaptive: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_draft_tokens, int) or not 1 <= self.num_draft_tokens <= MAX_MTP_STEP:
@@ -69,12 +72,14 @@ class SpecConfig:
         parallel_drafting: bool = False,
         draft_vocab_file: str | None = None,
         draft_vocab_size: int | None = None,
+        adaptive: bool = False,
     ) -> "SpecConfig | None":
         if mtp_mode is None:
             for name, value in (("mtp_draft_model_dir", draft_model_dir), ("parallel_drafting", parallel_drafting),
-                                ("mtp_draft_vocab_file", draft_vocab_file), ("mtp_draft_vocab_size", draft_vocab_size)):
+                                ("mtp_draft_vocab_file", draft_vocab_file), ("mtp_draft_vocab_size", draft_vocab_size),
+                                ("mtp_adaptive", adaptive)):
                 if value:
                     raise ValueError(f"{name} is set but mtp_mode is not")
             return None
         return cls(MtpMode.parse(mtp_mode), mtp_step, draft_model_dir, parallel_drafting, draft_vocab_file,
-                   draft_vocab_size)
+                   draft_vocab_size, adaptive)

@@ -44,6 +44,7 @@ class LLM:
         parallel_drafting: bool = False,
         mtp_draft_vocab_file: str | Path | None = None,
         mtp_draft_vocab_size: int | None = None,
+        mtp_adaptive: bool = False,
         disable_overlap: bool = False,
     ):
         args = EngineArgs(
@@ -61,6 +62,7 @@ class LLM:
             parallel_drafting=parallel_drafting,
             mtp_draft_vocab_file=None if mtp_draft_vocab_file is None else str(mtp_draft_vocab_file),
             mtp_draft_vocab_size=mtp_draft_vocab_size,
+            mtp_adaptive=mtp_adaptive,
             disable_overlap=disable_overlap,
         )
         self.engine = LLMEngine(args)

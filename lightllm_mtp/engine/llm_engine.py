@@ -12,6 +12,8 @@ import torch
 from lightllm_mtp.config.runtime import RuntimeShape
 from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.config.model_config import ModelConfig
+from lightllm_mtp.config.spec_config import MtpMode
+from lightllm_mtp.common.basemodel.cuda_graph import graph_batch_sizes
 from lightllm_mtp.engine.model_runner import ModelRunner
 from lightllm_mtp.engine.spec_runner import SpecRunner
 from lightllm_mtp.engine.step import LaunchedStep, StepRunner
@@ -20,7 +22,9 @@ from lightllm_mtp.engine.scheduler import Scheduler
 from lightllm_mtp.env import ENV
 from lightllm_mtp.models.registry import create_model
 from lightllm_mtp.sampling_params import SamplingParams
+from lightllm_mtp.spec_decode.adaptive import SpecLengthController, StepCostTable
 from lightllm_mtp.spec_decode.draft_factory import create_proposer
+from lightllm_mtp.spec_decode.step_cost import measured_step_costs, row_count_step_costs
 from lightllm_mtp.spec_decode.draft_state import DraftState
 from lightllm_mtp.spec_decode.step_builder import StepBuilder
 
@@ -68,7 +72,10 @@ class LLMEngine:
         )
         self.model = create_model(args.model_dir, cfg, rt)
         graph_max = min(args.graph_max_batch_size, args.max_batch_size)
-        model_runner = ModelRunner(self.model, graph_max, num_draft_tokens=spec.num_draft_tokens if spec else 0)
+        model_runner = ModelRunner(
+            self.model, graph_max, num_draft_tokens=spec.num_draft_tokens if spec else 0,
+            adaptive=spec is not None and spec.adaptive,
+        )  # fmt: skip
         self.runner: StepRunner = model_runner
         if spec is not None:
             caches = self.model.caches
@@ -80,7 +87,8 @@ class LLMEngine:
             proposer = create_proposer(
                 self.model, spec, args.model_dir, builder, model_runner.graph_max_batch_size, model_runner.graph_pool
             )
-            self.runner = SpecRunner(model_runner, proposer, builder)
+            controller = SpecLengthController(_step_costs(model_runner, proposer, spec)) if spec.adaptive else None
+            self.runner = SpecRunner(model_runner, proposer, builder, controller)
         self.model_runner = model_runner
         self.scheduler = Scheduler(
             args.max_batch_size,
@@ -226,3 +234,17 @@ def _generation_config_eos(model_dir: Path) -> frozenset[int]:
     if eos is None:
         return frozenset()
     return frozenset(eos if isinstance(eos, list) else [eos])
+
+
+def _step_costs(runner: ModelRunner, proposer, spec) -> StepCostTable:
+    """Adaptive speculation's step costs: the captured graphs timed, or rows through the forwards without graphs."""
+    eagle_chain = spec.mode is MtpMode.EAGLE_WITH_ATT and not spec.parallel_drafting
+    k = spec.num_draft_tokens
+    if runner.graphs:
+        verify = {g.q: g for g in runner.graphs}
+        windows = [m.graph_sets[0] for m in proposer.modules]
+        chain = proposer.modules[0].graph_sets[1] if eagle_chain and k > 1 else None
+        return measured_step_costs(verify, windows, chain, k)
+    sizes = graph_batch_sizes(runner.req_manager.max_reqs)
+    return row_count_step_costs(sizes, k, proposer.window_rows, len(proposer.modules), eagle_chain)
+

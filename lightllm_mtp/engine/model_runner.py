@@ -14,9 +14,12 @@ from lightllm_mtp.kernels.sampling.sampling import greedy_sample, sample
 
 
 class ModelRunner:
-    def __init__(self, model: TpPartBaseModel, graph_max_batch_size: int = 0, num_draft_tokens: int = 0):
+    def __init__(
+        self, model: TpPartBaseModel, graph_max_batch_size: int = 0, num_draft_tokens: int = 0,
+        adaptive: bool = False,
+    ):  # fmt: skip
         """CUDA graphs (on GPU, graph_max_batch_size > 0) cover the step's uniform layout: decode rows, or with
-        MTP (num_draft_tokens = k) verify blocks of k+1 rows."""
+        MTP (num_draft_tokens = k) verify blocks of k+1 rows (adaptive speculation: of every 1..k+1 rows)."""
         self.model = model
         self.device = model.rt.device
         self.kv_pool = model.caches.kv_pool
@@ -25,9 +28,14 @@ class ModelRunner:
         self.graph_pool = torch.cuda.graph_pool_handle() if self.graph_max_batch_size > 0 else None
         graph_sets = []
         if self.graph_max_batch_size > 0:
-            mode, rows = (ForwardMode.VERIFY, num_draft_tokens + 1) if num_draft_tokens else (ForwardMode.DECODE, 1)
-            graph_sets.append(
+            if not num_draft_tokens:
+                layouts = [(ForwardMode.DECODE, 1)]
+            else:
+                first = 1 if adaptive else num_draft_tokens + 1
+                layouts = [(ForwardMode.VERIFY, q) for q in range(num_draft_tokens + 1, first - 1, -1)]
+            graph_sets.extend(
                 CudaGraphSet(model.forward, model.caches, mode, rows, self.graph_max_batch_size, self.graph_pool)
+                for mode, rows in layouts
             )
         self.graphed = GraphedForward(model.forward, graph_sets)
 

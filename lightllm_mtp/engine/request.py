@@ -6,6 +6,7 @@ from enum import Enum
 import torch
 
 from lightllm_mtp.sampling_params import SamplingParams
+from lightllm_mtp.spec_decode.adaptive import AcceptanceEstimate
 from lightllm_mtp.spec_decode.stats import SpecStats
 
 
@@ -37,6 +38,7 @@ class Request:
     # MTP: host KV slots of the open verify blocks, oldest first (the next one to verify, then any queued ahead)
     blocks: list[torch.Tensor] = field(default_factory=list)
     spec_stats: SpecStats = SpecStats()
+    acceptance: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)  # adaptive speculation's estimate
 
     @property
     def num_tokens(self) -> int:

@@ -7,6 +7,8 @@ One step = [prompt chunks] + [verify blocks]:
   verify blocks: StepBuilder.verify_batch gathers each request's open block; the target runs it (VERIFY, CUDA
       graph on GPU); verify_block accepts a prefix; the next blocks open at start + accept length; the proposer
       drafts from the verified rows. The host later commits the accepted rows' KV slots and frees the rest.
+With adaptive speculation (SpecLengthController) each launch picks the drafts k' <= k of the blocks it opens; a
+verify step runs blocks of 1 + the most drafts any of its blocks holds (a CUDA graph per row count).
 A request whose previous step may still be in flight is verified from the device state alone, so overlap
 scheduling is "do not read back yet" and the synchronous loop is the same code read back at once.
 """
@@ -21,6 +23,7 @@ from lightllm_mtp.engine.model_runner import ModelRunner
 from lightllm_mtp.engine.request import Request, RequestStatus
 from lightllm_mtp.engine.scheduler import ScheduledRequest
 from lightllm_mtp.engine.step import HostCopy, PromptChunksLaunch, SpecStep, VerifyLaunch
+from lightllm_mtp.spec_decode.adaptive import SpecLengthController
 from lightllm_mtp.spec_decode.draft_state import DRAFTS, NUM_DRAFTS, START
 from lightllm_mtp.spec_decode.proposer import CommittedBlocks, DraftInput, Proposer
 from lightllm_mtp.spec_decode.step_builder import StepBuilder
@@ -30,7 +33,8 @@ _NOT_COMMITTED = -1
 
 
 class SpecRunner:
-    def __init__(self, runner: ModelRunner, proposer: Proposer, builder: StepBuilder):
+    def __init__(self, runner: ModelRunner, proposer: Proposer, builder: StepBuilder,
+                 controller: SpecLengthController | None = None):  # fmt: skip
         self.runner = runner
         self.model = runner.model
         self.proposer = proposer
@@ -40,7 +44,7 @@ class SpecRunner:
         self.block_rows = self.num_draft_tokens + 1  # a verify block: the newest token, then the drafts
         self.device = runner.device
         self.max_tokens_per_step = self.block_rows
-        self._block_rows = torch.arange(self.block_rows, device=self.device)
+        self.controller = controller
         # open blocks per request: the one a step verifies, the one it opens, and one more queued ahead (overlap)
         self.lookahead_slots = 3 * self.block_rows
 
@@ -50,8 +54,9 @@ class SpecRunner:
         request's next block is open on the device once that step is launched."""
         chunks = [s for s in scheduled if s.request.in_prefill]
         generating = [s.request for s in scheduled if not s.request.in_prefill]
-        prompt = self._launch_prompt_chunks(chunks) if chunks else None
-        verify = self._launch_verify(generating) if generating else None
+        num_drafts = self._choose_num_drafts([s.request for s in scheduled])
+        prompt = self._launch_prompt_chunks(chunks, num_drafts) if chunks else None
+        verify = self._launch_verify(generating, num_drafts) if generating else None
         return SpecStep((prompt.sampled if prompt else []) + generating, prompt, verify)
 
     @torch.inference_mode()
@@ -66,21 +71,28 @@ class SpecRunner:
     def release(self, req: Request) -> None:
         self.runner.release(req)
 
+    def _choose_num_drafts(self, reqs: list[Request]) -> int:
+        """Drafts of the blocks this launch opens: k, or the adaptive controller's pick for these requests."""
+        if self.controller is None:
+            return self.num_draft_tokens
+        return self.controller.choose([r.acceptance for r in reqs])
+
     def _device(self, values: list[int], dtype=torch.int32) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
 
-    def _open_blocks(self, reqs: list[Request], **kwargs) -> torch.Tensor:
-        """KV slots for each request's next block (k+1 each, one allocation), opened by the builder."""
-        slots = self.runner.kv_pool.alloc(len(reqs) * (self.block_rows))
+    def _open_blocks(self, reqs: list[Request], num_drafts: int, **kwargs) -> torch.Tensor:
+        """KV slots for each request's next block (num_drafts + 1 each, one allocation), opened by the builder."""
+        q = num_drafts + 1
+        slots = self.runner.kv_pool.alloc(len(reqs) * q)
         for b, r in enumerate(reqs):
-            r.blocks.append(slots[b * (self.block_rows) : (b + 1) * (self.block_rows)])
+            r.blocks.append(slots[b * q : (b + 1) * q])
         b_req_idx = kwargs.pop("b_req_idx")
-        slots_dev = slots.to(self.device, non_blocking=True).view(len(reqs), -1)
-        self.builder.open_blocks(b_req_idx, slots=slots_dev, **kwargs)
+        slots_dev = slots.to(self.device, non_blocking=True).view(len(reqs), q)
+        self.builder.open_blocks(b_req_idx, slots=slots_dev, max_drafts=num_drafts, **kwargs)
         return b_req_idx
 
     # ---- prompt chunks ------------------------------------------------------------------------------
-    def _launch_prompt_chunks(self, chunks: list[ScheduledRequest]) -> PromptChunksLaunch:
+    def _launch_prompt_chunks(self, chunks: list[ScheduledRequest], num_drafts: int) -> PromptChunksLaunch:
         batch, sampled = self.runner.build_batch(chunks)
         batch = dataclasses.replace(batch, keep_all_hidden=True)
         out = self.model.forward(batch)
@@ -105,6 +117,7 @@ class SpecRunner:
         anchors = [row_of[id(r)][-1] for r in sampled]  # the last prompt row: its next token is the sampled one
         b_req_idx = self._open_blocks(
             sampled,
+            num_drafts,
             b_req_idx=self._device([r.req_idx for r in sampled]),
             start=self._device([len(r.prompt_ids) for r in sampled], torch.int64),
             last_token=tokens,
@@ -115,7 +128,8 @@ class SpecRunner:
             b_row0=self._device(anchors, torch.int64),
             b_tokens=torch.stack([self._device([r.prompt_ids[-1] for r in sampled], torch.int64), tokens], dim=1),
         )
-        self._propose(batch, out.hidden, ahead, anchors, sampled, b_req_idx, sampled_tokens=tokens, blocks=blocks)
+        self._propose(batch, out.hidden, ahead, anchors, sampled, b_req_idx, sampled_tokens=tokens, blocks=blocks,
+                      num_drafts=num_drafts)  # fmt: skip
         return PromptChunksLaunch(sampled, HostCopy(tokens))
 
     def _prompt_next_tokens(self, chunks, sampled) -> tuple[list[list[int]], list[range]]:
@@ -140,7 +154,8 @@ class SpecRunner:
             first += n
         return ahead, rows
 
-    def _propose(self, batch, hidden, ahead, anchors, reqs, b_req_idx, sampled_tokens=None, blocks=None) -> None:
+    def _propose(self, batch, hidden, ahead, anchors, reqs, b_req_idx, sampled_tokens=None, blocks=None,
+                 num_drafts=None) -> None:  # fmt: skip
         """Proposer pass over prompt-chunk rows; drafts for `reqs` (anchor rows `anchors`) into DraftState."""
         need = sorted(set(anchors) | {i for i, row in enumerate(ahead) if row[-1] == _NOT_COMMITTED})
         position = {row: i for i, row in enumerate(need)}
@@ -157,39 +172,42 @@ class SpecRunner:
             anchor_logits=self._device([position[a] for a in anchors], torch.int64),
             b_req_idx=b_req_idx if b_req_idx is not None else self._device([]),
             blocks=blocks,
+            num_drafts=num_drafts,
         )
         drafts = self.proposer.propose(inp)
         if reqs:
             self.state.write_drafts(b_req_idx, drafts)
 
     # ---- verify blocks ------------------------------------------------------------------------------
-    def _launch_verify(self, reqs: list[Request]) -> VerifyLaunch:
-        q, bsz = self.block_rows, len(reqs)
+    def _launch_verify(self, reqs: list[Request], next_drafts: int) -> VerifyLaunch:
+        bsz = len(reqs)
         b_req_idx = self._device([r.req_idx for r in reqs])
         blocks = [r.blocks[-1] for r in reqs]  # the block each request verifies: the newest one opened
-        batch, rows = self.builder.verify_batch(b_req_idx)
+        q = max(len(b) for b in blocks)  # k + 1, or fewer when every block holds fewer drafts (adaptive)
+        batch, rows = self.builder.verify_batch(b_req_idx, rows=q)
         out = self.runner.forward(batch)
         greedy = all(r.params.temperature <= 0 for r in reqs)
         temps, top_ps, top_ks = (None, None, None) if greedy else self.runner.sampling_tensors(reqs)
-        drafts, num_drafts = rows[:, DRAFTS : DRAFTS + self.num_draft_tokens], rows[:, NUM_DRAFTS]
+        drafts, num_drafts = rows[:, DRAFTS : DRAFTS + q - 1], rows[:, NUM_DRAFTS]
         result = verify_block(
             out.logits.view(bsz, q, -1), drafts, num_drafts, temps, top_ps, top_ks, [r.generator for r in reqs],
-            greedy_only=greedy,
+            greedy_only=greedy, draw_width=self.num_draft_tokens,
         )  # fmt: skip
         accept = result.b_accept_len.to(torch.int64)
         last_token = result.emitted.gather(1, (accept - 1)[:, None]).squeeze(1)
-        self._open_blocks(reqs, b_req_idx=b_req_idx, start=rows[:, START] + accept, last_token=last_token,
-                          accept_len=accept)  # fmt: skip
-        drafts = self.proposer.propose(self._verified_rows(batch, rows, out.hidden, result, b_req_idx))
+        self._open_blocks(reqs, next_drafts, b_req_idx=b_req_idx, start=rows[:, START] + accept,
+                          last_token=last_token, accept_len=accept)  # fmt: skip
+        inp = self._verified_rows(batch, q, rows, out.hidden, result, b_req_idx)
+        drafts = self.proposer.propose(dataclasses.replace(inp, num_drafts=next_drafts))
         self.state.write_drafts(b_req_idx, drafts)
         host = torch.cat([result.b_accept_len[:, None].to(torch.int64), result.emitted, num_drafts[:, None]], dim=1)
         return VerifyLaunch(list(reqs), blocks, batch, HostCopy(host))
 
-    def _verified_rows(self, batch, rows, hidden, result, b_req_idx) -> DraftInput:
+    def _verified_rows(self, batch, q, rows, hidden, result, b_req_idx) -> DraftInput:
         """The proposer's view of a verify step: the verified blocks (`rows`: their DraftState rows, row 0 at
         START, the first accept-length rows committed, emitted tokens after them); proposers build their draft
         pass from these with StepBuilder.draft_window. The anchor is row accept - 1."""
-        bsz, q = result.emitted.shape[0], self.block_rows
+        bsz = result.emitted.shape[0]
         accept = result.b_accept_len.to(torch.int64)
         row0 = batch.b1_cu_q_len[:-1].to(torch.int64)
         anchors = row0 + accept - 1
@@ -213,7 +231,9 @@ class SpecRunner:
             r.kv_slots.append(block[:accept])
             rejected.append(block[accept:])
             r.num_computed += accept
-            r.spec_stats = r.spec_stats.after_step(row[-1], accept - 1)
+            r.spec_stats = r.spec_stats.after_step(row[-1], accept - 1, len(block) - 1)
+            if self.controller is not None:
+                self.controller.observe(r.acceptance, row[-1], accept - 1)
             out.append((r, row[1 : 1 + accept]))
         if rejected:
             self.runner.kv_pool.free(torch.cat(rejected))

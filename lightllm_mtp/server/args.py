@@ -119,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(python -m lightllm_mtp.tools.build_draft_vocab): the draft's logits cover only those ids")
     s.add_argument("--mtp_draft_vocab_size", type=int, default=None, help="use the first N ids of "
                    "--mtp_draft_vocab_file (eos and special ids always included)")
+    s.add_argument("--mtp_adaptive", action="store_true", help="each step drafts 0..--mtp_step tokens, the number "
+                   "with the most expected tokens per ms from live acceptance and the step cost measured at start-up")
     s.add_argument("--mtp_draft_model_dir", default=None, help="directory holding the mtp.* tensors (default: "
                    "model_dir)")
     h = p.add_argument_group("HTTP")
@@ -179,6 +181,7 @@ def server_args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
         parallel_drafting=ns.parallel_drafting,
         mtp_draft_vocab_file=ns.mtp_draft_vocab_file,
         mtp_draft_vocab_size=ns.mtp_draft_vocab_size,
+        mtp_adaptive=ns.mtp_adaptive,
     )
     cfg = ModelConfig.from_model_dir(model_dir)
     max_len = engine.resolved_max_model_len(cfg.max_position_embeddings)

@@ -142,6 +142,8 @@ class WorkerCollector:
         labels = ["worker", "position"]
         proposed_at = CounterMetricFamily(f"{p}_spec_proposed_drafts_at_position", "Drafts verified", labels=labels)
         accepted_at = CounterMetricFamily(f"{p}_spec_accepted_drafts_at_position", "Drafts accepted", labels=labels)
+        at_k = CounterMetricFamily(f"{p}_spec_verify_steps_at_k", "Verify steps by the drafts their blocks were "
+                                   "opened for (the chosen k under --mtp_adaptive)", labels=["worker", "k"])
         total = SpecStats()
         for s in stats:
             w = str(s.rank)
@@ -150,8 +152,10 @@ class WorkerCollector:
             for j in range(self.mtp_step):
                 proposed_at.add_metric([w, str(j + 1)], _at(s.spec.proposed_at, j))
                 accepted_at.add_metric([w, str(j + 1)], _at(s.spec.accepted_at, j))
+            for k in range(self.mtp_step + 1):
+                at_k.add_metric([w, str(k)], _at(s.spec.steps_at_k, k))
             total = total + s.spec
-        yield from (steps, accepted, proposed_at, accepted_at)
+        yield from (steps, accepted, proposed_at, accepted_at, at_k)
         yield GaugeMetricFamily(f"{p}_spec_mean_accepted_tokens_per_step",
                                 "Tokens emitted per verify step (accepted drafts + 1), all workers",
                                 value=total.tokens_per_step)

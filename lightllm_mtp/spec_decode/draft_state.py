@@ -62,4 +62,5 @@ class DraftState:
         return self.table[:, self.slots_col :]
 
     def write_drafts(self, b_req_idx: torch.Tensor, drafts: torch.Tensor) -> None:
-        self.table[b_req_idx.to(torch.int64), DRAFTS : self.slots_col] = drafts
+        """drafts [B, n], n <= k: d_1..d_n of each request (the rest of its row is left as it was)."""
+        self.table[b_req_idx.to(torch.int64), DRAFTS : DRAFTS + drafts.shape[1]] = drafts

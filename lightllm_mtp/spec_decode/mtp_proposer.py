@@ -73,7 +73,8 @@ class EagleMtpProposer(_MtpProposer):
         tokens = self._argmax(out.logits[anchor_logits])
         hidden = out.hidden[anchor_rows]
         drafts = [tokens]
-        chain_steps = self.num_draft_tokens - 1 if inp.anchor_rows.shape[0] else 0  # prompt chunks may draft none
+        k = self.num_draft_tokens if inp.num_drafts is None else inp.num_drafts
+        chain_steps = k - 1 if inp.anchor_rows.shape[0] else 0  # prompt chunks may draft none
         for row in range(chain_steps):
             out = self.modules[0].forward(self.builder.chain_batch(inp.b_req_idx, tokens, row), hidden)
             tokens, hidden = self._argmax(out.logits), out.hidden

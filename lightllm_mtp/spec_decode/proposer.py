@@ -41,6 +41,7 @@ class DraftInput:
     anchor_logits: torch.Tensor  # [B] the same rows as indices into logits_rows (== anchor_rows when None)
     b_req_idx: torch.Tensor  # [B] int32 the drafting requests' slots (their next blocks are open)
     blocks: CommittedBlocks | None = None  # per drafting request; None for prompt chunks that finish no prompt
+    num_drafts: int | None = None  # drafts the new blocks hold at most (adaptive speculation); None: k
 
 
 class Proposer(ABC):
@@ -51,6 +52,7 @@ class Proposer(ABC):
 
     @abstractmethod
     def propose(self, inp: DraftInput) -> torch.Tensor:
-        """[B, k] int64 drafts for the anchor rows' requests, on the device, without a host sync. Also writes
+        """[B, n] int64 drafts d_1..d_n (n >= inp.num_drafts, at most k) for the anchor rows' requests, on the
+        device, without a host sync. Also writes
         whatever state the method keeps (the MTP modules' KV over the target's rows)."""
 

@@ -18,12 +18,15 @@ class SpecStats:
     accepted_drafts: int = 0  # draft tokens accepted (a step emits accepted_drafts + 1 tokens)
     proposed_at: tuple[int, ...] = ()  # [k] drafts verified at draft position j
     accepted_at: tuple[int, ...] = ()  # [k] drafts accepted at draft position j
+    steps_at_k: tuple[int, ...] = ()  # [k+1] verify steps whose block was opened for k' drafts (adaptive: chosen k')
 
-    def after_step(self, num_drafts: int, accepted_drafts: int) -> SpecStats:
+    def after_step(self, num_drafts: int, accepted_drafts: int, block_drafts: int | None = None) -> SpecStats:
         """These counts plus one verify step that checked `num_drafts` drafts and accepted the first
-        `accepted_drafts` of them."""
+        `accepted_drafts` of them; its block was opened for `block_drafts` drafts (None: num_drafts)."""
         accepted_at = (1,) * accepted_drafts + (0,) * (num_drafts - accepted_drafts)
-        return self + SpecStats(1, num_drafts, accepted_drafts, (1,) * num_drafts, accepted_at)
+        k = num_drafts if block_drafts is None else block_drafts
+        at_k = (0,) * k + (1,)
+        return self + SpecStats(1, num_drafts, accepted_drafts, (1,) * num_drafts, accepted_at, at_k)
 
     def __add__(self, other: SpecStats) -> SpecStats:
         return SpecStats(
@@ -32,6 +35,7 @@ class SpecStats:
             self.accepted_drafts + other.accepted_drafts,
             _add(self.proposed_at, other.proposed_at),
             _add(self.accepted_at, other.accepted_at),
+            _add(self.steps_at_k, other.steps_at_k),
         )
 
     @property

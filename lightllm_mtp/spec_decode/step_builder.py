@@ -46,18 +46,24 @@ class StepBuilder:
         last_token: torch.Tensor,
         slots: torch.Tensor,
         accept_len: torch.Tensor | None = None,
+        max_drafts: int | None = None,
     ) -> None:
         """The next verify blocks of requests `b_req_idx` [B]: rows at positions start..start+k ([B] int64) holding
         [last_token, d_1..d_k], KV slots `slots` [B, k+1] int32 written into the page table. A request keeps
         min(k, max_model_len - 2 - start) drafts (no emitted token may pass max_model_len); its rows past them are
         padding: their KV goes to the padding slot and their positions (up to max_model_len - 1 + k) to the page
         table's padding columns. accept_len [B]: what the verify that made these blocks emitted (None: 1, a
-        first block after the prompt)."""
+        first block after the prompt). max_drafts: the drafts these blocks hold at most (adaptive speculation: slots
+        [B, max_drafts + 1], the rows past them padding; None: k)."""
         idx = b_req_idx.to(torch.int64)
+        k = self.num_draft_tokens
+        max_drafts = k if max_drafts is None else max_drafts
+        if slots.shape[1] < k + 1:
+            slots = torch.nn.functional.pad(slots, (0, k + 1 - slots.shape[1]), value=self.hold_slot)
         # a live request starts at most at max_model_len - 2; a request that finished while its next step was
         # already queued (overlap) may run past that once, on rows nobody reads: keep its positions in the table
         start = start.clamp(max=self.max_model_len - 1)
-        num_drafts = (self.max_model_len - 2 - start).clamp(0, self.num_draft_tokens)
+        num_drafts = (self.max_model_len - 2 - start).clamp(0, max_drafts)
         mem = torch.where(self._block_rows[None, :] <= num_drafts[:, None], slots, self.hold_slot)
         self.req_to_token[idx[:, None], start[:, None] + self._block_rows[None, :]] = mem.to(torch.int32)
         if accept_len is None:
@@ -67,18 +73,20 @@ class StepBuilder:
         s.table[idx, START:DRAFTS] = head
         s.table[idx, s.slots_col :] = mem.to(torch.int64)
 
-    def verify_batch(self, b_req_idx: torch.Tensor) -> tuple[ForwardBatch, torch.Tensor]:
-        """The open blocks of requests `b_req_idx` [B] int32 (device) as one VERIFY batch of B x (k+1) rows, and
-        their DraftState rows as gathered (drafts and draft counts for the accept rule)."""
-        s, idx, q = self.state, b_req_idx.to(torch.int64), self.num_draft_tokens + 1
+    def verify_batch(self, b_req_idx: torch.Tensor, rows: int | None = None) -> tuple[ForwardBatch, torch.Tensor]:
+        """The open blocks of requests `b_req_idx` [B] int32 (device) as one VERIFY batch of B x `rows` rows (None:
+        k+1; fewer under adaptive speculation, at least 1 + every block's draft count), and their DraftState rows as
+        gathered (drafts and draft counts for the accept rule)."""
+        s, idx = self.state, b_req_idx.to(torch.int64)
+        q = self.num_draft_tokens + 1 if rows is None else rows
         rows = s.table[idx]  # one gather: [B, 4 + k + k+1]
         start = rows[:, START]
         cu, has_state, logits_index = self._batch_constants(idx.shape[0], q)
         batch = ForwardBatch(
             mode=ForwardMode.VERIFY,
-            input_ids=rows[:, LAST_TOKEN : s.slots_col].flatten(),  # [last token, d_1..d_k] per request
-            positions=(start[:, None] + self._block_rows[None, :]).flatten(),
-            mem_index=rows[:, s.slots_col :].to(torch.int32).flatten(),
+            input_ids=rows[:, LAST_TOKEN : LAST_TOKEN + q].flatten(),  # [last token, d_1..d_{q-1}] per request
+            positions=(start[:, None] + self._block_rows[None, :q]).flatten(),
+            mem_index=rows[:, s.slots_col : s.slots_col + q].to(torch.int32).flatten(),
             b_req_idx=b_req_idx,
             b_seq_len=(start + q).to(torch.int32),
             b1_cu_q_len=cu,

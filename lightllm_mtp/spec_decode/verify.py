@@ -39,11 +39,14 @@ def verify_block(
     generators: list[torch.Generator | None],
     draft_probs: torch.Tensor | None = None,
     greedy_only: bool = False,
+    draw_width: int | None = None,
 ) -> VerifyResult:
     """target_logits [B, max_q, V] fp32 (rows past 1 + b_num_drafts[b] are ignored);
     b_draft_tokens [B, max_q - 1] int64; b_num_drafts [B]; temperatures, top_ps, top_ks [B];
     draft_probs [B, max_q - 1, V] or None for greedy (one-hot) drafts. greedy_only: the caller knows every
-    temperature is 0 (no host round trip to find the sampling rows)."""
+    temperature is 0 (no host round trip to find the sampling rows). draw_width: uniforms drawn per request and
+    step (>= max_q - 1; None: max_q - 1), so that a seeded request's random stream does not depend on how many
+    drafts a step verifies (adaptive speculation)."""
     bsz, max_q, vocab = target_logits.shape
     if b_draft_tokens.shape != (bsz, max_q - 1):
         raise ValueError(f"verify_block: b_draft_tokens must be [{bsz}, {max_q - 1}], got {tuple(b_draft_tokens.shape)}")
@@ -55,10 +58,11 @@ def verify_block(
         keep = torch.arange(max_q, device=target.device)[None, :] <= m[:, None]
         return VerifyResult(b_accept_len=(m + 1).to(torch.int32), emitted=torch.where(keep, target, -1))
     return _speculative_rows(target_logits, b_draft_tokens, b_num_drafts, temperatures, top_ps, top_ks, generators,
-                             draft_probs)
+                             draft_probs, max(max_q - 1, draw_width or 0))
 
 
-def _speculative_rows(logits, drafts, num_drafts, temps, top_ps, top_ks, generators, draft_probs) -> VerifyResult:
+def _speculative_rows(logits, drafts, num_drafts, temps, top_ps, top_ks, generators, draft_probs,
+                      draw_width) -> VerifyResult:  # fmt: skip
     """The sampling rule for every row at once, on the device, no host sync. Temperature-0 rows get one-hot
     target probabilities, for which the rule (strict u * q(d) < p(d)) is exactly greedy first-mismatch."""
     bsz, max_q, vocab = logits.shape
@@ -73,7 +77,8 @@ def _speculative_rows(logits, drafts, num_drafts, temps, top_ps, top_ks, generat
     if k > 0:
         p_d = probs[:, :k].gather(2, d[..., None]).squeeze(-1)  # [B, k]
         q_d = torch.ones_like(p_d) if draft_probs is None else draft_probs.gather(2, d[..., None]).squeeze(-1)
-        u = _per_row(lambda g, r: torch.rand(r.stop - r.start, k, device=dev, generator=g), generators)
+        u = _per_row(lambda g, r: torch.rand(r.stop - r.start, draw_width, device=dev, generator=g), generators)
+        u = u[:, :k]
         accept = (u * q_d < p_d) & (torch.arange(k, device=dev)[None, :] < num_drafts[:, None])
         m = torch.cumprod(accept.to(torch.int64), dim=1).sum(dim=1)
     row_p = probs[rows, m]  # [B, V] target distribution after the last accepted draft

@@ -23,7 +23,7 @@ class OracleProposer:
             r = by_slot[req_idx]
             ref = self.reference[r.request_id]
             row = []
-            for j in range(self.num_draft_tokens):
+            for j in range(drafts.shape[1]):
                 out_idx = start + 1 + j - len(r.prompt_ids)
                 good = ref[out_idx] if out_idx < len(ref) else 0
                 row.append(good if (start + j) % self.corrupt_every else (good + 1) % 1000)
@@ -36,17 +36,17 @@ def oracle_drafts(monkeypatch, reference, corrupt_every: int):
     acceptance even with random-weight MTP heads, overlap scheduling included."""
     init, verify, chunks = SpecRunner.__init__, SpecRunner._launch_verify, SpecRunner._launch_prompt_chunks
 
-    def patched_init(self, runner, proposer, builder):
-        init(self, runner, proposer, builder)
+    def patched_init(self, runner, proposer, builder, *args):
+        init(self, runner, proposer, builder, *args)
         self.proposer = OracleProposer(proposer, self, reference, corrupt_every)
 
-    def patched_verify(self, reqs):
+    def patched_verify(self, reqs, *args):
         self.proposer.requests = list(reqs)
-        return verify(self, reqs)
+        return verify(self, reqs, *args)
 
-    def patched_chunks(self, scheduled):
+    def patched_chunks(self, scheduled, *args):
         self.proposer.requests = [s.request for s in scheduled]
-        return chunks(self, scheduled)
+        return chunks(self, scheduled, *args)
 
     monkeypatch.setattr(SpecRunner, "__init__", patched_init)
     monkeypatch.setattr(SpecRunner, "_launch_verify", patched_verify)

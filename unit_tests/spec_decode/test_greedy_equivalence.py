@@ -100,9 +100,9 @@ def test_blocks_stay_full_near_max_new_tokens(monkeypatch, tiny_dense_mtp3_dir):
     drafts_per_block = []
     real = StepBuilder.verify_batch
 
-    def recording(self, b_req_idx):
+    def recording(self, b_req_idx, rows=None):
         drafts_per_block.append(self.state.num_drafts[b_req_idx.long()].tolist())
-        return real(self, b_req_idx)
+        return real(self, b_req_idx, rows)
 
     monkeypatch.setattr(StepBuilder, "verify_batch", recording)
     plain = LLM(tiny_dense_mtp3_dir, max_model_len=64).generate(PROMPTS, [greedy(n) for n in MAX_NEW])

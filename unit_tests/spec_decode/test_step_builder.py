@@ -41,8 +41,8 @@ def test_every_verify_step_comes_from_the_one_builder(monkeypatch, tiny_dense_mt
     built, verified, host_reads_in_launch = set(), [], []
     real_verify_batch = StepBuilder.verify_batch
 
-    def recording(self, b_req_idx):
-        batch, rows = real_verify_batch(self, b_req_idx)
+    def recording(self, b_req_idx, rows=None):
+        batch, rows = real_verify_batch(self, b_req_idx, rows)
         built.add(id(batch))
         return batch, rows
 
@@ -100,11 +100,11 @@ def test_padding_rows_near_max_model_len_touch_only_the_padding_slot(monkeypatch
         windows.append((batch.positions.clone(), batch.mem_index.clone(), self.hold_slot))
         return batch, hidden, w
 
-    def recording(self, b_req_idx):
-        batch, rows = real(self, b_req_idx)
+    def recording(self, b_req_idx, rows=None):
+        batch, state_rows = real(self, b_req_idx, rows)
         num_drafts = self.state.num_drafts[b_req_idx.long()].clone()
         batches.append((batch, num_drafts, self.hold_slot))
-        return batch, rows
+        return batch, state_rows
 
     monkeypatch.setattr(StepBuilder, "verify_batch", recording)
     monkeypatch.setattr(StepBuilder, "draft_window", recording_window)

@@ -130,6 +130,22 @@ class CudaGraphSet:
         graph.replay()
         return ModelOutput(logits=out.logits[:rows], hidden=out.hidden[:rows])
 
+    def replay_ms(self, size: int, iters: int = 10) -> float:
+        """Median milliseconds of one replay of the bucket of `size` requests, every row padding (the reserved
+        request and KV slots): the step-cost measurement of adaptive speculation."""
+        self._reset_padding(0, size)
+        graph = self.graphs[size][0]
+        graph.replay()
+        times = []
+        for _ in range(iters):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return sorted(times)[len(times) // 2]
+
     def _reset_padding(self, b: int, size: int) -> None:
         if b == size:
             return
