@@ -13,6 +13,7 @@
 #                                       # device tool returns at most 8 files), unpacked into lightllm_mtp/fixtures/
 #   bash benchmark/gpu_runs.sh draft_cost [KS]  # 27B draft cost per step by mode, k = 1..7 (or the list KS)
 #   bash benchmark/gpu_runs.sh draft_vocab  # 27B eagle k=1,3 with the full vs a 32k-id draft vocabulary
+#   bash benchmark/gpu_runs.sh adaptive_grid  # 27B: adaptive k vs the best fixed k on a (B, acceptance) grid
 #   bash benchmark/gpu_runs.sh mixed    # 27B, MTP k=1, 32 running with arrivals: this tree, then baseline/ (an older
 #                                       # commit exported with `git archive REV --prefix=baseline/`; carry baseline)
 # Results go to $OUT (the device tool's folder) or benchmark/results; each JSON holds its exact command.
@@ -44,6 +45,8 @@ case "${1:-}" in
       --acceptance lightllm_mtp/fixtures/tiny_qwen3_5_mtp3_ptd_trained/acceptance_*.json ;;
   draft_vocab) python3 benchmark/draft_cost.py --model_shape qwen3.5-27b --device cuda --ks 1,3 \
       --modes eagle_with_att --draft_vocab_sizes 0,32768 --out "$out/draft_cost_qwen3.5-27b_draft_vocab_h100.json" ;;
+  adaptive_grid) python3 benchmark/adaptive_grid.py --model_shape qwen3.5-27b --device cuda --max_k 3 \
+      --batch_sizes 1,2,4,8,16 --out "$out/adaptive_grid_qwen3.5-27b_h100.json" ;;
   mixed)
     mixed=(python3 benchmark/mixed_workload.py --model_shape qwen3.5-27b --device cuda --concurrency 32 --num_requests 96
            --input_len 1024 --output_len 64 --chunked_prefill_size 2048 --mtp_mode eagle_with_att --mtp_step 1)

@@ -77,6 +77,8 @@ def build_engine(source: ModelSource, args, max_model_len: int, mtp: bool) -> LL
         kw.update(mtp_mode=args.mtp_mode, mtp_step=args.mtp_step)
         if getattr(args, "parallel_drafting", False):
             kw["parallel_drafting"] = True
+        if getattr(args, "mtp_adaptive", False):
+            kw["mtp_adaptive"] = True
         if getattr(args, "mtp_draft_vocab_file", None):
             kw.update(mtp_draft_vocab_file=args.mtp_draft_vocab_file, mtp_draft_vocab_size=args.mtp_draft_vocab_size)
     if source.model_dir is not None:

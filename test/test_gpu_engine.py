@@ -140,3 +140,27 @@ def test_queuing_a_step_never_waits_for_the_device(tiny_dense_mtp3_dir, mtp):
     assert launched[0] > 0
     assert not syncs, syncs[:3]
     print(f"synchronizing calls while queuing steps with prompt chunks: {len(prompt_step_syncs)}")
+
+
+@pytest.mark.parametrize("mode", list(SPECS))
+def test_adaptive_speculation_on_graphs_stays_exact(monkeypatch, tiny_dense_mtp3_dir, mode):
+    """--mtp_adaptive on the GPU: a verify graph per block size, a step-cost table measured from the graphs, and a
+    forced schedule of k switching between 0 and 3 every launch: plain greedy tokens, every slot freed."""
+    import itertools
+
+    from lightllm_mtp.spec_decode.adaptive import SpecLengthController
+
+    plain = tokens(LLM(tiny_dense_mtp3_dir, device="cuda", dtype="float32", max_model_len=64, graph_max_batch_size=0))
+    llm = LLM(tiny_dense_mtp3_dir, device="cuda", dtype="float32", max_model_len=64, graph_max_batch_size=8,
+              mtp_step=3, mtp_adaptive=True, **SPECS[mode])  # fmt: skip
+    costs = llm.engine.runner.controller.costs
+    assert sorted(g.q for g in llm.engine.model_runner.graphs) == [1, 2, 3, 4]
+    assert costs.batch_sizes == (1, 2, 4, 8) and all(c > 0 for row in costs.cost_ms for c in row)
+    ks = itertools.cycle([0, 3, 1, 2, 0, 0, 3])
+    monkeypatch.setattr(SpecLengthController, "choose", lambda self, reqs: next(ks))
+    caches = llm.engine.model.caches
+    free_kv = caches.kv_pool.num_free
+    outs = llm.generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in outs] == plain
+    assert outs[0].spec.steps_at_k[0] > 0
+    assert caches.kv_pool.num_free == free_kv
