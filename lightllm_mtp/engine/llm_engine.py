@@ -244,7 +244,8 @@ def _step_costs(runner: ModelRunner, proposer, spec) -> StepCostTable:
         verify = {g.q: g for g in runner.graphs}
         windows = [m.graph_sets[0] for m in proposer.modules]
         chain = proposer.modules[0].graph_sets[1] if eagle_chain and k > 1 else None
-        return measured_step_costs(verify, windows, chain, k)
+        kv_only = [g for g in proposer.modules[0].graph_sets if not g.logits]
+        return measured_step_costs(verify, windows, chain, k, kv_only[0] if kv_only else None)
     sizes = graph_batch_sizes(runner.req_manager.max_reqs)
     return row_count_step_costs(sizes, k, proposer.window_rows, len(proposer.modules), eagle_chain)
 

@@ -78,12 +78,15 @@ def create_proposer(
     else:
         window_rows, chain = spec.num_context_rows + k + 1, False
     modules = []
+    # adaptive speculation's k = 0 steps run the single module's window pass for its KV only, without logits
+    keep_kv_only = spec.adaptive and spec.num_draft_modules == 1
     for draft in drafts:
-        layouts = [(ForwardMode.EXTEND, window_rows)] + ([(ForwardMode.DECODE, 1)] if chain else [])
+        layouts = [(ForwardMode.EXTEND, window_rows, True)] + ([(ForwardMode.DECODE, 1, True)] if chain else [])
+        layouts += [(ForwardMode.EXTEND, window_rows, False)] if keep_kv_only else []
         graphs = [
             CudaGraphSet(draft.forward, main.caches, mode, rows, graph_max_batch_size, graph_pool,
-                         hidden_size=main.cfg.hidden_size, hidden_dtype=main.rt.dtype)
-            for mode, rows in layouts
+                         hidden_size=main.cfg.hidden_size, hidden_dtype=main.rt.dtype, logits=logits)
+            for mode, rows, logits in layouts
         ] if graph_max_batch_size > 0 else []  # fmt: skip
         modules.append(GraphedForward(draft.forward, graphs))
     if spec.parallel_drafting:

@@ -55,6 +55,15 @@ def _is_verify(inp: DraftInput) -> bool:
     return inp.batch.mode is ForwardMode.VERIFY
 
 
+def _kv_only(inp: DraftInput) -> bool:
+    """A verify step whose new blocks hold no drafts (adaptive k = 0): the draft pass only writes the module's KV."""
+    return inp.num_drafts == 0 and _is_verify(inp)
+
+
+def _without_logits(batch: ForwardBatch) -> ForwardBatch:
+    return dataclasses.replace(batch, b_logits_index=batch.b_logits_index[:0])
+
+
 class EagleMtpProposer(_MtpProposer):
     lookahead = 1
 
@@ -65,6 +74,9 @@ class EagleMtpProposer(_MtpProposer):
     def propose(self, inp: DraftInput) -> torch.Tensor:
         if _is_verify(inp):
             batch, hidden, w = self.builder.draft_window(inp.blocks, inp.b_req_idx, inp.hidden, self.window_rows)
+            if _kv_only(inp):
+                self._run(0, _without_logits(batch), batch.input_ids.clamp_min(0), hidden)
+                return torch.empty(w.b_anchor.shape[0], 0, dtype=torch.int64, device=hidden.device)
             out = self._run(0, batch, batch.input_ids.clamp_min(0), hidden)
             anchor_logits = anchor_rows = w.b_anchor
         else:
@@ -108,6 +120,9 @@ class ParallelMtpProposer(_MtpProposer):
         batch, hidden, w = self.builder.draft_window(
             inp.blocks, inp.b_req_idx, inp.hidden, self.window_rows, num_masks=num_masks, mask_hidden=self.mask_hidden
         )
+        if _kv_only(inp):
+            self._run(0, _without_logits(batch), batch.input_ids, hidden)
+            return torch.empty(w.b_anchor.shape[0], 0, dtype=torch.int64, device=hidden.device)
         out = self._run(0, batch, batch.input_ids, hidden)  # -1 rows read the mask embedding
         rows = w.b_anchor[:, None] + torch.arange(k, device=w.b_anchor.device)
         return self._argmax(out.logits)[rows]

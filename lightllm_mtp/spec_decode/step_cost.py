@@ -12,16 +12,20 @@ from lightllm_mtp.spec_decode.adaptive import StepCostTable
 
 
 def measured_step_costs(
-    verify: dict[int, CudaGraphSet], windows: list[CudaGraphSet], chain: CudaGraphSet | None, max_drafts: int
+    verify: dict[int, CudaGraphSet], windows: list[CudaGraphSet], chain: CudaGraphSet | None, max_drafts: int,
+    kv_only_window: CudaGraphSet | None = None,
 ) -> StepCostTable:
     """verify[q]: the target's (VERIFY, q) graphs for q = 1..max_drafts+1; windows: each draft module's window-pass
-    graphs; chain: the eagle chain step's (DECODE, 1) graphs, or None."""
+    graphs; chain: the eagle chain step's (DECODE, 1) graphs, or None; kv_only_window: the window pass without logits
+    that k = 0 steps run (one-module proposers), or None."""
     sizes = verify[max_drafts + 1].sizes
     rows = []
     for size in sizes:
         draft = sum(w.replay_ms(size) for w in windows)
         step = chain.replay_ms(size) if chain is not None else 0.0
-        rows.append(tuple(verify[k + 1].replay_ms(size) + draft + max(k - 1, 0) * step for k in range(max_drafts + 1)))
+        drafts = [kv_only_window.replay_ms(size) if kv_only_window is not None else draft]
+        drafts += [draft + (k - 1) * step for k in range(1, max_drafts + 1)]
+        rows.append(tuple(verify[k + 1].replay_ms(size) + drafts[k] for k in range(max_drafts + 1)))
     return StepCostTable(tuple(sizes), tuple(rows))
 
 
@@ -33,5 +37,5 @@ def row_count_step_costs(
     for b in batch_sizes:
         draft = b * window_rows * num_modules
         costs.append(tuple(float(b * (k + 1) + draft + (max(k - 1, 0) * b if eagle_chain else 0))
-                           for k in range(max_drafts + 1)))  # fmt: skip
+                           for k in range(max_drafts + 1)))  # fmt: skip  (a k = 0 pass without logits: same rows)
     return StepCostTable(tuple(batch_sizes), tuple(costs))

@@ -40,8 +40,10 @@ class CudaGraphSet:
         pool,
         hidden_size: int | None = None,
         hidden_dtype: torch.dtype | None = None,
+        logits: bool = True,
     ):
-        self.fn, self.caches, self.mode, self.q = fn, caches, mode, rows_per_req
+        """logits=False: a forward that computes no logits (a draft pass kept only for the KV it writes)."""
+        self.fn, self.caches, self.mode, self.q, self.logits = fn, caches, mode, rows_per_req, logits
         self.sizes = graph_batch_sizes(max_batch_size)
         self.pool = pool
         dev = caches.req_manager.req_to_token.device
@@ -74,7 +76,7 @@ class CudaGraphSet:
             b_seq_len=self.b_seq_len[:size],
             b1_cu_q_len=self.b1_cu_q_len[: size + 1],
             b_has_initial_state=self.has_state[:size],
-            b_logits_index=self.logits_index[:rows],
+            b_logits_index=self.logits_index[: rows if self.logits else 0],
             b_accept_len=None if self.b_accept_len is None else self.b_accept_len[:size],
             max_q_len=self.q,
             keep_all_hidden=True,
@@ -100,7 +102,7 @@ class CudaGraphSet:
         self.graphs[size] = (graph, out)
 
     def can_run(self, batch: ForwardBatch) -> bool:
-        # host-side checks only: the layout's mode, uniform blocks of q rows, logits of every row, a captured
+        # host-side checks only: the layout's mode, uniform blocks of q rows, logits of every row (or none), a captured
         # bucket. The graphs assume b_has_initial_state is all true: decode and verify rows always continue a
         # cached prefix, and EXTEND graphs serve attention-only draft modules, which never read it.
         return (
@@ -108,7 +110,7 @@ class CudaGraphSet:
             and batch.max_q_len == self.q
             and 0 < batch.batch_size <= self.sizes[-1]
             and batch.num_tokens == batch.batch_size * self.q
-            and batch.b_logits_index.shape[0] == batch.num_tokens
+            and batch.b_logits_index.shape[0] == (batch.num_tokens if self.logits else 0)
         )
 
     def run(self, batch: ForwardBatch, hidden: torch.Tensor | None = None) -> ModelOutput:
@@ -128,7 +130,7 @@ class CudaGraphSet:
         self._reset_padding(b, size)
         graph, out = self.graphs[size]
         graph.replay()
-        return ModelOutput(logits=out.logits[:rows], hidden=out.hidden[:rows])
+        return ModelOutput(logits=out.logits[:rows] if self.logits else out.logits, hidden=out.hidden[:rows])
 
     def replay_ms(self, size: int, iters: int = 10) -> float:
         """Median milliseconds of one replay of the bucket of `size` requests, every row padding (the reserved
