@@ -248,9 +248,35 @@ def run_config(url: str, args, prompts, out_lens, label: str, bar: tqdm) -> dict
     levels = []
     for c in args.concurrency:
         bar.set_description(f"{label} concurrency {c}")
-        levels.append(asyncio.run(run_level(url, headers, model, prompts, out_lens, c, args.temperature, bar)))
+        before = httpx.get(f"{url}/server_info", headers=headers, timeout=30).json()
+        level = asyncio.run(run_level(url, headers, model, prompts, out_lens, c, args.temperature, bar))
+        after = httpx.get(f"{url}/server_info", headers=headers, timeout=30).json()
+        level["server_side"] = server_side(before, after, level["duration_s"])
+        levels.append(level)
     after = httpx.get(f"{url}/server_info", headers=headers, timeout=30).json()
     return {"label": label, "server": {k: v for k, v in after.items() if k not in ("outstanding",)}, "levels": levels}
+
+
+def server_side(before: dict, after: dict, duration_s: float) -> dict | None:
+    """Where a level's time went on the server, from /server_info around it: engine steps (count, mean step ms,
+    share of the wall time inside steps) and the front (outputs read, mean lag from a worker's put to the reader,
+    the reader thread's busy share, mean wait of a hand-off to the event loop). None for a server without them."""
+    if "front" not in after or not all("steps" in w for w in after["workers"]):
+        return None
+    steps = sum(w["steps"] for w in after["workers"]) - sum(w["steps"] for w in before["workers"])
+    step_s = sum(w["step_s"] for w in after["workers"]) - sum(w["step_s"] for w in before["workers"])
+    f0, f1 = before["front"], after["front"]
+    outputs = f1["outputs"] - f0["outputs"]
+    deliveries = f1["loop_deliveries"] - f0["loop_deliveries"]
+    return {
+        "engine_steps": steps,
+        "engine_step_ms": 1e3 * step_s / steps if steps else None,
+        "engine_busy_share": step_s / duration_s / max(len(after["workers"]), 1),
+        "front_outputs": outputs,
+        "front_reader_lag_ms": 1e3 * (f1["lag_s"] - f0["lag_s"]) / outputs if outputs else None,
+        "front_reader_busy_share": (f1["busy_s"] - f0["busy_s"]) / duration_s,
+        "front_event_loop_lag_ms": 1e3 * (f1["loop_lag_s"] - f0["loop_lag_s"]) / deliveries if deliveries else None,
+    }
 
 
 def print_table(report: dict) -> None:

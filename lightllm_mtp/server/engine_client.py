@@ -98,6 +98,10 @@ class EngineClient:
         self._rids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop = threading.Event()
+        # the reader thread's load (/server_info "front"): outputs read, seconds from a worker's put to the read
+        # (summed, and the largest), seconds spent turning outputs into stream deltas
+        self.reader = {"outputs": 0, "lag_s": 0.0, "max_lag_s": 0.0, "busy_s": 0.0}
+        self.loop_lag = {"deliveries": 0, "lag_s": 0.0}  # reader -> event loop hand-offs and their wait
         self._reader = threading.Thread(target=self._read, name="lightllm_mtp-outputs", daemon=True)
         metrics.watch_workers(lambda: [self.worker_stats[r] for r in sorted(self.worker_stats)],
                               lambda: list(self.router.outstanding))  # fmt: skip
@@ -199,6 +203,10 @@ class EngineClient:
     def _on_output(self, out: WorkerOutput) -> None:
         self.worker_stats[out.rank] = out.stats
         now = time.monotonic()
+        lag = now - out.sent_at
+        self.reader["outputs"] += 1
+        self.reader["lag_s"] += lag
+        self.reader["max_lag_s"] = max(self.reader["max_lag_s"], lag)
         posts = []
         for d in out.deltas:
             stream = self._streams.get(d.rid)
@@ -207,6 +215,7 @@ class EngineClient:
                 posts.append((stream, delta))
         if posts:
             self._post(posts)
+        self.reader["busy_s"] += time.monotonic() - now
 
     def _advance(self, stream: RequestStream, d: TokenDelta, now: float) -> Delta | None:
         if stream.stopping:  # tokens past the stop string are dropped; the worker's last delta ends the stream
@@ -277,7 +286,11 @@ class EngineClient:
         self._loop.call_soon_threadsafe(self.pool.restart, rank)
 
     def _post(self, posts: list[tuple[RequestStream, Delta]]) -> None:
-        def deliver():
+        posted = time.monotonic()
+
+        def deliver():  # on the event loop: how long the loop took to get to it is its backlog
+            self.loop_lag["deliveries"] += 1
+            self.loop_lag["lag_s"] += time.monotonic() - posted
             for stream, delta in posts:
                 stream.queue.put_nowait(delta)
 

@@ -110,6 +110,7 @@ def create_app(args: ServerArgs, client: EngineClient, metrics: ServerMetrics, o
             "mtp_step": e.mtp_step,
             "outstanding": list(client.router.outstanding),
             "workers": [dataclasses.asdict(client.worker_stats[r]) for r in sorted(client.worker_stats)],
+            "front": {**client.reader, **{f"loop_{k}": v for k, v in client.loop_lag.items()}},
         }
 
     encoder = PromptEncoder(client.tokenizer, client.max_model_len)  # one tokenizer thread pool for every endpoint

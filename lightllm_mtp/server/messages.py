@@ -55,6 +55,8 @@ class WorkerStats:
     finished_requests: int  # requests this worker ended (any reason), since start
     generated_tokens: int  # since start
     spec: SpecStats = field(default_factory=SpecStats)  # since start, live requests included
+    steps: int = 0  # engine steps since start
+    step_s: float = 0.0  # seconds inside the engine's steps since start (the rest of the loop: queues, outputs)
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ class WorkerOutput:
     rank: int
     deltas: list[TokenDelta]
     stats: WorkerStats
+    sent_at: float = 0.0  # time.monotonic() at the put (one clock for all processes): the front measures its lag
 
 
 @dataclass(frozen=True)

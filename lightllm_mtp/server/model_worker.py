@@ -86,6 +86,7 @@ class ModelWorker:
         self.finished_requests = 0
         self.generated_tokens = 0
         self.spec_done = SpecStats()  # acceptance of requests that ended
+        self.steps, self.step_s = 0, 0.0  # engine steps and the seconds spent in them
         dev = engine_args.device
         if dev.type == "cuda":
             name = torch.cuda.get_device_name(dev)
@@ -125,7 +126,7 @@ class ModelWorker:
             if self.engine.has_unfinished():
                 deltas += self._step()
             if msgs or deltas:
-                self.outbox.put(WorkerOutput(self.rank, deltas, self._stats()))
+                self.outbox.put(WorkerOutput(self.rank, deltas, self._stats(), time.monotonic()))
 
     def _receive(self, block: bool) -> list | None:
         """Everything in the inbox now; when idle, waits for the first message. None: the front is gone."""
@@ -162,11 +163,14 @@ class ModelWorker:
         raise TypeError(f"unexpected message {msg!r}")
 
     def _step(self) -> list[TokenDelta]:
+        start = time.monotonic()
         try:
             outputs = self.engine.step_outputs()
         except Exception as e:  # a failing step must not take the server down: fail its requests, go on
             logger.error("step failed, aborting %d requests:\n%s", len(self.live), traceback.format_exc())
             return self._fail_all(f"{type(e).__name__}: {e}")
+        self.steps += 1
+        self.step_s += time.monotonic() - start
         deltas = []
         for o in outputs:
             rid = self.rid_of[o.request.request_id]
@@ -214,4 +218,6 @@ class ModelWorker:
             finished_requests=self.finished_requests,
             generated_tokens=self.generated_tokens,
             spec=spec,
+            steps=self.steps,
+            step_s=self.step_s,
         )

@@ -28,6 +28,10 @@ def test_launch_compares_configs_and_writes_json(tmp_path, tiny_dense_dir):
             assert 12 * 5 <= lv["input_tokens"] <= 36 * 5 and 3 * 5 <= lv["output_tokens"] <= 9 * 5
             assert lv["output_tokens_per_s"] > 0 and lv["request_throughput_per_s"] > 0
             assert lv["ttft_ms"]["median"] > 0 and lv["tpot_ms"]["p99"] >= lv["tpot_ms"]["median"] > 0
+            side = lv["server_side"]  # where the level's time went: engine steps, the front's reader and event loop
+            assert side["engine_steps"] > 0 and side["engine_step_ms"] > 0 and 0 < side["engine_busy_share"] <= 1
+            assert side["front_outputs"] > 0 and side["front_reader_lag_ms"] >= 0
+            assert 0 <= side["front_reader_busy_share"] <= 1 and side["front_event_loop_lag_ms"] >= 0
             if cfg["label"] == "no_mtp":
                 assert lv["mtp"] is None
             else:
