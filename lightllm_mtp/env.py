@@ -28,6 +28,9 @@ class Env:
     disable_progress_bars: bool
     # torch intra-op threads on CPU (None: torch's default). Tiny models run far faster on 1 thread.
     cpu_threads: int | None
+    # Serving diagnostics: each model worker runs under cProfile and writes its stats to this path + ".rank<N>"
+    # when it shuts down (None: off).
+    worker_profile: str | None
 
 
 def _read_env() -> Env:
@@ -37,6 +40,7 @@ def _read_env() -> Env:
         force_reference_kernels=_get_bool("FORCE_REFERENCE_KERNELS", False),
         disable_progress_bars=_get_bool("DISABLE_PROGRESS_BARS", False),
         cpu_threads=int(_get_str("CPU_THREADS", "0")) or None,
+        worker_profile=_get_str("WORKER_PROFILE", "") or None,
     )
 
 

@@ -7,6 +7,7 @@ is the engine's business (its runner is a SpecRunner when MTP is on): nothing he
 
 from __future__ import annotations
 
+import cProfile
 import ctypes
 import logging
 import os
@@ -17,6 +18,7 @@ import sys
 import time
 import traceback
 
+from lightllm_mtp.env import ENV
 from lightllm_mtp.server.messages import (
     AbortRequest,
     AddRequest,
@@ -49,7 +51,13 @@ def run_worker(rank: int, engine_args, dp: int, inbox, outbox, log_level: str) -
         logger.error("start-up failed:\n%s", traceback.format_exc())
         outbox.put(WorkerFailed(rank, f"{type(e).__name__}: {e}"))
         return
-    if not worker.run():  # the front is gone: leave at once, nothing left to flush or to tell
+    if ENV.worker_profile:
+        profiler = cProfile.Profile()
+        served = profiler.runcall(worker.run)
+        profiler.dump_stats(f"{ENV.worker_profile}.rank{rank}")
+    else:
+        served = worker.run()
+    if not served:  # the front is gone: leave at once, nothing left to flush or to tell
         os._exit(0)
 
 
