@@ -44,6 +44,7 @@ class LLM:
         parallel_drafting: bool = False,
         mtp_draft_vocab_file: str | Path | None = None,
         mtp_draft_vocab_size: int | None = None,
+        mtp_mask_token_id: int | None = None,
         disable_overlap: bool = False,
     ):
         args = EngineArgs(
@@ -61,6 +62,7 @@ class LLM:
             parallel_drafting=parallel_drafting,
             mtp_draft_vocab_file=None if mtp_draft_vocab_file is None else str(mtp_draft_vocab_file),
             mtp_draft_vocab_size=mtp_draft_vocab_size,
+            mtp_mask_token_id=mtp_mask_token_id,
             disable_overlap=disable_overlap,
         )
         self.engine = LLMEngine(args)
