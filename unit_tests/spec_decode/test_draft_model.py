@@ -192,3 +192,20 @@ def test_speculative_sampling_is_exact(targets, near_drafts):
     for pard in (False, True):
         spec = _sample_counts(targets["dense"], **draft_kwargs(near_drafts["dense"], 2, pard))
         assert _chi2_homogeneity_p(plain, spec) > 1e-3, (pard, plain, spec)
+
+
+@pytest.mark.parametrize("pard", [False, True], ids=["autoregressive", "pard"])
+def test_reduced_draft_vocabulary(targets, near_drafts, references, tmp_path, pard):
+    """The draft model's logits over a subset of ids (its lm_head rows gathered): greedy stays exact, every draft
+    is in the subset."""
+    import json
+
+    vocab = LLM(targets["dense"], max_model_len=8).engine.model_config.vocab_size
+    ids = sorted({t for ref in references["dense"] for t in ref} | set(range(0, vocab, 7)))
+    path = tmp_path / "vocab.json"
+    path.write_text(json.dumps({"token_ids": ids, "vocab_size": vocab}))
+    llm = LLM(targets["dense"], max_model_len=64, mtp_draft_vocab_file=path,
+              **draft_kwargs(near_drafts["dense"], 3, pard))  # fmt: skip
+    assert [o.token_ids for o in llm.generate(PROMPTS, [greedy(n) for n in MAX_NEW])] == references["dense"]
+    drafts = llm.engine.runner.state.drafts
+    assert set(drafts.flatten().tolist()) <= set(ids) | {0}
