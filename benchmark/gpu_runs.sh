@@ -33,7 +33,8 @@ bench() { python3 benchmark/static_inference.py --device cuda --input_len 1024 "
 case "${1:-}" in
   tests) python3 -m pytest -q -m gpu unit_tests test ;;
   tests_spec) python3 -m pytest -q -m gpu test/test_gpu_engine.py unit_tests/kernels/speculative \
-      unit_tests/spec_decode/test_draft_kv.py ;;
+      unit_tests/spec_decode/test_draft_kv.py unit_tests/spec_decode/test_draft_model_gpu.py \
+      unit_tests/kernels/gdn ;;
   train_mtp3_ptd)  # 3 MTP modules + parallel-drafting mask inputs on one target, then acceptance on the GPU
     name=tiny_qwen3_5_mtp3_ptd_trained
     if [ -n "${OUT:-}" ]; then dir=/tmp/fixtures/$name; else dir=lightllm_mtp/fixtures/$name; fi
