@@ -32,7 +32,8 @@ class MtpMode(Enum):
 class SpecConfig:
     mode: MtpMode
     num_draft_tokens: int  # k, draft tokens per verify step (the CLI's mtp_step), 1..MAX_MTP_STEP
-    draft_model_dir: str | None = None  # MTP modes: where mtp.* live (None: the main checkpoint); draft_model: the draft
+    # MTP modes: where mtp.* live (None: the main checkpoint); draft_model: the draft checkpoint
+    draft_model_dir: str | None = None
     # one draft forward proposes all k tokens from [x_{t+1}, MASK x (k-1)] (PTD with eagle_with_att, PARD with
     # draft_model)
     parallel_drafting: bool = False

@@ -2,10 +2,10 @@
 or, with parallel drafting, PARD-style in one forward. Both passes are built by the one input-preparation kernel
 (StepBuilder.draft_window with position_shift=1: rows at the positions of the tokens they read).
 
-Per request the draft has processed, with committed inputs, every position before the newest token's previous
-block start + 1; its committed GDN state sits at position `accept_len - 1` of its speculative layout (the same
-index the target's verify reads: draft_model_loader.py). After the target forward (a verify, or a prompt's last
-chunk: a virtual block with accept length 1):
+After each window pass the draft has processed every position up to the newest token N with committed inputs, and
+its committed GDN state (after N) sits at state position `accept_len - 1` of its speculative layout
+(draft_model_loader.py), the index the target's next verify reads too. After a target forward (a verify, or a
+prompt's last chunk: a virtual block with accept length 1):
   window pass (VERIFY, from the committed state): the tokens committed since (positions start+1 .. N, N the newest
       token, the anchor), then PARD's mask rows (N+1 .. N+k-1, the mask token), then padding. Its per-row states
       land at positions 0.., so the new committed state is at position accept - 1: the next window reads it.

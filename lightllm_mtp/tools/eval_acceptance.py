@@ -89,7 +89,8 @@ def evaluate(args) -> dict:
         if mode in ("draft_model", "pard"):
             if args.draft_model_dir is None:
                 raise SystemExit(f"--mtp_modes {mode} needs --draft_model_dir")
-            spec = dict(mtp_mode="draft_model", mtp_draft_model_dir=args.draft_model_dir, parallel_drafting=mode == "pard")
+            spec = dict(mtp_mode="draft_model", mtp_draft_model_dir=args.draft_model_dir,
+                        parallel_drafting=mode == "pard")
         by_k = result["by_mode"][mode] = {}
         for k in args.mtp_steps:
             if mode == "vanilla_with_att" and k > modules:  # one module per draft

@@ -125,7 +125,8 @@ def train(args) -> dict:
     model = published_model_class(cfg)(cfg)
     model.model.language_model.load_state_dict(lm.model.state_dict())
     model.lm_head.load_state_dict(lm.lm_head.state_dict())
-    write_published_checkpoint(model, out, {}, False, SHARD_BYTES, {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype_save])
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype_save]
+    write_published_checkpoint(model, out, {}, False, SHARD_BYTES, dtype)
     log = {
         "command": "python -m lightllm_mtp.training.train_draft " + shlex.join(args.argv),
         "args": {k: v for k, v in vars(args).items() if k != "argv"},

@@ -51,7 +51,9 @@ def causal_conv1d_verify(
     return causal_conv1d_verify_ref(x, weight, conv_state, b_state_idx, b1_cu_q_len, b_accept_len, b_write_col)
 
 
-def _verify_triton(x, weight, conv_state, b_state_idx, b1_cu_q_len, b_accept_len, max_q_len, b_write_col) -> torch.Tensor:
+def _verify_triton(
+    x, weight, conv_state, b_state_idx, b1_cu_q_len, b_accept_len, max_q_len, b_write_col
+) -> torch.Tensor:
     if max_q_len is None:
         max_q_len = conv_state.shape[2] - weight.shape[1] + 2
     if x.stride(1) != 1:
@@ -61,8 +63,8 @@ def _verify_triton(x, weight, conv_state, b_state_idx, b1_cu_q_len, b_accept_len
     block_c = 128
     grid = (b_state_idx.shape[0], triton.cdiv(channels, block_c))
     _conv_verify_kernel[grid](
-        x, weight, conv_state, b_state_idx, b1_cu_q_len, b_accept_len, b_accept_len if b_write_col is None else b_write_col,
-        out, channels,
+        x, weight, conv_state, b_state_idx, b1_cu_q_len, b_accept_len,
+        b_accept_len if b_write_col is None else b_write_col, out, channels,
         x.stride(0), out.stride(0), weight.stride(0), conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
         K=kernel, MAX_Q=max_q_len, BLOCK_C=block_c, WRITE_COL=b_write_col is not None,
     )

@@ -90,7 +90,8 @@ def draft_window(
 
 
 def draft_window_ref(b_start, b_accept_len, b_num_masks, b_req_idx, b_row0, b_tokens, req_to_token, hold_slot,
-                     num_prepend, rows, lookahead, context_base, mask_index, position_shift=0) -> DraftWindow:  # fmt: skip
+                     num_prepend, rows, lookahead, context_base, mask_index,
+                     position_shift=0) -> DraftWindow:  # fmt: skip
     dev, bsz, width = b_start.device, b_start.shape[0], b_tokens.shape[1]
     start, accept = b_start.to(torch.int64), b_accept_len.to(torch.int64)
     req = b_req_idx.to(torch.int64)
@@ -126,7 +127,8 @@ def draft_window_ref(b_start, b_accept_len, b_num_masks, b_req_idx, b_row0, b_to
 
 
 def draft_window_triton(b_start, b_accept_len, b_num_masks, b_req_idx, b_row0, b_tokens, req_to_token, hold_slot,
-                        num_prepend, rows, lookahead, context_base, mask_index, position_shift=0) -> DraftWindow:  # fmt: skip
+                        num_prepend, rows, lookahead, context_base, mask_index,
+                        position_shift=0) -> DraftWindow:  # fmt: skip
     dev, bsz = b_start.device, b_start.shape[0]
     out = DraftWindow(
         positions=torch.empty(bsz * rows, dtype=torch.int64, device=dev),

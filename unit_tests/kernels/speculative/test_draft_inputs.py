@@ -59,7 +59,8 @@ def oracle(c):
 
 
 @pytest.mark.parametrize("num_prepend,rows,lookahead,shift",
-                         [(0, 4, 1, 0), (0, 8, 1, 0), (2, 6, 3, 0), (1, 3, 2, 0), (3, 8, 4, 0), (0, 4, 1, 1), (0, 8, 1, 1)])
+                         [(0, 4, 1, 0), (0, 8, 1, 0), (2, 6, 3, 0), (1, 3, 2, 0), (3, 8, 4, 0), (0, 4, 1, 1),
+                          (0, 8, 1, 1)])  # fmt: skip
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_reference_matches_oracle(num_prepend, rows, lookahead, shift, seed):
     c = random_case(seed, num_prepend, rows, lookahead, position_shift=shift)
