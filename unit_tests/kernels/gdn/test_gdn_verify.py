@@ -128,3 +128,26 @@ def test_fused_gate_entry_equals_gating_then_verify():
     torch.testing.assert_close(fused_state, plain_state)
     with pytest.raises(TypeError):  # metadata is keyword-only: a misplaced index cannot pass silently
         gated_delta_rule_verify(qq, kk, v, g, beta, ssm, *meta.values())
+
+
+@pytest.mark.gpu
+def test_conv_verify_write_column_triton_matches_reference_gpu():
+    from lightllm_mtp.kernels.gdn import causal_conv1d_verify as conv
+
+    torch.manual_seed(0)
+    k, channels, kernel, bsz = 4, 300, 4, 5
+    weight = torch.randn(channels, kernel, device="cuda")
+    slots = torch.randperm(bsz, device="cuda").to(torch.int32)
+    for write in (True, False):
+        pos = torch.randint(1, 2 * k, (bsz,), device="cuda", dtype=torch.int32)
+        q = 1 if write else k + 1
+        acc = pos if write else pos.clamp(max=k + 1)
+        x = torch.randn(bsz * q, channels, device="cuda")
+        cu = torch.arange(bsz + 1, device="cuda", dtype=torch.int32) * q
+        state = torch.randn(bsz, channels, kernel - 2 + 2 * k, device="cuda")
+        state2 = state.clone()
+        col = pos if write else None
+        ref = conv.causal_conv1d_verify_ref(x, weight, state, slots, cu, acc, col)
+        out = conv._verify_triton(x, weight, state2, slots, cu, acc, q, col)
+        torch.testing.assert_close(out, ref)
+        torch.testing.assert_close(state2, state)

@@ -117,16 +117,17 @@ def test_triton_kernel_under_interpreter():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("num_prepend,rows,lookahead", [(0, 4, 1), (0, 14, 1), (2, 6, 3), (6, 14, 7)])
-def test_triton_matches_reference_gpu(num_prepend, rows, lookahead):
+@pytest.mark.parametrize("num_prepend,rows,lookahead,shift",
+                         [(0, 4, 1, 0), (0, 14, 1, 0), (2, 6, 3, 0), (6, 14, 7, 0), (0, 6, 1, 1), (0, 14, 1, 1)])
+def test_triton_matches_reference_gpu(num_prepend, rows, lookahead, shift):
     from lightllm_mtp.kernels.speculative import draft_inputs as di
 
     for seed in range(4):
-        c = random_case(seed, num_prepend, rows, lookahead, bsz=33, width=64, slots=40)
+        c = random_case(seed, num_prepend, rows, lookahead, bsz=33, width=64, slots=40, position_shift=shift)
         c = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in c.items()}
         args = [c[k] for k in ("b_start", "b_accept_len", "b_num_masks", "b_req_idx", "b_row0", "b_tokens",
                                "req_to_token", "hold_slot", "num_prepend", "rows", "lookahead", "context_base",
-                               "mask_index")]  # fmt: skip
+                               "mask_index", "position_shift")]  # fmt: skip
         ref, tri = di.draft_window_ref(*args), di.draft_window_triton(*args)
         for name in ref.__dataclass_fields__:
             assert torch.equal(getattr(ref, name), getattr(tri, name)), name
