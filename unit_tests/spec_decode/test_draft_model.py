@@ -73,6 +73,15 @@ def test_small_draft_for_moe_target(targets, small_draft, references, pard):
     assert [o.token_ids for o in llm.generate(PROMPTS, [greedy(n) for n in MAX_NEW])] == references["moe"]
 
 
+@pytest.mark.parametrize("pard", [False, True], ids=["autoregressive", "pard"])
+def test_late_arrivals_reuse_slots(targets, near_drafts, references, pard):
+    """Two request slots for three requests: the third is prefilled (in 3-token chunks) beside verify steps, in
+    the slot (and draft GDN state slot) a finished request left."""
+    llm = LLM(targets["dense"], max_model_len=64, max_batch_size=2, chunked_prefill_size=3,
+              **draft_kwargs(near_drafts["dense"], 3, pard))  # fmt: skip
+    assert [o.token_ids for o in llm.generate(PROMPTS, [greedy(n) for n in MAX_NEW])] == references["dense"]
+
+
 def test_target_as_its_own_draft_accepts_every_draft(targets):
     """The target drafting for itself: every draft is accepted, so every chain step continued the exact state."""
     for k in (2, 4):
