@@ -93,6 +93,18 @@ def trained_moe_dir():
 
 
 @pytest.fixture(scope="session")
+def trained_draft_dir():
+    """A small draft model for the trained dense target (same tokenizer)."""
+    return _trained("qwen3_5_draft")
+
+
+@pytest.fixture(scope="session")
+def trained_pard_draft_dir():
+    """The PARD variant (mask-token training; pard_token in its config)."""
+    return _trained("qwen3_5_draft_pard")
+
+
+@pytest.fixture(scope="session")
 def trained_mtp3_ptd_dir():
     """Dense, 3 trained MTP modules and trained parallel-drafting mask inputs."""
     return _trained("qwen3_5_mtp3_ptd")

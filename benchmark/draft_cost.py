@@ -4,7 +4,13 @@
         --modes eagle_with_att,vanilla_with_att,ptd --acceptance lightllm_mtp/fixtures/.../acceptance_gpu.json
 
 One plain-decoding engine, then one MTP engine per (mode, k) (eagle: k sequential passes of one module; vanilla:
-multi-layer MTP, k modules, the random checkpoint declaring max(ks) MTP layers; ptd: one window forward). For each:
+multi-layer MTP, k modules, the random checkpoint declaring max(ks) MTP layers; ptd: one window forward;
+draft_model: an external draft at --draft_shape (random weights), a window pass then k-1 chain steps; pard: that
+draft, one window forward).
+
+    python benchmark/draft_cost.py --model_shape qwen3.5-27b --draft_shape qwen3.5-0.8b --device cuda \
+        --ks 1,2,3,4,5 --modes draft_model,pard,eagle_with_att --out benchmark/results/draft_model_cost_27b_h100.json
+ For each:
 median full-batch step, verify and draft time (CUDA events around the target and draft forwards), draft forwards
 per step, and the step cost relative to a plain decode step. With --acceptance (eval_acceptance JSON files holding
 `by_mode`), the speedup each mode would give at that measured tokens-per-step: tokens_per_step / step_cost.
@@ -21,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from benchmark.model_shapes import MODEL_SHAPES
 from benchmark.model_source import build_engine, resolve_source
 from benchmark.static_inference import KV_SLACK, free_device_memory, generate
 from benchmark.timing import ForwardTimer, MultiTimer, device_info, percentile, versions
@@ -42,7 +49,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--input_len", type=int, default=1024)
     p.add_argument("--output_len", type=int, default=40)
     p.add_argument("--ks", default="1,2,3,4,5,6,7")
-    p.add_argument("--modes", default="eagle_with_att,vanilla_with_att,ptd")
+    p.add_argument("--modes", default="eagle_with_att,vanilla_with_att,ptd",
+                   help="comma list of eagle_with_att, vanilla_with_att, ptd, draft_model, pard")
+    p.add_argument("--draft_shape", default="qwen3.5-0.8b", help="the draft model's shape (draft_model, pard)")
     p.add_argument("--acceptance", nargs="*", default=[], help="eval_acceptance JSON files (by_mode)")
     p.add_argument("--draft_vocab_sizes", default="0", help="comma list; 0: the full vocabulary, N: a reduced draft "
                    "vocabulary of N ids (random weights: the first N ids, for timing only)")
@@ -90,13 +99,22 @@ def main(argv: list[str] | None = None) -> dict:
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    draft_dir = None
+    if {"draft_model", "pard"} & set(modes):  # the draft's config at its published shape; random weights
+        draft_dir = Path(tempfile.mkdtemp(prefix="lightllm_mtp_draft_shape_"))
+        (draft_dir / "config.json").write_text(json.dumps(MODEL_SHAPES[args.draft_shape]))
+        report["model"]["draft_shape"] = args.draft_shape
     for mode, k, vocab in [(m, k, v) for m in modes for k in ks for v in vocab_sizes]:
         ns.mtp_draft_vocab_file, ns.mtp_draft_vocab_size = (str(vocab_files[vocab]), vocab) if vocab else (None, None)
-        ns.mtp_mode = "eagle_with_att" if mode == "ptd" else mode
-        ns.mtp_step, ns.parallel_drafting = k, mode == "ptd"
+        ns.mtp_mode = {"ptd": "eagle_with_att", "pard": "draft_model"}.get(mode, mode)
+        ns.mtp_step, ns.parallel_drafting = k, mode in ("ptd", "pard")
+        ns.mtp_draft_model_dir = str(draft_dir) if mode in ("draft_model", "pard") else None
+        ns.mtp_mask_token_id = 0 if mode == "pard" else None  # random weights: any id
         engine = build_engine(source, ns, max_model_len, mtp=True)
+        proposer = engine.runner.proposer
+        drafts = [proposer.window, proposer.chain] if ns.mtp_draft_model_dir else proposer.modules
         timers = (ForwardTimer(engine.model_runner, device),
-                  MultiTimer([ForwardTimer(d, device) for d in engine.runner.proposer.modules]))  # fmt: skip
+                  MultiTimer([ForwardTimer(d, device) for d in drafts]))  # fmt: skip
         rec = timed(engine, prompts, args, k, timers)
         del engine, timers
         free_device_memory(device)
@@ -121,6 +139,9 @@ def main(argv: list[str] | None = None) -> dict:
             r["draft_ms_vs_k1"] = r["draft_ms"] / base["draft_ms"]
     speedups = []
     for path in args.acceptance:
+        if not Path(path).is_file():  # e.g. an unmatched shell glob: the fixture is not trained yet
+            print(f"no acceptance file {path}: skipped", flush=True)
+            continue
         measured = json.loads(Path(path).read_text())
         for mode, by_k in measured.get("by_mode", {}).items():
             for k, stats in by_k.items():

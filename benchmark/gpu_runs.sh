@@ -14,6 +14,10 @@
 #   bash benchmark/gpu_runs.sh draft_cost [KS]  # 27B draft cost per step by mode, k = 1..7 (or the list KS)
 #   bash benchmark/gpu_runs.sh draft_vocab  # 27B eagle k=1,3 with the full vs a 32k-id draft vocabulary
 #   bash benchmark/gpu_runs.sh adaptive_grid  # 27B: adaptive k vs the best fixed k on a (B, acceptance) grid
+#   bash benchmark/gpu_runs.sh draft_model_cost [KS]  # 27B with a 0.8B-shape draft model: autoregressive vs PARD
+#                                       # (and MTP eagle beside them), k = 1..5 (or KS)
+#   bash benchmark/gpu_runs.sh train_drafts  # the trained tiny draft and PARD draft for tiny_qwen3_5_trained, then
+#                                       # their acceptance on the GPU; packed like train_mtp3_ptd
 #   bash benchmark/gpu_runs.sh mixed    # 27B, MTP k=1, 32 running with arrivals: this tree, then baseline/ (an older
 #                                       # commit exported with `git archive REV --prefix=baseline/`; carry baseline)
 # Results go to $OUT (the device tool's folder) or benchmark/results; each JSON holds its exact command.
@@ -30,7 +34,8 @@ bench() { python3 benchmark/static_inference.py --device cuda --input_len 1024 "
 case "${1:-}" in
   tests) python3 -m pytest -q -m gpu unit_tests test ;;
   tests_spec) python3 -m pytest -q -m gpu test/test_gpu_engine.py unit_tests/kernels/speculative \
-      unit_tests/spec_decode/test_draft_kv.py ;;
+      unit_tests/spec_decode/test_draft_kv.py unit_tests/spec_decode/test_draft_model_gpu.py \
+      unit_tests/kernels/gdn ;;
   train_mtp3_ptd)  # 3 MTP modules + parallel-drafting mask inputs on one target, then acceptance on the GPU
     name=tiny_qwen3_5_mtp3_ptd_trained
     if [ -n "${OUT:-}" ]; then dir=/tmp/fixtures/$name; else dir=lightllm_mtp/fixtures/$name; fi
@@ -43,6 +48,23 @@ case "${1:-}" in
   draft_cost) python3 benchmark/draft_cost.py --model_shape qwen3.5-27b --device cuda --ks "${2:-1,2,3,4,5,6,7}" \
       --modes eagle_with_att,ptd,vanilla_with_att --out "$out/draft_cost_qwen3.5-27b_h100.json" \
       --acceptance lightllm_mtp/fixtures/tiny_qwen3_5_mtp3_ptd_trained/acceptance_*.json ;;
+  draft_model_cost) python3 benchmark/draft_cost.py --model_shape qwen3.5-27b --draft_shape qwen3.5-0.8b \
+      --device cuda --ks "${2:-1,2,3,4,5}" --modes draft_model,pard,eagle_with_att \
+      --out "$out/draft_model_cost_qwen3.5-27b_0.8b_h100.json" \
+      --acceptance lightllm_mtp/fixtures/tiny_qwen3_5_draft*_trained/acceptance_*.json ;;
+  train_drafts)  # a draft and a PARD draft for the shipped trained target (same tokenizer), then acceptance
+    target=lightllm_mtp/fixtures/tiny_qwen3_5_trained
+    for name in tiny_qwen3_5_draft_trained tiny_qwen3_5_draft_pard_trained; do
+      if [ -n "${OUT:-}" ]; then dir=/tmp/fixtures/$name; else dir=lightllm_mtp/fixtures/$name; fi
+      flags=(); mode=draft_model
+      if [ "$name" = tiny_qwen3_5_draft_pard_trained ]; then flags=(--pard); mode=pard; fi
+      python3 -m lightllm_mtp.training.train_draft --target_dir "$target" --out "$dir" --steps 1500 --batch_size 32 \
+        --seq_len 512 "${flags[@]}" | grep -v '^{"step"'
+      python3 -m lightllm_mtp.tools.eval_acceptance --model_dir "$target" --draft_model_dir "$dir" --device cuda \
+        --num_prompts 8 --mtp_modes "$mode" --mtp_steps 1 2 3 4 5 --heldout_windows 0 --strict \
+        --out "${OUT:-$dir}/acceptance_gpu.json"
+      if [ -n "${OUT:-}" ]; then tar cf - -C /tmp/fixtures "$name" | split -b 15M - "$OUT/$name.tar.part-"; fi
+    done ;;
   draft_vocab) python3 benchmark/draft_cost.py --model_shape qwen3.5-27b --device cuda --ks 1,3 \
       --modes eagle_with_att --draft_vocab_sizes 0,32768 --out "$out/draft_cost_qwen3.5-27b_draft_vocab_h100.json" ;;
   adaptive_grid) python3 benchmark/adaptive_grid.py --model_shape qwen3.5-27b --device cuda --max_k 3 \
@@ -67,5 +89,5 @@ case "${1:-}" in
     esac ;;
   peer) bench --model_shape qwen3.5-27b --batch_sizes 1,8 --output_len 32 --hf_peer --hf_batch_sizes 1,8 \
       --out "$out/static_qwen3.5-27b_hf_peer_h100.json" ;;
-  *) echo "usage: $0 tests|tests_spec|train_mtp3_ptd|draft_cost|draft_vocab|27b|27b_k1|35b|peer|mixed|serving_27b|serving_35b|serving_tiny" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|tests_spec|train_mtp3_ptd|draft_cost|draft_vocab|draft_model_cost|train_drafts|27b|27b_k1|35b|peer|mixed|serving_27b|serving_35b|serving_tiny" >&2; exit 2 ;;
 esac

@@ -79,6 +79,10 @@ def build_engine(source: ModelSource, args, max_model_len: int, mtp: bool) -> LL
             kw["parallel_drafting"] = True
         if getattr(args, "mtp_adaptive", False):
             kw["mtp_adaptive"] = True
+        if getattr(args, "mtp_draft_model_dir", None):  # mtp_mode draft_model: the draft checkpoint (or shape)
+            kw["mtp_draft_model_dir"] = args.mtp_draft_model_dir
+            if getattr(args, "parallel_drafting", False):
+                kw["mtp_mask_token_id"] = getattr(args, "mtp_mask_token_id", None)
         if getattr(args, "mtp_draft_vocab_file", None):
             kw.update(mtp_draft_vocab_file=args.mtp_draft_vocab_file, mtp_draft_vocab_size=args.mtp_draft_vocab_size)
     if source.model_dir is not None:

@@ -50,8 +50,9 @@ class EngineArgs:
     graph_max_batch_size: int = 64  # largest decode batch replayed from a CUDA graph (0: no graphs)
     mtp_mode: MtpMode | None = None
     mtp_step: int = 0  # draft tokens per step when mtp_mode is set (1..7)
-    mtp_draft_model_dir: str | None = None  # where mtp.* live; None: model_dir
-    parallel_drafting: bool = False  # PTD: one MTP forward drafts all mtp_step tokens (eagle_with_att)
+    mtp_draft_model_dir: str | None = None  # where mtp.* live (None: model_dir); mtp_mode draft_model: the draft
+    parallel_drafting: bool = False  # one draft forward drafts all mtp_step tokens (PTD with eagle, PARD with draft)
+    mtp_mask_token_id: int | None = None  # PARD's mask token (None: from the draft's config)
     mtp_draft_vocab_file: str | None = None  # frequency-ranked token ids of a reduced draft vocabulary
     mtp_draft_vocab_size: int | None = None  # draft logits over the first N of them (None: all in the file)
     mtp_adaptive: bool = False  # each step drafts 0..mtp_step tokens, picked from live acceptance and step cost
@@ -76,7 +77,7 @@ class EngineArgs:
             set_field(self, "mtp_mode", MtpMode.parse(self.mtp_mode))
         set_field(self, "spec", SpecConfig.from_args(
             self.mtp_mode, self.mtp_step, self.mtp_draft_model_dir, self.parallel_drafting, self.mtp_draft_vocab_file,
-            self.mtp_draft_vocab_size, self.mtp_adaptive,
+            self.mtp_draft_vocab_size, adaptive=self.mtp_adaptive, mask_token_id=self.mtp_mask_token_id,
         ))
         for name in ("max_batch_size", "chunked_prefill_size"):
             if getattr(self, name) < 1:

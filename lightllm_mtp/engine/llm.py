@@ -45,6 +45,7 @@ class LLM:
         mtp_draft_vocab_file: str | Path | None = None,
         mtp_draft_vocab_size: int | None = None,
         mtp_adaptive: bool = False,
+        mtp_mask_token_id: int | None = None,
         disable_overlap: bool = False,
     ):
         args = EngineArgs(
@@ -63,6 +64,7 @@ class LLM:
             mtp_draft_vocab_file=None if mtp_draft_vocab_file is None else str(mtp_draft_vocab_file),
             mtp_draft_vocab_size=mtp_draft_vocab_size,
             mtp_adaptive=mtp_adaptive,
+            mtp_mask_token_id=mtp_mask_token_id,
             disable_overlap=disable_overlap,
         )
         self.engine = LLMEngine(args)

@@ -109,12 +109,16 @@ def build_parser() -> argparse.ArgumentParser:
     s = p.add_argument_group("MTP speculative decoding")
     s.add_argument("--mtp_mode", default=None, choices=[mode.value for mode in MtpMode],
                    help="draft with the checkpoint's MTP head: eagle_with_att runs mtp.layers.0 mtp_step times; "
-                   "vanilla_with_att uses mtp.layers.j for draft j (default: no speculation)")
+                   "vanilla_with_att uses mtp.layers.j for draft j; draft_model: a smaller checkpoint of the same "
+                   "vocabulary (--mtp_draft_model_dir) drafts (default: no speculation)")
     s.add_argument("--mtp_step", type=int, default=0,
                    help=f"draft tokens per step, 1..{MAX_MTP_STEP} (needs --mtp_mode)")
     s.add_argument("--parallel_drafting", action="store_true", help="with --mtp_mode eagle_with_att: one MTP "
                    "forward drafts all mtp_step tokens from [next token, MASK x (mtp_step - 1)] (PTD; needs a "
-                   "checkpoint with mtp.mask_embedding and mtp.mask_hidden)")
+                   "checkpoint with mtp.mask_embedding and mtp.mask_hidden); with draft_model: PARD, the draft "
+                   "model does the same with its mask token")
+    s.add_argument("--mtp_mask_token_id", type=int, default=None, help="PARD's mask token id (default: the "
+                   "draft config's pard_token / mask_token_id)")
     s.add_argument("--mtp_draft_vocab_file", default=None, help="JSON of frequency-ranked token ids "
                    "(python -m lightllm_mtp.tools.build_draft_vocab): the draft's logits cover only those ids")
     s.add_argument("--mtp_draft_vocab_size", type=int, default=None, help="use the first N ids of "
@@ -122,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--mtp_adaptive", action="store_true", help="each step drafts 0..--mtp_step tokens, the number "
                    "with the most expected tokens per ms from live acceptance and the step cost measured at start-up")
     s.add_argument("--mtp_draft_model_dir", default=None, help="directory holding the mtp.* tensors (default: "
-                   "model_dir)")
+                   "model_dir); with --mtp_mode draft_model, the draft checkpoint")
     h = p.add_argument_group("HTTP")
     h.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s, loopback only)")
     h.add_argument("--port", type=int, default=8000, help="default: %(default)s")
@@ -161,7 +165,8 @@ def server_args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
     if ns.mtp_mode is not None and ns.mtp_step == 0:
         raise ValueError(f"--mtp_mode {ns.mtp_mode} needs --mtp_step (draft tokens per step, 1..{MAX_MTP_STEP})")
     if ns.mtp_mode is None and (ns.mtp_step or ns.mtp_draft_model_dir):
-        raise ValueError("--mtp_step / --mtp_draft_model_dir need --mtp_mode (eagle_with_att or vanilla_with_att)")
+        raise ValueError("--mtp_step / --mtp_draft_model_dir need --mtp_mode (eagle_with_att, vanilla_with_att or "
+                         "draft_model)")
     if ns.mtp_draft_model_dir is not None and not Path(ns.mtp_draft_model_dir).is_dir():
         raise ValueError(f"--mtp_draft_model_dir {ns.mtp_draft_model_dir} is not a directory")
     engine = EngineArgs(
@@ -182,6 +187,7 @@ def server_args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
         mtp_draft_vocab_file=ns.mtp_draft_vocab_file,
         mtp_draft_vocab_size=ns.mtp_draft_vocab_size,
         mtp_adaptive=ns.mtp_adaptive,
+        mtp_mask_token_id=ns.mtp_mask_token_id,
     )
     cfg = ModelConfig.from_model_dir(model_dir)
     max_len = engine.resolved_max_model_len(cfg.max_position_embeddings)

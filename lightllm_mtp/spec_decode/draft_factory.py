@@ -13,6 +13,8 @@ from lightllm_mtp.common.basemodel.forward_batch import ForwardMode
 from lightllm_mtp.common.layers.embedding import LMHead
 from lightllm_mtp.config.model_config import ModelType
 from lightllm_mtp.config.spec_config import MtpMode, SpecConfig
+from lightllm_mtp.spec_decode.draft_model_loader import load_draft_model, pard_mask_token
+from lightllm_mtp.spec_decode.draft_model_proposer import DraftModelProposer
 from lightllm_mtp.spec_decode.mtp_proposer import EagleMtpProposer, MultiLayerMtpProposer, ParallelMtpProposer
 from lightllm_mtp.spec_decode.draft_vocab import load_draft_vocab
 from lightllm_mtp.spec_decode.proposer import Proposer
@@ -69,6 +71,9 @@ def create_proposer(
     each module replays its draft-window pass (EXTEND, window rows per request) and the eagle module its chain
     steps (DECODE, one row per request)."""
     token_map = draft_token_map(main, spec)
+    if spec.mode is MtpMode.DRAFT_MODEL:
+        return create_draft_model_proposer(main, spec, main_model_dir, builder, graph_max_batch_size, graph_pool,
+                                           token_map)  # fmt: skip
     drafts = create_drafts(main, spec, main_model_dir, token_map)
     k = spec.num_draft_tokens
     if spec.parallel_drafting:
@@ -95,5 +100,29 @@ def create_proposer(
         proposer = EagleMtpProposer(modules, builder, token_map=token_map)
     else:
         proposer = MultiLayerMtpProposer(modules, builder, token_map=token_map)
+    assert proposer.window_rows == window_rows
+    return proposer
+
+
+def create_draft_model_proposer(
+    main: TpPartBaseModel, spec: SpecConfig, main_model_dir: str, builder: StepBuilder, graph_max_batch_size: int,
+    graph_pool, token_map: torch.Tensor | None,
+) -> DraftModelProposer:  # fmt: skip
+    """The external draft model behind its CUDA graphs: the window pass (VERIFY, k+1 rows; PARD 2k) and the
+    autoregressive chain steps (VERIFY, 1 row, writing one state position on)."""
+    draft = load_draft_model(main, main_model_dir, spec, token_map)
+    k = spec.num_draft_tokens
+    mask_token = pard_mask_token(spec, draft) if spec.parallel_drafting else None
+    window_rows = 2 * k if spec.parallel_drafting else k + 1
+    layouts = [(window_rows, False)] + ([(1, True)] if k > 1 and not spec.parallel_drafting else [])
+    graphs = [
+        CudaGraphSet(draft.forward, draft.caches, ForwardMode.VERIFY, rows, graph_max_batch_size, graph_pool,
+                     state_write=state_write)
+        for rows, state_write in layouts
+    ] if graph_max_batch_size > 0 else []  # fmt: skip
+    proposer = DraftModelProposer(
+        draft, GraphedForward(draft.forward, graphs[:1]), GraphedForward(draft.forward, graphs[1:]), builder,
+        mask_token, token_map,
+    )  # fmt: skip
     assert proposer.window_rows == window_rows
     return proposer

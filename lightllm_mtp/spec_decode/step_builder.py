@@ -123,31 +123,35 @@ class StepBuilder:
         self,
         blocks: CommittedBlocks,
         b_req_idx: torch.Tensor,
-        hidden: torch.Tensor,
+        hidden: torch.Tensor | None,
         rows: int,
         lookahead: int = 1,
         num_masks: torch.Tensor | None = None,
         mask_hidden: torch.Tensor | None = None,
-    ) -> tuple[ForwardBatch, torch.Tensor, DraftWindow]:
+        position_shift: int = 0,
+    ) -> tuple[ForwardBatch, torch.Tensor | None, DraftWindow]:
         """A draft pass over committed blocks: the state's context rows, the committed block rows, `num_masks` [B]
         mask rows and padding, `rows` per request (kernels/speculative/draft_inputs.py). Returns the EXTEND batch
         (its input_ids are next-token column 0: -1 on mask and padding rows), the hidden of its rows and the
-        window. Multi-layer MTP: the state's context moves on to the rows before the newest token."""
-        s, idx, h = self.state, b_req_idx.to(torch.int64), hidden.shape[1]
+        window. Multi-layer MTP: the state's context moves on to the rows before the newest token. Draft models
+        (hidden None, position_shift 1): rows at the positions of the tokens they read, after `start`."""
+        s, idx = self.state, b_req_idx.to(torch.int64)
         p = s.num_context_rows
         # the kernel's tokens start at position start - p + 1: p - 1 context tokens, then the block's from `start`
         b_tokens = torch.cat([s.context_tokens[idx], blocks.b_tokens], dim=1) if p else blocks.b_tokens[:, 1:]
-        mask_row = mask_hidden if mask_hidden is not None else hidden.new_zeros(h)
-        source = torch.cat([hidden, s.context_hidden.view(-1, h), mask_row[None]])
+        if hidden is not None:
+            h = hidden.shape[1]
+            mask_row = mask_hidden if mask_hidden is not None else hidden.new_zeros(h)
+            source = torch.cat([hidden, s.context_hidden.view(-1, h), mask_row[None]])
         if num_masks is None:
             num_masks = torch.zeros_like(blocks.b_start)
         w = draft_window(
             b_start=blocks.b_start, b_accept_len=blocks.b_accept_len, b_num_masks=num_masks, b_req_idx=b_req_idx,
             b_row0=blocks.b_row0, b_tokens=b_tokens, req_to_token=self.req_to_token, hold_slot=self.hold_slot,
-            num_prepend=p, rows=rows, lookahead=lookahead, context_base=hidden.shape[0],
-            mask_index=source.shape[0] - 1,
+            num_prepend=p, rows=rows, lookahead=lookahead, context_base=0 if hidden is None else hidden.shape[0],
+            mask_index=0 if hidden is None else source.shape[0] - 1, position_shift=position_shift,
         )  # fmt: skip
-        window_hidden = source[w.hidden_index]
+        window_hidden = None if hidden is None else source[w.hidden_index]
         cu, has_state, logits_index = self._batch_constants(idx.shape[0], rows)
         batch = ForwardBatch(
             mode=ForwardMode.EXTEND,

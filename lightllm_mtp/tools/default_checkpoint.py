@@ -21,6 +21,9 @@ TRAINED_CHECKPOINTS = {
     "qwen3_5_moe": "tiny_qwen3_5_moe_trained",
     # dense, 3 MTP modules (multi-layer MTP) and parallel-drafting mask inputs on one target
     "qwen3_5_mtp3_ptd": "tiny_qwen3_5_mtp3_ptd_trained",
+    # small draft models for tiny_qwen3_5_trained (mtp_mode=draft_model): autoregressive, and PARD
+    "qwen3_5_draft": "tiny_qwen3_5_draft_trained",
+    "qwen3_5_draft_pard": "tiny_qwen3_5_draft_pard_trained",
 }
 
 

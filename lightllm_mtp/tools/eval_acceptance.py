@@ -4,7 +4,8 @@
 
 Greedy generation from held-out prompts (tiny_corpus.heldout_prompts) without speculation, then for each drafting
 mode of --mtp_modes (eagle_with_att, vanilla_with_att = multi-layer MTP, ptd = eagle_with_att with parallel
-drafting) and each mtp_step k. Per k: tokens per verify step (accepted drafts + 1, the "accept
+drafting, draft_model = the external draft of --draft_model_dir, pard = that draft with parallel drafting) and each
+mtp_step k. Per k: tokens per verify step (accepted drafts + 1, the "accept
 length"), accepted drafts per step, and acceptance at draft position j (accepted / proposed; a draft counts as
 accepted only when every draft before it was), all weighted by verify steps over the requests. Each MTP run's
 tokens are compared with plain decoding (--strict: a mismatch is an error). Optionally the held-out main / MTP
@@ -69,6 +70,7 @@ def evaluate(args) -> dict:
     plain, plain_s = run()
     result = {
         "model_dir": str(args.model_dir),
+        "draft_model_dir": args.draft_model_dir,
         "command": "python -m lightllm_mtp.tools.eval_acceptance " + " ".join(args.argv),
         "device": args.device,
         "dtype": args.dtype,
@@ -84,6 +86,11 @@ def evaluate(args) -> dict:
     modules = ModelConfig.from_model_dir(args.model_dir).mtp_num_hidden_layers
     for mode in args.mtp_modes:
         spec = dict(mtp_mode="eagle_with_att", parallel_drafting=True) if mode == "ptd" else dict(mtp_mode=mode)
+        if mode in ("draft_model", "pard"):
+            if args.draft_model_dir is None:
+                raise SystemExit(f"--mtp_modes {mode} needs --draft_model_dir")
+            spec = dict(mtp_mode="draft_model", mtp_draft_model_dir=args.draft_model_dir,
+                        parallel_drafting=mode == "pard")
         by_k = result["by_mode"][mode] = {}
         for k in args.mtp_steps:
             if mode == "vanilla_with_att" and k > modules:  # one module per draft
@@ -124,9 +131,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--dtype", default="auto", help="auto: float32 on CPU, bfloat16 on CUDA")
     p.add_argument("--mtp_steps", type=int, nargs="+", default=[1, 2, 3, 4])
     p.add_argument("--mtp_modes", nargs="+", default=["eagle_with_att"],
-                   choices=["eagle_with_att", "vanilla_with_att", "ptd"],
+                   choices=["eagle_with_att", "vanilla_with_att", "ptd", "draft_model", "pard"],
                    help="drafting modes (vanilla_with_att: multi-layer MTP, k <= the checkpoint's MTP layers; ptd: "
-                   "parallel drafting, needs the mask inputs); 'mtp' in the JSON is the first")
+                   "parallel drafting, needs the mask inputs; draft_model / pard: the --draft_model_dir checkpoint "
+                   "autoregressively / PARD); 'mtp' in the JSON is the first")
+    p.add_argument("--draft_model_dir", default=None, help="the draft checkpoint of --mtp_modes draft_model / pard")
     p.add_argument("--num_prompts", type=int, default=16)
     p.add_argument("--prompt_tokens", type=int, default=128)
     p.add_argument("--max_new_tokens", type=int, default=64)

@@ -22,7 +22,14 @@ from lightllm_mtp.training.published_layout import (
     published_model_class,
     write_published_checkpoint,
 )
-from lightllm_mtp.training.tiny_recipe import ARCHS, INIT_STD, SPECIAL_TOKENS, make_config, train_tokenizer
+from lightllm_mtp.training.tiny_recipe import (
+    ARCHS,
+    DRAFT_SIZES,
+    INIT_STD,
+    SPECIAL_TOKENS,
+    make_config,
+    train_tokenizer,
+)
 
 SHARD_BYTES = 512 * 1024
 HEAD_STD = 0.25  # lm_head (or tied embedding) std, large enough for clear greedy logit margins
@@ -81,8 +88,13 @@ def build_tiny_checkpoint(
     tie_word_embeddings: bool = False,
     fused_experts: bool | None = None,
     ptd: bool = False,
+    draft: bool = False,
+    pard: bool = False,
 ) -> Path:
     """Write the tiny checkpoint into `out_dir` (created if needed) and return it as a Path.
+
+    `draft`: the smaller sizes of a draft model for the tiny targets (DRAFT_SIZES; same tokenizer, so the same
+    vocabulary). `pard`: the config declares a PARD mask token (`pard_token`: the last, padding id).
 
     `fused_experts` (MoE only): None writes the published Qwen3.5 layout (fused 3-D experts in the main model,
     per-expert in mtp.*); True/False force fused 3-D / per-expert tensors for both the main model and mtp.*.
@@ -95,7 +107,10 @@ def build_tiny_checkpoint(
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = train_tokenizer(out)
     eos_id = tokenizer.convert_tokens_to_ids(SPECIAL_TOKENS[0])
-    cfg = make_config(arch, padded_vocab_size(tokenizer), eos_id, mtp_layers, tie_word_embeddings)
+    cfg = make_config(arch, padded_vocab_size(tokenizer), eos_id, mtp_layers, tie_word_embeddings,
+                      DRAFT_SIZES if draft else None)  # fmt: skip
+    if pard:
+        cfg.text_config.pard_token = cfg.text_config.vocab_size - 1
 
     torch.manual_seed(seed)
     model = published_model_class(cfg)(cfg).float().eval()
@@ -118,6 +133,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mtp_layers", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tie_word_embeddings", action="store_true")
+    parser.add_argument("--draft", action="store_true",
+                        help="the smaller sizes of a draft model (--mtp_mode draft_model)")
+    parser.add_argument("--pard", action="store_true", help="declare a PARD mask token (pard_token) in the config")
     parser.add_argument("--ptd", action="store_true", help="also write the parallel-drafting mask inputs "
                         "(mtp.mask_embedding, mtp.mask_hidden)")
     layout = parser.add_mutually_exclusive_group()
@@ -129,7 +147,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     start = time.perf_counter()
     a = args
-    out = build_tiny_checkpoint(a.arch, a.out, a.mtp_layers, a.seed, a.tie_word_embeddings, a.fused_experts, a.ptd)
+    out = build_tiny_checkpoint(a.arch, a.out, a.mtp_layers, a.seed, a.tie_word_embeddings, a.fused_experts, a.ptd,
+                                a.draft, a.pard)  # fmt: skip
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
     print(f"wrote {out} ({size / 1e6:.2f} MB) in {time.perf_counter() - start:.1f} s")
 

@@ -61,6 +61,12 @@ TINY_SIZES = dict(
     intermediate_size=128, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
     shared_expert_intermediate_size=48,
 )  # fmt: skip
+# A smaller draft for a tiny target (same tokenizer, so the same vocabulary): 3 GDN + 1 full-attention layers.
+DRAFT_SIZES = dict(
+    TINY_SIZES, hidden_size=32, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
+    linear_num_key_heads=1, linear_num_value_heads=2, intermediate_size=64, num_experts=4, moe_intermediate_size=16,
+    shared_expert_intermediate_size=24,
+)  # fmt: skip
 _MOE_ONLY = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size")
 
 

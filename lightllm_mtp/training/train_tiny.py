@@ -9,6 +9,7 @@ reading module m-1's hidden and x_{t+m+1} and predicting x_{t+m+2} (each its own
 mask row j predicting the token j+1 after the anchor's (ptd_loss_weight).
 The BPE tokenizer is trained on the training files first; the held-out files (tiny_corpus.is_heldout) give the held-out losses. Prints the loss curve, writes the checkpoint
 (config.json with text_config, model.language_model.*, lm_head, mtp.*, tokenizer) and train_log.json.
+A separate draft model (or PARD draft) for a trained target: training/train_draft.py.
 """
 
 from __future__ import annotations

@@ -37,3 +37,19 @@ def test_reduced_draft_vocabulary_is_timed_beside_the_full_one(monkeypatch, tmp_
                               "0,64", "--out", str(tmp_path / "cost.json")])  # fmt: skip
     assert [r["draft_vocab_size"] for r in report["results"]] == [TINY_MOE_SHAPE["vocab_size"], 64]
     assert all(r["draft_ms"] > 0 for r in report["results"])
+
+
+def test_draft_model_and_pard_are_timed(monkeypatch, tmp_path):
+    """An external draft at a smaller shape (random weights): a window pass then k-1 chain steps autoregressively,
+    one window pass with PARD."""
+    monkeypatch.setitem(MODEL_SHAPES, "tiny-moe-test", TINY_MOE_SHAPE)
+    small = dict(TINY_MOE_SHAPE, num_hidden_layers=4, hidden_size=TINY_MOE_SHAPE["hidden_size"] // 2)
+    monkeypatch.setitem(MODEL_SHAPES, "tiny-draft-test", small)
+    report = draft_cost.main(["--model_shape", "tiny-moe-test", "--draft_shape", "tiny-draft-test", "--device", "cpu",
+                              "--input_len", "16", "--output_len", "10", "--ks", "1,3", "--modes", "draft_model,pard",
+                              "--out", str(tmp_path / "cost.json")])  # fmt: skip
+    rows = {(r["mode"], r["k"]): r for r in report["results"]}
+    assert set(rows) == {(m, k) for m in ("draft_model", "pard") for k in (1, 3)}
+    for (mode, k), r in rows.items():
+        assert r["draft_ms"] > 0 and r["draft_forwards_per_step"] == (k if mode == "draft_model" else 1), (mode, k)
+    assert report["model"]["draft_shape"] == "tiny-draft-test"

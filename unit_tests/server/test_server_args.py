@@ -32,6 +32,10 @@ def test_defaults_and_lightllm_flag_names(tiny_dense_dir):
     # vLLM-style aliases land in the same fields
     b = parse_server_args(["--model_dir", str(tiny_dense_dir), "--max_model_len", "256", "--max_batch_size", "4"])
     assert (b.engine.max_model_len, b.engine.max_batch_size) == (256, 4)
+    d = parse_server_args(["--model_dir", str(tiny_dense_dir), "--mtp_mode", "draft_model", "--mtp_step", "3",
+                           "--mtp_draft_model_dir", str(tiny_dense_dir), "--parallel_drafting",
+                           "--mtp_mask_token_id", "7"]).engine.spec  # fmt: skip
+    assert (d.mode.value, d.num_draft_tokens, d.parallel_drafting, d.mask_token_id) == ("draft_model", 3, True, 7)
 
 
 @pytest.mark.parametrize(
@@ -43,6 +47,9 @@ def test_defaults_and_lightllm_flag_names(tiny_dense_dir):
         (["--mtp_mode", "medusa", "--mtp_step", "1"], "invalid choice: 'medusa'"),
         (["--mtp_mode", "eagle_with_att", "--mtp_step", "1", "--mtp_draft_model_dir", "/nonexistent"],
          "is not a directory"),
+        (["--mtp_mode", "draft_model", "--mtp_step", "2"], "needs mtp_draft_model_dir"),
+        (["--mtp_mode", "draft_model", "--mtp_step", "2", "--mtp_draft_model_dir", "/tmp", "--mtp_mask_token_id", "5"],
+         "it needs mtp_mode draft_model with parallel_drafting"),
         (["--dp", "0"], "--dp must be >= 1"),
         (["--device", "cuda"], "CUDA is not available"),
         (["--device", "tpu"], "device must be 'cpu' or 'cuda[:N]'"),

@@ -148,3 +148,5 @@ def test_adaptive_needs_mtp():
 
     with pytest.raises(ValueError, match="mtp_adaptive"):
         SpecConfig.from_args(None, 0, None, adaptive=True)
+    with pytest.raises(ValueError, match="mtp_adaptive is not supported with mtp_mode draft_model"):
+        SpecConfig.from_args("draft_model", 2, "/some/draft", adaptive=True)

@@ -34,4 +34,5 @@ def test_fixture_names_and_location():
     assert default_checkpoint.FIXTURES_DIR.name == "fixtures"
     assert default_checkpoint.FIXTURES_DIR.parent.name == "lightllm_mtp"
     assert (default_checkpoint.FIXTURES_DIR / "README.md").is_file()
-    assert set(default_checkpoint.TRAINED_CHECKPOINTS) == {"qwen3_5", "qwen3_5_moe", "qwen3_5_mtp3_ptd"}
+    assert set(default_checkpoint.TRAINED_CHECKPOINTS) == {"qwen3_5", "qwen3_5_moe", "qwen3_5_mtp3_ptd", "qwen3_5_draft",
+                                                           "qwen3_5_draft_pard"}

@@ -41,8 +41,10 @@ class CudaGraphSet:
         hidden_size: int | None = None,
         hidden_dtype: torch.dtype | None = None,
         logits: bool = True,
+        state_write: bool = False,
     ):
-        """logits=False: a forward that computes no logits (a draft pass kept only for the KV it writes)."""
+        """logits=False: a forward that computes no logits (a draft pass kept only for the KV it writes);
+        state_write: VERIFY batches that carry b_state_write (a draft model's chain steps)."""
         self.fn, self.caches, self.mode, self.q, self.logits = fn, caches, mode, rows_per_req, logits
         self.sizes = graph_batch_sizes(max_batch_size)
         self.pool = pool
@@ -58,6 +60,7 @@ class CudaGraphSet:
         self.has_state = torch.ones(n, dtype=torch.bool, device=dev)
         self.logits_index = torch.arange(n * q, dtype=torch.int64, device=dev)
         self.b_accept_len = torch.ones(n, dtype=torch.int32, device=dev) if mode is ForwardMode.VERIFY else None
+        self.b_state_write = torch.zeros(n, dtype=torch.int32, device=dev) if state_write else None
         self.hidden = None
         if hidden_size is not None:
             self.hidden = torch.zeros(n * q, hidden_size, dtype=hidden_dtype, device=dev)
@@ -78,6 +81,7 @@ class CudaGraphSet:
             b_has_initial_state=self.has_state[:size],
             b_logits_index=self.logits_index[: rows if self.logits else 0],
             b_accept_len=None if self.b_accept_len is None else self.b_accept_len[:size],
+            b_state_write=None if self.b_state_write is None else self.b_state_write[:size],
             max_q_len=self.q,
             keep_all_hidden=True,
         )
@@ -111,6 +115,8 @@ class CudaGraphSet:
             and 0 < batch.batch_size <= self.sizes[-1]
             and batch.num_tokens == batch.batch_size * self.q
             and batch.b_logits_index.shape[0] == (batch.num_tokens if self.logits else 0)
+            and batch.b_logits_index.shape[0] == batch.num_tokens
+            and (batch.b_state_write is None) == (self.b_state_write is None)
         )
 
     def run(self, batch: ForwardBatch, hidden: torch.Tensor | None = None) -> ModelOutput:
@@ -124,6 +130,8 @@ class CudaGraphSet:
         self.b_seq_len[:b].copy_(batch.b_seq_len)
         if self.b_accept_len is not None:
             self.b_accept_len[:b].copy_(batch.b_accept_len)
+        if self.b_state_write is not None:
+            self.b_state_write[:b].copy_(batch.b_state_write)
         if self.hidden is not None:
             assert hidden is not None and hidden.shape[0] == rows
             self.hidden[:rows].copy_(hidden)
@@ -159,6 +167,8 @@ class CudaGraphSet:
         self.b_seq_len[b:size].fill_(q)
         if self.b_accept_len is not None:
             self.b_accept_len[b:size].fill_(1)
+        if self.b_state_write is not None:
+            self.b_state_write[b:size].zero_()
 
 
 class GraphedForward:

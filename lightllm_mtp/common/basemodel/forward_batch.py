@@ -35,6 +35,9 @@ class ForwardBatch:
     # VERIFY only: tokens each request's previous verify emitted (accepted drafts + 1; 1 after prefill). The GDN
     # layers read their committed conv window and SSM row at index b_accept_len - 1.
     b_accept_len: torch.Tensor | None = None  # [B] int32
+    # VERIFY only: the state position (conv column, SSM row) where the block's states are written; None: 0. A draft
+    # model's chain step writes one position after the one it reads (b_accept_len - 1), keeping the committed one.
+    b_state_write: torch.Tensor | None = None  # [B] int32
     keep_all_hidden: bool = False  # ModelOutput.hidden covers all T rows (MTP drafting) instead of the logits rows
     # device tensors derived from the fields once per forward and shared by the layers (see `derived`)
     _derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)

@@ -71,7 +71,7 @@ class GatedDeltaNet(Layer):
             assert batch.b_accept_len is not None, "a VERIFY batch carries b_accept_len"
             qkv = causal_conv1d_verify(
                 qkv, self.conv_weight, conv_state, b_state_idx=batch.b_req_idx, b1_cu_q_len=batch.b1_cu_q_len,
-                b_accept_len=batch.b_accept_len, max_q_len=batch.max_q_len,
+                b_accept_len=batch.b_accept_len, max_q_len=batch.max_q_len, b_write_col=batch.b_state_write,
             )
         else:
             qkv = causal_conv1d_prefill(
@@ -83,9 +83,13 @@ class GatedDeltaNet(Layer):
         k = k.reshape(t, self.nk, self.dk)
         v = v.reshape(t, self.nv, self.dv)
         if mode is ForwardMode.VERIFY:  # gates computed inside the kernel from a, b
+            base, accept = b_ssm_row, batch.b_accept_len
+            if batch.b_state_write is not None:  # rows from base + write; the read row stays base + accept - 1
+                base = batch.derived("b_ssm_write_row", lambda: b_ssm_row + batch.b_state_write)
+                accept = batch.derived("b_ssm_read_rel", lambda: batch.b_accept_len - batch.b_state_write)
             o = gated_delta_rule_verify_fused_gates(
-                q, k, v, a, b, ssm_state, A_log=self.A_log, dt_bias=self.dt_bias, b_state_base=b_ssm_row,
-                b1_cu_q_len=batch.b1_cu_q_len, b_accept_len=batch.b_accept_len, max_q_len=batch.max_q_len,
+                q, k, v, a, b, ssm_state, A_log=self.A_log, dt_bias=self.dt_bias, b_state_base=base,
+                b1_cu_q_len=batch.b1_cu_q_len, b_accept_len=accept, max_q_len=batch.max_q_len,
             )
         else:
             g, beta = gdn_gating(a, b, self.A_log, self.dt_bias)

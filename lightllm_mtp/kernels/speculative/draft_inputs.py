@@ -13,6 +13,10 @@ Also: the anchor row (pos N - 1, whose next token is the newest one), and the ro
 context cache (positions N - num_prepend .. N - 1; -1 below position 0).
 
 `hidden_index` indexes one hidden source laid out as [target rows | context cache (slot-major) | mask row].
+
+Draft models (`position_shift` = 1) read tokens, not hidden states: each row moves one position on, to the position
+of the token it reads (row p above becomes position p + 1, with that position's KV slot), so the committed rows are
+the tokens after `start` up to the newest one (the anchor, at N), then the mask rows (PARD) at N + 1 ...
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ class DraftWindow:
     mem_index: torch.Tensor  # [B * rows] int32
     hidden_index: torch.Tensor  # [B * rows] int64 rows of the hidden source
     next_tokens: torch.Tensor  # [B * rows, lookahead] int64, -1 where not committed
-    b_seq_len: torch.Tensor  # [B] int32 = w0 + rows
+    b_seq_len: torch.Tensor  # [B] int32 = w0 + rows (+ position_shift)
     b_anchor: torch.Tensor  # [B] int64 flat window row at position N - 1
     b_context_rows: torch.Tensor  # [B, num_prepend] int64 flat window rows of the new context cache, -1: none
 
@@ -68,22 +72,26 @@ def draft_window(
     lookahead: int,
     context_base: int,
     mask_index: int,
+    position_shift: int = 0,
 ) -> DraftWindow:
     """b_start [B] block row 0 positions; b_accept_len [B] committed block rows (>= 1); b_num_masks [B] mask rows
     after the anchor; b_req_idx [B] request slots; b_row0 [B] target-hidden row of each block's row 0;
     b_tokens [B, C] the committed tokens at positions start - num_prepend + 1 .. (-1: not committed);
     req_to_token [R, W] the page table. context_base / mask_index: where the context cache and the mask row start
-    in the hidden source. No host sync."""
+    in the hidden source. position_shift: 0 (MTP rows) or 1 (draft-model rows, see above). No host sync."""
     _check(b_start, b_accept_len, b_num_masks, b_req_idx, b_row0, b_tokens, req_to_token, rows, lookahead)
+    if position_shift not in (0, 1):
+        raise ValueError(f"{_OP}: position_shift must be 0 or 1, got {position_shift}")
     args = (b_start, b_accept_len, b_num_masks, b_req_idx, b_row0, b_tokens, req_to_token, hold_slot, num_prepend,
-            rows, lookahead, context_base, mask_index)  # fmt: skip
+            rows, lookahead, context_base, mask_index, position_shift)  # fmt: skip
     if use_triton(b_start):
         return draft_window_triton(*args)
     return draft_window_ref(*args)
 
 
 def draft_window_ref(b_start, b_accept_len, b_num_masks, b_req_idx, b_row0, b_tokens, req_to_token, hold_slot,
-                     num_prepend, rows, lookahead, context_base, mask_index) -> DraftWindow:  # fmt: skip
+                     num_prepend, rows, lookahead, context_base, mask_index,
+                     position_shift=0) -> DraftWindow:  # fmt: skip
     dev, bsz, width = b_start.device, b_start.shape[0], b_tokens.shape[1]
     start, accept = b_start.to(torch.int64), b_accept_len.to(torch.int64)
     req = b_req_idx.to(torch.int64)
@@ -92,7 +100,7 @@ def draft_window_ref(b_start, b_accept_len, b_num_masks, b_req_idx, b_row0, b_to
     pos = w0[:, None] + torch.arange(rows, device=dev)[None, :]  # [B, rows]
     committed = pos < newest[:, None]
     mask_row = ~committed & (pos < (newest + b_num_masks.to(torch.int64))[:, None])
-    table_pos = pos.clamp(max=req_to_token.shape[1] - 1)
+    table_pos = (pos + position_shift).clamp(max=req_to_token.shape[1] - 1)
     slot = req_to_token[req[:, None], table_pos].to(torch.int64)
     mem = torch.where(committed | mask_row, slot, hold_slot).to(torch.int32)
     from_block = b_row0.to(torch.int64)[:, None] + (pos - start[:, None])
@@ -108,18 +116,19 @@ def draft_window_ref(b_start, b_accept_len, b_num_masks, b_req_idx, b_row0, b_to
     ctx_pos = newest[:, None] - num_prepend + torch.arange(num_prepend, device=dev)[None, :]
     ctx_rows = torch.where(ctx_pos >= 0, flat0[:, None] + ctx_pos - w0[:, None], -1)
     return DraftWindow(
-        positions=pos.flatten(),
+        positions=(pos + position_shift).flatten(),
         mem_index=mem.flatten(),
         hidden_index=hidden.flatten(),
         next_tokens=next_tokens.view(bsz * rows, lookahead),
-        b_seq_len=(w0 + rows).to(torch.int32),
+        b_seq_len=(w0 + rows + position_shift).to(torch.int32),
         b_anchor=flat0 + newest - 1 - w0,
         b_context_rows=ctx_rows,
     )
 
 
 def draft_window_triton(b_start, b_accept_len, b_num_masks, b_req_idx, b_row0, b_tokens, req_to_token, hold_slot,
-                        num_prepend, rows, lookahead, context_base, mask_index) -> DraftWindow:  # fmt: skip
+                        num_prepend, rows, lookahead, context_base, mask_index,
+                        position_shift=0) -> DraftWindow:  # fmt: skip
     dev, bsz = b_start.device, b_start.shape[0]
     out = DraftWindow(
         positions=torch.empty(bsz * rows, dtype=torch.int64, device=dev),
@@ -143,7 +152,7 @@ def draft_window_triton(b_start, b_accept_len, b_num_masks, b_req_idx, b_row0, b
         out.positions, out.mem_index, out.hidden_index, out.next_tokens, out.b_seq_len, out.b_anchor,
         out.b_context_rows, b_tokens.shape[1], req_to_token.stride(0), req_to_token.shape[1], hold_slot,
         context_base, mask_index,
-        P=num_prepend, ROWS=rows, M=lookahead, BLOCK_R=triton.next_power_of_2(rows),
+        P=num_prepend, ROWS=rows, M=lookahead, SHIFT=position_shift, BLOCK_R=triton.next_power_of_2(rows),
         BLOCK_P=triton.next_power_of_2(max(num_prepend, 1)), num_warps=1,
     )  # fmt: skip
     return out
@@ -158,7 +167,8 @@ if triton_available():
         start_ptr, accept_ptr, masks_ptr, req_ptr, row0_ptr, tokens_ptr, req_to_token_ptr,
         pos_out, mem_out, hidden_out, next_out, seq_len_out, anchor_out, ctx_out,
         C, stride_table, W, hold_slot, context_base, mask_index,
-        P: tl.constexpr, ROWS: tl.constexpr, M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+        P: tl.constexpr, ROWS: tl.constexpr, M: tl.constexpr, SHIFT: tl.constexpr, BLOCK_R: tl.constexpr,
+        BLOCK_P: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0).to(tl.int64)
         start = tl.load(start_ptr + b).to(tl.int64)
@@ -172,12 +182,13 @@ if triton_available():
         pos = w0 + r
         committed = pos < newest
         in_table = committed | (pos < masks_end)
-        slot = tl.load(req_to_token_ptr + req * stride_table + tl.minimum(pos, W - 1), mask=live & in_table, other=0)
+        table_pos = tl.minimum(pos + SHIFT, W - 1)
+        slot = tl.load(req_to_token_ptr + req * stride_table + table_pos, mask=live & in_table, other=0)
         mem = tl.where(in_table, slot.to(tl.int64), hold_slot)
         hidden = tl.where(pos >= start, row0 + pos - start, context_base + req * P + P - (start - pos))
         hidden = tl.where(committed, hidden, mask_index)
         out_row = b * ROWS + r
-        tl.store(pos_out + out_row, pos, mask=live)
+        tl.store(pos_out + out_row, pos + SHIFT, mask=live)
         tl.store(mem_out + out_row, mem.to(tl.int32), mask=live)
         tl.store(hidden_out + out_row, hidden, mask=live)
         first = start - P + 1  # position of b_tokens[b, 0]
@@ -187,7 +198,7 @@ if triton_available():
             valid = live & committed & (idx >= 0) & (idx < C) & (ahead <= newest)
             tok = tl.load(tokens_ptr + b * C + idx, mask=valid, other=-1)
             tl.store(next_out + out_row * M + m, tl.where(valid, tok, -1), mask=live)
-        tl.store(seq_len_out + b, (w0 + ROWS).to(tl.int32))
+        tl.store(seq_len_out + b, (w0 + ROWS + SHIFT).to(tl.int32))
         tl.store(anchor_out + b, b * ROWS + newest - 1 - w0)
         if P > 0:
             j = tl.arange(0, BLOCK_P)

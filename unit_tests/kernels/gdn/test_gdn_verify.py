@@ -45,6 +45,36 @@ def test_conv_verify_matches_stepwise_updates_over_rounds(k):
         torch.testing.assert_close(wide[b, :, a - 1 : a - 1 + kernel - 1], narrow[b])
 
 
+@pytest.mark.parametrize("k", [2, 3, 5])
+def test_conv_chain_steps_append_after_the_committed_window(k):
+    """A draft model's chain steps (b_write_col): after a verify block with accept length a, single-token steps
+    reading column a-2+j and writing from a-1+j equal step-by-step updates from the committed window, which they
+    leave untouched."""
+    torch.manual_seed(k)
+    channels, kernel, bsz = 6, 4, 3
+    weight = torch.randn(channels, kernel)
+    wide = torch.randn(bsz, channels, kernel - 2 + 2 * k)  # the draft's layout: 2k positions
+    slots = torch.arange(bsz, dtype=torch.int32)
+    accept = torch.tensor([1, k + 1, 2], dtype=torch.int32)
+    committed = torch.stack([wide[b, :, a - 1 : a + kernel - 2] for b, a in enumerate(accept.tolist())]).clone()
+    state = committed.clone()
+    one = torch.arange(2, dtype=torch.int32)
+    for j in range(1, k):
+        x = torch.randn(bsz, channels)
+        position = accept - 1 + j
+        out = causal_conv1d_verify(x, weight, wide, b_state_idx=slots, b1_cu_q_len=torch.arange(bsz + 1,
+                                   dtype=torch.int32), b_accept_len=position, b_write_col=position)  # fmt: skip
+        ref = causal_conv1d_update(x, weight, state, b_state_idx=slots)
+        torch.testing.assert_close(out, ref)
+        for b, a in enumerate(accept.tolist()):
+            torch.testing.assert_close(wide[b, :, a - 1 : a + kernel - 2], committed[b])  # committed kept
+            torch.testing.assert_close(wide[b, :, a - 1 + j : a - 1 + j + kernel - 1], state[b])  # the new window
+    with pytest.raises(ValueError, match="written from column"):
+        causal_conv1d_verify(x[:1], weight, wide, b_state_idx=slots[:1], b1_cu_q_len=one,
+                             b_accept_len=torch.tensor([1], dtype=torch.int32),
+                             b_write_col=torch.tensor([2], dtype=torch.int32))  # fmt: skip
+
+
 @pytest.mark.parametrize("k", [1, 3])
 def test_gdn_verify_writes_state_after_each_position(k):
     torch.manual_seed(10 + k)
@@ -98,3 +128,26 @@ def test_fused_gate_entry_equals_gating_then_verify():
     torch.testing.assert_close(fused_state, plain_state)
     with pytest.raises(TypeError):  # metadata is keyword-only: a misplaced index cannot pass silently
         gated_delta_rule_verify(qq, kk, v, g, beta, ssm, *meta.values())
+
+
+@pytest.mark.gpu
+def test_conv_verify_write_column_triton_matches_reference_gpu():
+    from lightllm_mtp.kernels.gdn import causal_conv1d_verify as conv
+
+    torch.manual_seed(0)
+    k, channels, kernel, bsz = 4, 300, 4, 5
+    weight = torch.randn(channels, kernel, device="cuda")
+    slots = torch.randperm(bsz, device="cuda").to(torch.int32)
+    for write in (True, False):
+        pos = torch.randint(1, 2 * k, (bsz,), device="cuda", dtype=torch.int32)
+        q = 1 if write else k + 1
+        acc = pos if write else pos.clamp(max=k + 1)
+        x = torch.randn(bsz * q, channels, device="cuda")
+        cu = torch.arange(bsz + 1, device="cuda", dtype=torch.int32) * q
+        state = torch.randn(bsz, channels, kernel - 2 + 2 * k, device="cuda")
+        state2 = state.clone()
+        col = pos if write else None
+        ref = conv.causal_conv1d_verify_ref(x, weight, state, slots, cu, acc, col)
+        out = conv._verify_triton(x, weight, state2, slots, cu, acc, q, col)
+        torch.testing.assert_close(out, ref)
+        torch.testing.assert_close(state2, state)

@@ -26,8 +26,16 @@ SCRIPT = textwrap.dedent(
             st = torch.randn(3, C, K - 1 + k)
             st2 = st.clone()
             ref = conv.causal_conv1d_verify_ref(x, w, st, slots, cu, acc)
-            out = conv._verify_triton(x, w, st2, slots, cu, acc, k + 1)
+            out = conv._verify_triton(x, w, st2, slots, cu, acc, k + 1, None)
             assert out.is_contiguous()
+            torch.testing.assert_close(out, ref); torch.testing.assert_close(st2, st)
+            # a draft model's chain step: one token, read at column acc - 1, written from column acc (b_write_col)
+            cu1 = torch.arange(bsz + 1, dtype=torch.int32)
+            x1 = torch.randn(bsz, C)
+            st = torch.randn(3, C, K - 2 + 2 * k); st2 = st.clone()
+            pos = acc.clamp(max=2 * k - 1)
+            ref = conv.causal_conv1d_verify_ref(x1, w, st, slots, cu1, pos, pos)
+            out = conv._verify_triton(x1, w, st2, slots, cu1, pos, 1, pos)
             torch.testing.assert_close(out, ref); torch.testing.assert_close(st2, st)
             rows = k + 1
             qkv = torch.randn(T, (2 * nk + nv) * d + 3)[:, : (2 * nk + nv) * d]  # views of one projection

@@ -14,7 +14,7 @@ from lightllm_mtp.kernels.speculative.draft_inputs import draft_window
 HOLD = 999
 
 
-def random_case(seed, num_prepend, rows, lookahead, bsz=4, width=40, slots=6):
+def random_case(seed, num_prepend, rows, lookahead, bsz=4, width=40, slots=6, position_shift=0):
     g = torch.Generator().manual_seed(seed)
     start = torch.randint(0, 20, (bsz, 3), generator=g)[:, 1]  # a column slice, as the engine's DraftState rows
     start[0] = 0  # a window clamped at position 0
@@ -28,11 +28,12 @@ def random_case(seed, num_prepend, rows, lookahead, bsz=4, width=40, slots=6):
     table = torch.randint(0, 300, (slots + 1, width), generator=g, dtype=torch.int32)
     return dict(b_start=start, b_accept_len=accept, b_num_masks=masks, b_req_idx=req, b_row0=row0, b_tokens=tokens,
                 req_to_token=table, hold_slot=HOLD, num_prepend=num_prepend, rows=rows, lookahead=lookahead,
-                context_base=100, mask_index=1000)  # fmt: skip
+                context_base=100, mask_index=1000, position_shift=position_shift)  # fmt: skip
 
 
 def oracle(c):
-    P, R, M = c["num_prepend"], c["rows"], c["lookahead"]
+    """Draft-model windows (position_shift 1): the same rows one position on, with that position's KV slot."""
+    P, R, M, S = c["num_prepend"], c["rows"], c["lookahead"], c["position_shift"]
     pos_l, mem_l, hid_l, nxt_l, seq_l, anc_l, ctx_l = [], [], [], [], [], [], []
     for b in range(c["b_start"].shape[0]):
         start, acc = int(c["b_start"][b]), int(c["b_accept_len"][b])
@@ -41,26 +42,28 @@ def oracle(c):
         tok = {start - P + 1 + i: int(t) for i, t in enumerate(c["b_tokens"][b]) if int(t) >= 0}
         for r in range(R):
             p = w0 + r
-            pos_l.append(p)
+            pos_l.append(p + S)
             if p < newest:
-                mem_l.append(int(c["req_to_token"][req, p]))
+                mem_l.append(int(c["req_to_token"][req, p + S]))
                 hid_l.append(int(c["b_row0"][b]) + p - start if p >= start else 100 + req * P + P - (start - p))
                 nxt_l.append([tok.get(p + 1 + m, -1) if p + 1 + m <= newest else -1 for m in range(M)])
             else:
                 is_mask = p < newest + int(c["b_num_masks"][b])
-                mem_l.append(int(c["req_to_token"][req, p]) if is_mask else HOLD)
+                mem_l.append(int(c["req_to_token"][req, p + S]) if is_mask else HOLD)
                 hid_l.append(1000)
                 nxt_l.append([-1] * M)
-        seq_l.append(w0 + R)
+        seq_l.append(w0 + R + S)
         anc_l.append(b * R + newest - 1 - w0)
         ctx_l.append([b * R + newest - P + j - w0 if newest - P + j >= 0 else -1 for j in range(P)])
     return pos_l, mem_l, hid_l, nxt_l, seq_l, anc_l, ctx_l
 
 
-@pytest.mark.parametrize("num_prepend,rows,lookahead", [(0, 4, 1), (0, 8, 1), (2, 6, 3), (1, 3, 2), (3, 8, 4)])
+@pytest.mark.parametrize("num_prepend,rows,lookahead,shift",
+                         [(0, 4, 1, 0), (0, 8, 1, 0), (2, 6, 3, 0), (1, 3, 2, 0), (3, 8, 4, 0), (0, 4, 1, 1),
+                          (0, 8, 1, 1)])  # fmt: skip
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_reference_matches_oracle(num_prepend, rows, lookahead, seed):
-    c = random_case(seed, num_prepend, rows, lookahead)
+def test_reference_matches_oracle(num_prepend, rows, lookahead, shift, seed):
+    c = random_case(seed, num_prepend, rows, lookahead, position_shift=shift)
     w = draft_window(**c)
     pos, mem, hid, nxt, seq, anc, ctx = oracle(c)
     assert w.positions.tolist() == pos
@@ -87,12 +90,12 @@ SCRIPT = textwrap.dedent(
     import torch
     from lightllm_mtp.kernels.speculative import draft_inputs as di
     from unit_tests.kernels.speculative.test_draft_inputs import random_case
-    for P, R, M in [(0, 4, 1), (0, 8, 1), (2, 6, 3), (3, 8, 4)]:
+    for P, R, M, S in [(0, 4, 1, 0), (0, 8, 1, 0), (2, 6, 3, 0), (3, 8, 4, 0), (0, 4, 1, 1), (0, 8, 1, 1)]:
         for seed in range(3):
-            c = random_case(seed, P, R, M)
+            c = random_case(seed, P, R, M, position_shift=S)
             args = [c[k] for k in ("b_start", "b_accept_len", "b_num_masks", "b_req_idx", "b_row0", "b_tokens",
                                    "req_to_token", "hold_slot", "num_prepend", "rows", "lookahead", "context_base",
-                                   "mask_index")]
+                                   "mask_index", "position_shift")]
             ref, tri = di.draft_window_ref(*args), di.draft_window_triton(*args)
             for name in ref.__dataclass_fields__:
                 a, b = getattr(ref, name), getattr(tri, name)
@@ -114,16 +117,17 @@ def test_triton_kernel_under_interpreter():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("num_prepend,rows,lookahead", [(0, 4, 1), (0, 14, 1), (2, 6, 3), (6, 14, 7)])
-def test_triton_matches_reference_gpu(num_prepend, rows, lookahead):
+@pytest.mark.parametrize("num_prepend,rows,lookahead,shift",
+                         [(0, 4, 1, 0), (0, 14, 1, 0), (2, 6, 3, 0), (6, 14, 7, 0), (0, 6, 1, 1), (0, 14, 1, 1)])
+def test_triton_matches_reference_gpu(num_prepend, rows, lookahead, shift):
     from lightllm_mtp.kernels.speculative import draft_inputs as di
 
     for seed in range(4):
-        c = random_case(seed, num_prepend, rows, lookahead, bsz=33, width=64, slots=40)
+        c = random_case(seed, num_prepend, rows, lookahead, bsz=33, width=64, slots=40, position_shift=shift)
         c = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in c.items()}
         args = [c[k] for k in ("b_start", "b_accept_len", "b_num_masks", "b_req_idx", "b_row0", "b_tokens",
                                "req_to_token", "hold_slot", "num_prepend", "rows", "lookahead", "context_base",
-                               "mask_index")]  # fmt: skip
+                               "mask_index", "position_shift")]  # fmt: skip
         ref, tri = di.draft_window_ref(*args), di.draft_window_triton(*args)
         for name in ref.__dataclass_fields__:
             assert torch.equal(getattr(ref, name), getattr(tri, name)), name
