@@ -45,7 +45,12 @@ class LLM:
         mtp_draft_vocab_file: str | Path | None = None,
         mtp_draft_vocab_size: int | None = None,
         disable_overlap: bool = False,
+        tp: int = 1,
+        pp: int = 1,
+        dist_timeout_s: float = 120.0,
     ):
+        """tp / pp > 1: this process drives tp x pp - 1 follower processes (engine/parallel/); `shutdown()` ends
+        them (they also end with this process)."""
         args = EngineArgs(
             model_dir=str(model_dir),
             device=device,
@@ -62,9 +67,15 @@ class LLM:
             mtp_draft_vocab_file=None if mtp_draft_vocab_file is None else str(mtp_draft_vocab_file),
             mtp_draft_vocab_size=mtp_draft_vocab_size,
             disable_overlap=disable_overlap,
+            tp=tp,
+            pp=pp,
+            dist_timeout_s=dist_timeout_s,
         )
         self.engine = LLMEngine(args)
         self.tokenizer = _load_tokenizer(model_dir)
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
 
     def generate(
         self,

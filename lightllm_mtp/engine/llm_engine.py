@@ -9,20 +9,17 @@ from pathlib import Path
 
 import torch
 
-from lightllm_mtp.config.runtime import RuntimeShape
 from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.config.model_config import ModelConfig
-from lightllm_mtp.engine.model_runner import ModelRunner
-from lightllm_mtp.engine.spec_runner import SpecRunner
-from lightllm_mtp.engine.step import LaunchedStep, StepRunner
+from lightllm_mtp.engine.parallel.driver_runner import DriverRunner
+from lightllm_mtp.engine.parallel.group import ParallelGroup
+from lightllm_mtp.engine.parallel.membership import describe
+from lightllm_mtp.engine.runner_factory import BuiltRunner, build_runner
+from lightllm_mtp.engine.step import LaunchedStep
 from lightllm_mtp.engine.request import FinishReason, Request, RequestStatus
 from lightllm_mtp.engine.scheduler import Scheduler
 from lightllm_mtp.env import ENV
-from lightllm_mtp.models.registry import create_model
 from lightllm_mtp.sampling_params import SamplingParams
-from lightllm_mtp.spec_decode.draft_factory import create_proposer
-from lightllm_mtp.spec_decode.draft_state import DraftState
-from lightllm_mtp.spec_decode.step_builder import StepBuilder
 
 
 @dataclass(frozen=True)
@@ -55,33 +52,15 @@ class LLMEngine:
         self.model_config = cfg = ModelConfig.from_model_dir(args.model_dir)
         self.max_model_len = args.resolved_max_model_len(cfg.max_position_embeddings)
         kv_pool_size = args.resolved_kv_pool_size(self.max_model_len)
-        self.spec = spec = args.spec
-        rt = RuntimeShape(
-            dtype=args.dtype,
-            device=args.device,
-            max_reqs=args.max_batch_size,
-            max_model_len=self.max_model_len,
-            kv_pool_size=kv_pool_size,
-            num_draft_tokens=spec.num_draft_tokens if spec else 0,
-            draft_kv_layers=spec.num_draft_modules if spec else 0,
-            load_format=args.load_format,
-        )
-        self.model = create_model(args.model_dir, cfg, rt)
-        graph_max = min(args.graph_max_batch_size, args.max_batch_size)
-        model_runner = ModelRunner(self.model, graph_max, num_draft_tokens=spec.num_draft_tokens if spec else 0)
-        self.runner: StepRunner = model_runner
-        if spec is not None:
-            caches = self.model.caches
-            state = DraftState(
-                args.max_batch_size, spec.num_draft_tokens, args.device, spec.num_context_rows, cfg.hidden_size,
-                args.dtype,
-            )  # fmt: skip
-            builder = StepBuilder(state, caches.req_manager.req_to_token, self.max_model_len, caches.kv_pool.hold_slot)
-            proposer = create_proposer(
-                self.model, spec, args.model_dir, builder, model_runner.graph_max_batch_size, model_runner.graph_pool
-            )
-            self.runner = SpecRunner(model_runner, proposer, builder)
-        self.model_runner = model_runner
+        self.spec = args.spec
+        self.parallel_group = None
+        if args.parallel.world_size > 1:  # tp x pp: this process is rank 0, the driver (engine/parallel/)
+            args.parallel.check_model(cfg)
+            self.parallel_group = ParallelGroup(args)
+        built = self._build(args, cfg)
+        self.model, self.model_runner, self.runner = built.model, built.model_runner, built.runner
+        if self.parallel_group is not None:
+            self.runner = DriverRunner(built.runner, self.parallel_group, args.device)
         self.scheduler = Scheduler(
             args.max_batch_size,
             args.chunked_prefill_size,
@@ -94,6 +73,22 @@ class LLMEngine:
         self._ids = itertools.count()
         self.overlap = not args.disable_overlap
         self._inflight: LaunchedStep | None = None  # a step queued on the device whose tokens are not read yet
+
+    def _build(self, args: EngineArgs, cfg: ModelConfig) -> BuiltRunner:
+        if self.parallel_group is None:
+            return build_runner(args, cfg, self.max_model_len)
+        try:
+            built = build_runner(args, cfg, self.max_model_len)
+        except Exception as e:
+            self.parallel_group.check_start(describe(e))
+            raise
+        self.parallel_group.check_start("ok")
+        return built
+
+    def shutdown(self) -> None:
+        """Ends the follower ranks of a tp / pp engine (nothing to do for a single-process one)."""
+        if self.parallel_group is not None:
+            self.parallel_group.shutdown()
 
     def validate_prompt(self, prompt_ids: list[int]) -> None:
         if not prompt_ids:

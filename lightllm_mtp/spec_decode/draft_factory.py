@@ -44,7 +44,7 @@ def create_drafts(
     module, cls_name = SUPPORTED_DRAFTS[key].split(":")
     cls = getattr(importlib.import_module(module), cls_name)
     model_dir = spec.draft_model_dir or main_model_dir
-    first_kv = len(main.cfg.full_attention_layers)
+    first_kv = main.num_kv_layers  # this stage's (the last one's) KV layers come first in its pool
     lm_head = None if token_map is None else LMHead(main.lm_head.weight[token_map].contiguous())
     return [
         cls(main, model_dir, mtp_layer=j, kv_layer=first_kv + j, parallel_drafting=spec.parallel_drafting,

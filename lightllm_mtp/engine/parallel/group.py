@@ -1,0 +1,116 @@
+"""The tensor / pipeline parallel process group: rank 0 is the calling process (the driver), ranks 1.. are
+follower processes started with spawn. Collectives are torch.distributed only: the compute backend (NCCL on
+CUDA, gloo on CPU) for the forward's all-reduces, all-gathers and stage-to-stage send / recv with the engine's
+`dist_timeout_s`, and a gloo control group that carries the driver's step ops (long timeout: followers wait there
+while the engine is idle; a follower whose driver dies exits on its own).
+
+Faults: a rank that dies or stops answering makes the driver's next collective fail (peer gone) or time out
+(`dist_timeout_s`); the driver then ends every follower and raises ParallelGroupError naming the ranks."""
+
+from __future__ import annotations
+
+import multiprocessing
+import socket
+
+import torch.distributed as dist
+
+from lightllm_mtp.common.parallel_state import reset_parallel_state
+from lightllm_mtp.config.engine_args import EngineArgs
+from lightllm_mtp.engine.parallel.follower import follower_main
+from lightllm_mtp.engine.parallel.membership import exchange_status, join_group, leave_group
+from lightllm_mtp.engine.parallel.step_ops import Stop, StepOp
+
+
+class ParallelGroupError(RuntimeError):
+    """A rank of the tp x pp group died, hung or failed; the whole group has been ended."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ParallelGroup:
+    """The driver's handle: starts the followers, sends them step ops, ends them."""
+
+    def __init__(self, args: EngineArgs):
+        if dist.is_initialized():
+            raise RuntimeError("one tp/pp engine per process: this process already belongs to a process group")
+        self.args = args
+        self.world_size = args.parallel.world_size
+        port = _free_port()
+        ctx = multiprocessing.get_context("spawn")
+        self.procs = [
+            ctx.Process(target=follower_main, args=(args, rank, port), name=f"lightllm_mtp-rank{rank}", daemon=True)
+            for rank in range(1, self.world_size)
+        ]
+        for p in self.procs:
+            p.start()
+        self.error: ParallelGroupError | None = None
+        try:
+            self.control = join_group(args, 0, port)
+        except Exception as e:
+            self.fail(e)
+
+    def check_start(self, status: str) -> None:
+        """After every rank built its model: raises (ending the group) unless all of them did."""
+        try:
+            statuses = exchange_status(self.control, status)
+        except Exception as e:
+            self.fail(e)
+        bad = [f"rank {r}: {s}" for r, s in enumerate(statuses) if s != "ok"]
+        if bad:
+            self.shutdown(send_stop=False)
+            raise ParallelGroupError("the tp/pp group failed to start: " + "; ".join(bad))
+
+    def send(self, ops: list[StepOp]) -> None:
+        if self.error is not None:
+            raise self.error
+        try:
+            dist.broadcast_object_list([ops], src=0, group=self.control)
+        except Exception as e:
+            self.fail(e)
+
+    def fail(self, cause: BaseException) -> None:
+        """Ends every follower and raises the group's error (again on every later call)."""
+        if self.error is None:
+            states = []
+            for rank, p in enumerate(self.procs, start=1):
+                states.append(f"rank {rank} " + (f"exited with code {p.exitcode}" if not p.is_alive() else "alive"))
+            self.error = ParallelGroupError(
+                f"tp={self.args.parallel.tp} x pp={self.args.parallel.pp} group ended: a collective failed or "
+                f"waited past dist_timeout_s={self.args.dist_timeout_s} s ({type(cause).__name__}: "
+                f"{str(cause).splitlines()[0] if str(cause) else ''}); {', '.join(states)}"
+            )
+            self._kill()
+        raise self.error from cause
+
+    def _kill(self) -> None:
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+        for p in self.procs:
+            p.join(timeout=10)
+        # a gloo group whose peers are gone cannot be destroyed cleanly; forget it so a new engine may start
+        try:
+            leave_group()
+        except Exception:
+            reset_parallel_state()
+
+    def shutdown(self, send_stop: bool = True) -> None:
+        if self.error is not None or not self.procs:
+            return
+        if send_stop:
+            try:
+                dist.broadcast_object_list([[Stop()]], src=0, group=self.control)
+            except Exception:
+                pass
+        for p in self.procs:
+            p.join(timeout=30)
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=10)
+        self.procs = []
+        leave_group()

@@ -1,0 +1,63 @@
+"""Joining and leaving the tp x pp process group (driver and followers alike)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import os
+import threading
+import traceback
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from lightllm_mtp.common.parallel_state import init_parallel_state, reset_parallel_state
+from lightllm_mtp.config.engine_args import EngineArgs
+from lightllm_mtp.config.parallel_config import RankInfo
+
+_IDLE_TIMEOUT = timedelta(days=365)  # the control group: followers wait for the next step for as long as it takes
+
+
+def join_group(args: EngineArgs, rank: int, port: int) -> object:
+    """Joins the process group as `rank` and creates every group; returns the control group."""
+    backend = "nccl" if args.device.type == "cuda" else "gloo"
+    if args.device.type == "cuda":
+        torch.cuda.set_device(args.device)
+    dist.init_process_group(
+        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.parallel.world_size,
+        timeout=timedelta(seconds=args.dist_timeout_s),
+    )  # fmt: skip
+    control = dist.new_group(backend="gloo", timeout=_IDLE_TIMEOUT)
+    init_parallel_state(RankInfo(args.parallel, rank))
+    return control
+
+
+def exchange_status(control, status: str) -> list[str]:
+    """Every rank's start status ("ok" or its error), so that a rank failing to load ends the start everywhere."""
+    statuses: list[str] = [""] * dist.get_world_size()
+    dist.all_gather_object(statuses, status, group=control)
+    return statuses
+
+
+def leave_group() -> None:
+    reset_parallel_state()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def watch_parent() -> None:
+    """A follower ends itself when its driver process is gone (it may be waiting on the control group)."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def wait() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os._exit(1)
+
+    threading.Thread(target=wait, name="watch-driver", daemon=True).start()
+
+
+def describe(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}\n{traceback.format_exc()}"

@@ -1,0 +1,51 @@
+"""The step description the driver broadcasts to the follower ranks: what its StepRunner is asked to do, in order.
+
+Every rank holds the same runner (its own shard), the same request slots, KV pool and DraftState; applying the same
+runner calls in the same order keeps them equal on every rank, and the forwards' collectives line up. The driver
+decides (Scheduler, StepBuilder via its runner); followers only replay:
+  Launch: the scheduled (request id, new tokens) list, the requests seen for the first time, and which launched
+      step is still unread (overlap scheduling);
+  Collect: read a launched step back (commits accepted KV slots, frees rejected ones, appends tokens);
+  Release: a finished or aborted request returns its slots;
+  Stop: the group shuts down.
+Ops that need no collective (Collect, Release) wait in the driver and go out with the next Launch or Stop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lightllm_mtp.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class NewRequest:
+    request_id: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    generator_seed: int | None  # the generator every rank builds (sampled requests), None: greedy
+
+
+@dataclass(frozen=True)
+class Launch:
+    seq: int  # this launch's number
+    after: int | None  # the launch whose results are not read yet (its number), or None
+    scheduled: list[tuple[int, int]]  # (request id, new tokens), in the scheduler's order
+    new_requests: list[NewRequest]
+
+
+@dataclass(frozen=True)
+class Collect:
+    seq: int
+
+
+@dataclass(frozen=True)
+class Release:
+    request_id: int
+
+
+@dataclass(frozen=True)
+class Stop:
+    pass
+
+
+StepOp = Launch | Collect | Release | Stop
