@@ -12,6 +12,7 @@ import torch
 from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.engine.parallel.driver_runner import DriverRunner
+from lightllm_mtp.engine.parallel.follower import save_stage_state
 from lightllm_mtp.engine.parallel.group import ParallelGroup
 from lightllm_mtp.engine.parallel.membership import describe
 from lightllm_mtp.engine.runner_factory import BuiltRunner, build_runner
@@ -59,6 +60,7 @@ class LLMEngine:
             self.parallel_group = ParallelGroup(args)
         built = self._build(args, cfg)
         self.model, self.model_runner, self.runner = built.model, built.model_runner, built.runner
+        self._built = built
         if self.parallel_group is not None:
             self.runner = DriverRunner(built.runner, self.parallel_group, args.device)
         self.scheduler = Scheduler(
@@ -84,6 +86,14 @@ class LLMEngine:
             raise
         self.parallel_group.check_start("ok")
         return built
+
+    def save_state(self, directory: str | Path) -> None:
+        """Every rank writes its cached state (KV, conv windows, SSM rows, page table, DraftState by global layer)
+        to directory/rank{r}.pt (engine/parallel/stage_state.py); tests compare layouts with it."""
+        if isinstance(self.runner, DriverRunner):
+            self.runner.save_state(str(directory), lambda d: save_stage_state(self._built, d, 0))
+        else:
+            save_stage_state(self._built, str(directory), 0)
 
     def shutdown(self) -> None:
         """Ends the follower ranks of a tp / pp engine (nothing to do for a single-process one)."""

@@ -9,7 +9,7 @@ import random
 import torch
 
 from lightllm_mtp.engine.parallel.group import ParallelGroup
-from lightllm_mtp.engine.parallel.step_ops import Collect, Launch, NewRequest, Release, StepOp
+from lightllm_mtp.engine.parallel.step_ops import Collect, Launch, NewRequest, Release, SaveState, StepOp
 from lightllm_mtp.engine.request import Request
 from lightllm_mtp.engine.scheduler import ScheduledRequest
 from lightllm_mtp.engine.step import LaunchedStep, StepRunner
@@ -54,6 +54,13 @@ class DriverRunner:
             self._pending.append(Release(req.request_id))
             self._known.discard(req.request_id)
         self.runner.release(req)
+
+    def save_state(self, directory: str, save_own) -> None:
+        """Every rank writes its cached state to `directory`/rank{r}.pt; save_own(directory) writes the driver's."""
+        self.group.send(self._pending + [SaveState(str(directory))])
+        self._pending = []
+        save_own(directory)
+        self.group.barrier()
 
     def shutdown(self) -> None:
         self.group.shutdown()

@@ -5,6 +5,7 @@ calls (launch, collect, release) in the same order."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -13,9 +14,10 @@ from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.config.parallel_config import RankInfo
 from lightllm_mtp.engine.parallel.membership import describe, exchange_status, join_group, leave_group, watch_parent
-from lightllm_mtp.engine.parallel.step_ops import Collect, Launch, Release, Stop
+from lightllm_mtp.engine.parallel.stage_state import stage_state
+from lightllm_mtp.engine.parallel.step_ops import Collect, Launch, Release, SaveState, Stop
 from lightllm_mtp.engine.request import Request, RequestStatus
-from lightllm_mtp.engine.runner_factory import build_runner, rank_args
+from lightllm_mtp.engine.runner_factory import BuiltRunner, build_runner, rank_args
 from lightllm_mtp.engine.scheduler import ScheduledRequest
 from lightllm_mtp.env import ENV
 
@@ -38,14 +40,16 @@ def follower_main(args: EngineArgs, rank: int, port: int) -> None:
     if any(s != "ok" for s in exchange_status(control, status)):
         leave_group()
         sys.exit(1)
-    Follower(built.runner, args.device).run(control)
+    Follower(built, args.device, rank).run(control)
     leave_group()
 
 
 class Follower:
-    def __init__(self, runner, device: torch.device):
-        self.runner = runner
+    def __init__(self, built: BuiltRunner, device: torch.device, rank: int):
+        self.built = built
+        self.runner = built.runner
         self.device = device
+        self.rank = rank
         self.requests: dict[int, Request] = {}
         self.steps: dict[int, object] = {}
 
@@ -57,6 +61,8 @@ class Follower:
                 if isinstance(op, Stop):
                     return
                 self.apply(op)
+                if isinstance(op, SaveState):
+                    dist.barrier(group=control)  # the driver reads the files after it
 
     @torch.inference_mode()
     def apply(self, op) -> None:
@@ -79,5 +85,11 @@ class Follower:
             req = self.requests.pop(op.request_id)
             self.runner.release(req)
             req.status = RequestStatus.FINISHED
+        elif isinstance(op, SaveState):
+            save_stage_state(self.built, op.directory, self.rank)
         else:
             raise TypeError(f"unknown step op {op!r}")
+
+
+def save_stage_state(built: BuiltRunner, directory: str, rank: int) -> None:
+    torch.save(stage_state(built.model, built.runner), Path(directory) / f"rank{rank}.pt")

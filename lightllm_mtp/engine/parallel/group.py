@@ -72,6 +72,12 @@ class ParallelGroup:
         except Exception as e:
             self.fail(e)
 
+    def barrier(self) -> None:
+        try:
+            dist.barrier(group=self.control)
+        except Exception as e:
+            self.fail(e)
+
     def fail(self, cause: BaseException) -> None:
         """Ends every follower and raises the group's error (again on every later call)."""
         if self.error is None:

@@ -7,6 +7,7 @@ decides (Scheduler, StepBuilder via its runner); followers only replay:
       step is still unread (overlap scheduling);
   Collect: read a launched step back (commits accepted KV slots, frees rejected ones, appends tokens);
   Release: a finished or aborted request returns its slots;
+  SaveState: every rank writes its cached state to a file (tests compare stages with a single-process run);
   Stop: the group shuts down.
 Ops that need no collective (Collect, Release) wait in the driver and go out with the next Launch or Stop."""
 
@@ -44,8 +45,15 @@ class Release:
 
 
 @dataclass(frozen=True)
+class SaveState:
+    """Every rank writes its cached state (stage_state.py) to `directory`/rank{r}.pt (tests, debugging)."""
+
+    directory: str
+
+
+@dataclass(frozen=True)
 class Stop:
     pass
 
 
-StepOp = Launch | Collect | Release | Stop
+StepOp = Launch | Collect | Release | SaveState | Stop
