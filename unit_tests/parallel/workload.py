@@ -31,8 +31,9 @@ ABORT_AT_STEP, ABORTED = 5, 0
 
 
 def engine(model_dir, mtp: dict, **kwargs) -> LLMEngine:
+    kwargs.setdefault("dist_timeout_s", 30)
     return LLMEngine(EngineArgs(model_dir=str(model_dir), max_model_len=128, max_batch_size=3, chunked_prefill_size=32,
-                                dist_timeout_s=30, **mtp, **kwargs))  # fmt: skip
+                                **mtp, **kwargs))  # fmt: skip
 
 
 def run(eng: LLMEngine, stop_after: int | None = None) -> list[tuple[list[int], str | None]]:

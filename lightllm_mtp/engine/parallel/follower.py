@@ -13,7 +13,9 @@ import torch.distributed as dist
 from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.config.parallel_config import RankInfo
-from lightllm_mtp.engine.parallel.membership import describe, exchange_status, join_group, leave_group, watch_parent
+from lightllm_mtp.engine.parallel.membership import (
+    describe, exchange_status, join_group, leave_group, recv_ops, watch_parent,
+)
 from lightllm_mtp.engine.parallel.stage_state import stage_state
 from lightllm_mtp.engine.parallel.step_ops import Collect, Launch, Release, SaveState, Stop
 from lightllm_mtp.engine.request import Request, RequestStatus
@@ -55,9 +57,7 @@ class Follower:
 
     def run(self, control) -> None:
         while True:
-            box: list = [None]
-            dist.broadcast_object_list(box, src=0, group=control)
-            for op in box[0]:
+            for op in recv_ops(control):
                 if isinstance(op, Stop):
                     return
                 self.apply(op)

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import multiprocessing
 import socket
+from datetime import timedelta
 
 import torch.distributed as dist
 
 from lightllm_mtp.common.parallel_state import reset_parallel_state
 from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.engine.parallel.follower import follower_main
-from lightllm_mtp.engine.parallel.membership import exchange_status, join_group, leave_group
+from lightllm_mtp.engine.parallel.membership import exchange_status, join_group, leave_group, send_ops
 from lightllm_mtp.engine.parallel.step_ops import Stop, StepOp
 
 
@@ -68,13 +69,13 @@ class ParallelGroup:
         if self.error is not None:
             raise self.error
         try:
-            dist.broadcast_object_list([ops], src=0, group=self.control)
+            send_ops(ops, self.control, self.args.dist_timeout_s)
         except Exception as e:
             self.fail(e)
 
     def barrier(self) -> None:
         try:
-            dist.barrier(group=self.control)
+            dist.barrier(group=self.control, async_op=True).wait(timeout=timedelta(seconds=self.args.dist_timeout_s))
         except Exception as e:
             self.fail(e)
 
@@ -83,7 +84,8 @@ class ParallelGroup:
         if self.error is None:
             states = []
             for rank, p in enumerate(self.procs, start=1):
-                states.append(f"rank {rank} " + (f"exited with code {p.exitcode}" if not p.is_alive() else "alive"))
+                alive = p.is_alive()
+                states.append(f"rank {rank} " + ("still running (not answering)" if alive else f"exited with code {p.exitcode}"))
             self.error = ParallelGroupError(
                 f"tp={self.args.parallel.tp} x pp={self.args.parallel.pp} group ended: a collective failed or "
                 f"waited past dist_timeout_s={self.args.dist_timeout_s} s ({type(cause).__name__}: "
@@ -109,7 +111,7 @@ class ParallelGroup:
             return
         if send_stop:
             try:
-                dist.broadcast_object_list([[Stop()]], src=0, group=self.control)
+                send_ops([Stop()], self.control, self.args.dist_timeout_s)
             except Exception:
                 pass
         for p in self.procs:

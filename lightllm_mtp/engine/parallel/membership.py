@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.connection
 import os
+import pickle
 import threading
 import traceback
 from datetime import timedelta
@@ -61,3 +62,20 @@ def watch_parent() -> None:
 
 def describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+
+
+def send_ops(ops: list, control, timeout_s: float) -> None:
+    """The driver's step ops to every follower: a length, then the pickled bytes. Waits at most timeout_s (the
+    control group's own timeout is the idle one)."""
+    payload = torch.frombuffer(bytearray(pickle.dumps(ops)), dtype=torch.uint8)
+    for tensor in (torch.tensor([payload.numel()], dtype=torch.int64), payload):
+        dist.broadcast(tensor, 0, group=control, async_op=True).wait(timeout=timedelta(seconds=timeout_s))
+
+
+def recv_ops(control) -> list:
+    """A follower's next step ops (waits as long as the driver is idle)."""
+    size = torch.zeros(1, dtype=torch.int64)
+    dist.broadcast(size, 0, group=control)
+    payload = torch.empty(int(size.item()), dtype=torch.uint8)
+    dist.broadcast(payload, 0, group=control)
+    return pickle.loads(payload.numpy().tobytes())
