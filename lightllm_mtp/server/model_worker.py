@@ -51,6 +51,7 @@ def run_worker(rank: int, engine_args, dp: int, inbox, outbox, log_level: str) -
         return
     if not worker.run():  # the front is gone: leave at once, nothing left to flush or to tell
         os._exit(0)
+    worker.engine.shutdown()  # tp / pp: ends the follower ranks
 
 
 def _die_with_parent() -> None:
