@@ -92,3 +92,36 @@ def test_tensor_parallel_shards_reassemble_to_the_one_process_state(tmp_path):
                 torch.testing.assert_close(got, want[key][r.req_idx], **close)
     for rank in ranks:
         assert torch.equal(rank["draft_table"], want["draft_table"])
+
+
+@pytest.mark.slow
+def test_sampling_ranks_draw_the_same_tokens(tmp_path):
+    """Temperature sampling under tp=2 (overlap off): every rank samples from the same gathered logits with the same
+    generator (an unseeded request gets one from the driver), so the ranks' block rows and page tables stay equal;
+    a seeded request gives the one-process tokens (its logits differ only by all-reduce rounding)."""
+    from lightllm_mtp.sampling_params import SamplingParams
+
+    params = [SamplingParams(temperature=0.8, max_new_tokens=12, seed=7), SamplingParams(temperature=1.0, max_new_tokens=40)]
+    prompts = [[5, 17, 300, 42, 9], [900, 4, 4, 250, 31, 8]]
+
+    def start(**kwargs):
+        eng = engine(DENSE, EAGLE, disable_overlap=True, **kwargs)
+        return eng, [eng.add_request(p, sp) for p, sp in zip(prompts, params)]
+
+    ref, ref_reqs = start()
+    while ref.has_unfinished():
+        ref.step_outputs()
+    eng, reqs = start(tp=2)
+    try:
+        for _ in range(6):
+            eng.step_outputs()
+        eng.save_state(tmp_path)
+        ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+        assert torch.equal(ranks[0]["draft_table"], ranks[1]["draft_table"])
+        assert torch.equal(ranks[0]["req_to_token"], ranks[1]["req_to_token"])
+        while eng.has_unfinished():
+            eng.step_outputs()
+    finally:
+        eng.shutdown()
+    assert reqs[0].output_ids == ref_reqs[0].output_ids
+    assert len(reqs[1].output_ids) == 40
