@@ -82,6 +82,7 @@ class ModelWorker:
         self.inbox, self.outbox = inbox, outbox
         self.parent_pid = os.getppid()
         self.engine = LLMEngine(engine_args)
+        self.group_failed = False
         self.live: dict[int, object] = {}  # server rid -> engine Request
         self.rid_of: dict[int, int] = {}  # engine request_id -> server rid
         self.finished_requests = 0
@@ -127,6 +128,9 @@ class ModelWorker:
                 deltas += self._step()
             if msgs or deltas:
                 self.outbox.put(WorkerOutput(self.rank, deltas, self._stats()))
+            if self.group_failed:  # a tp / pp rank died or hung: leave, so that the front restarts the replica
+                logger.error("the replica's tp/pp group ended; exiting for a restart")
+                return False
 
     def _receive(self, block: bool) -> list | None:
         """Everything in the inbox now; when idle, waits for the first message. None: the front is gone."""
@@ -167,6 +171,9 @@ class ModelWorker:
             outputs = self.engine.step_outputs()
         except Exception as e:  # a failing step must not take the server down: fail its requests, go on
             logger.error("step failed, aborting %d requests:\n%s", len(self.live), traceback.format_exc())
+            from lightllm_mtp.engine.parallel.group import ParallelGroupError  # loaded with the engine
+
+            self.group_failed = isinstance(e, ParallelGroupError)
             return self._fail_all(f"{type(e).__name__}: {e}")
         deltas = []
         for o in outputs:
