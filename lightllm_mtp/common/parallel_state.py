@@ -82,6 +82,15 @@ def tp_all_gather_last(x: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts, dim=-1)
 
 
+def tp_all_gather_rows(x: torch.Tensor) -> torch.Tensor:
+    """Concatenates each tp rank's rows (dim 0): a whole vocab-parallel matrix, for a one-time copy at start."""
+    if _STATE.tp_size == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(_STATE.tp_size)]
+    dist.all_gather(parts, x.contiguous(), group=_STATE.tp_group)
+    return torch.cat(parts, dim=0)
+
+
 # ---- pipeline parallel -------------------------------------------------------------------------------
 def pp_send_next(tensors: list[torch.Tensor]) -> None:
     """Hands activations to the next stage (same tp rank)."""

@@ -85,8 +85,6 @@ class EngineArgs:
         set_field(self, "parallel", ParallelConfig(self.tp, self.pp))
         if self.dist_timeout_s <= 0:
             raise ValueError(f"dist_timeout_s must be > 0, got {self.dist_timeout_s}")
-        if self.parallel.tp > 1 and self.mtp_draft_vocab_file is not None:
-            raise ValueError("a reduced draft vocabulary (mtp_draft_vocab_file) is not supported with tp > 1 yet")
         for name in ("max_batch_size", "chunked_prefill_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -47,3 +47,20 @@ def test_greedy_tokens_identical_to_one_process(model_dir, mtp, tp, pp):
     reasons = [reason for _, reason in want]
     assert {"abort", "length", "stop"} <= set(reasons)
     assert 0 < len(want[0][0]) < 30  # aborted mid-generation
+
+
+@pytest.mark.slow
+def test_reduced_draft_vocabulary_under_tp(tmp_path):
+    """The draft's lm_head rows of a reduced vocabulary, gathered whole on every tp rank: same tokens as one process
+    with the same vocabulary file."""
+    import json
+
+    path = tmp_path / "vocab.json"
+    path.write_text(json.dumps({"token_ids": list(range(0, 4096, 2)), "always": [], "vocab_size": 4096}))
+    mtp = dict(EAGLE, mtp_draft_vocab_file=str(path))
+    want = run(engine(DENSE, mtp))
+    eng = engine(DENSE, mtp, tp=2)
+    try:
+        assert run(eng) == want
+    finally:
+        eng.shutdown()

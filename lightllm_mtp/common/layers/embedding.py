@@ -36,9 +36,11 @@ class VocabEmbedding:
 class LMHead:
     """Projects final-norm hidden states to fp32 logits; shares the embedding matrix when tied."""
 
-    def __init__(self, weight: torch.Tensor, vocab_size: int | None = None):
+    def __init__(self, weight: torch.Tensor, vocab_size: int | None = None, vocab_parallel: bool = True):
+        """vocab_parallel False: `weight` is whole on every rank (a reduced draft vocabulary's rows)."""
         self.weight = weight  # [V, H], under tp this rank's [part, H]
         self.vocab_size = vocab_size if vocab_size is not None else weight.shape[0]
+        self.vocab_parallel = vocab_parallel
 
     @staticmethod
     def specs(cfg: ModelConfig) -> list[TensorSpec]:
@@ -48,6 +50,6 @@ class LMHead:
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = F.linear(hidden, self.weight).float()
-        if state().tp_size == 1:
+        if state().tp_size == 1 or not self.vocab_parallel:
             return logits
         return tp_all_gather_last(logits)[:, : self.vocab_size]
