@@ -8,7 +8,7 @@ prompts, so their tokens must be identical. pp changes no arithmetic: tokens and
 
 import pytest
 
-from unit_tests.parallel.workload import DENSE, MOE, MTP3, engine, run
+from unit_tests.parallel.workload import DENSE, MOE, MTP3, count_launch_ahead, engine, run
 
 EAGLE = dict(mtp_mode="eagle_with_att", mtp_step=2)
 VANILLA = dict(mtp_mode="vanilla_with_att", mtp_step=2)
@@ -39,11 +39,13 @@ def reference(model_dir, mtp):
 def test_greedy_tokens_identical_to_one_process(model_dir, mtp, tp, pp):
     want = reference(model_dir, mtp)
     eng = engine(model_dir, mtp, tp=tp, pp=pp)
+    ahead = count_launch_ahead(eng)
     try:
         got = run(eng)
     finally:
         eng.shutdown()
     assert got == want
+    assert ahead[0] > 0  # overlap scheduling: steps queued before the previous one was read
     reasons = [reason for _, reason in want]
     assert {"abort", "length", "stop"} <= set(reasons)
     assert 0 < len(want[0][0]) < 30  # aborted mid-generation

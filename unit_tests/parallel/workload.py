@@ -46,3 +46,16 @@ def run(eng: LLMEngine, stop_after: int | None = None) -> list[tuple[list[int], 
         if steps == ABORT_AT_STEP:
             eng.abort(reqs[ABORTED])
     return [(list(r.output_ids), r.finish_reason.value if r.finish_reason else None) for r in reqs]
+
+
+def count_launch_ahead(eng: LLMEngine) -> list[int]:
+    """[launches queued before the previous step was read], counted as the engine runs."""
+    calls = [0]
+    inner = eng.runner.launch
+
+    def counted(scheduled, after=None):
+        calls[0] += after is not None
+        return inner(scheduled, after)
+
+    eng.runner.launch = counted
+    return calls
