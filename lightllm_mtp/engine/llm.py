@@ -75,7 +75,14 @@ class LLM:
         self.tokenizer = _load_tokenizer(model_dir)
 
     def shutdown(self) -> None:
+        """Ends the follower ranks of a tp / pp LLM (they also end with this process)."""
         self.engine.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
 
     def generate(
         self,

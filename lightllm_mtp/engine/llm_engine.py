@@ -82,7 +82,10 @@ class LLMEngine:
         try:
             built = build_runner(args, cfg, self.max_model_len)
         except Exception as e:
-            self.parallel_group.check_start(describe(e))
+            try:
+                self.parallel_group.check_start(describe(e))
+            except Exception as group_error:
+                raise group_error from e
             raise
         self.parallel_group.check_start("ok")
         return built

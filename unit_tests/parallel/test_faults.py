@@ -42,3 +42,14 @@ def test_a_dead_or_hung_rank_ends_the_group(signal_name, state):
         if follower.is_alive():
             follower.kill()
         eng.shutdown()
+
+
+@pytest.mark.slow
+def test_a_rank_that_cannot_load_fails_the_start_on_every_rank(tmp_path):
+    """Every rank reports its start status; one failing rank ends the start with each rank's reason."""
+    (tmp_path / "config.json").write_text((DENSE / "config.json").read_text())
+    (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file")
+    begin = time.monotonic()
+    with pytest.raises(ParallelGroupError, match="failed to start: rank 0: WeightLoadError.*rank 1: WeightLoadError"):
+        engine(tmp_path, {}, tp=2)
+    assert time.monotonic() - begin < 30

@@ -83,6 +83,8 @@ class ParallelGroup:
         """Ends every follower and raises the group's error (again on every later call)."""
         if self.error is None:
             states = []
+            for p in self.procs:  # a rank that just died may not be reaped yet
+                p.join(timeout=1.0 / max(1, len(self.procs)))
             for rank, p in enumerate(self.procs, start=1):
                 alive = p.is_alive()
                 states.append(f"rank {rank} " + ("still running (not answering)" if alive else f"exited with code {p.exitcode}"))

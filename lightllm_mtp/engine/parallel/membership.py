@@ -61,7 +61,9 @@ def watch_parent() -> None:
 
 
 def describe(e: BaseException) -> str:
-    return f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+    """A start failure in one line for the other ranks; the traceback goes to this rank's stderr."""
+    traceback.print_exc()
+    return f"{type(e).__name__}: {e}"
 
 
 def send_ops(ops: list, control, timeout_s: float) -> None:
