@@ -354,7 +354,8 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--disable_overlap", action="store_true",
                    help="the engine reads each step's tokens before queuing the next (no overlap scheduling)")
     p.add_argument("--bw_repeats", type=int, default=20)
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (GPUs cuda:0..tp*pp-1); timings are rank 0's")
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor-parallel ranks (GPUs cuda:0..tp*pp-1); timings are rank 0's")  # fmt: skip
     p.add_argument("--pp", type=int, default=1, help="pipeline stages")
     p.add_argument("--mtp_mode", default=None, help="eagle_with_att or vanilla_with_att")
     p.add_argument("--mtp_step", type=int, default=1)

@@ -49,7 +49,8 @@ def build_runner(args: EngineArgs, cfg: ModelConfig, max_model_len: int, rank: R
         state = DraftState(
             args.max_batch_size, spec.num_draft_tokens, args.device, spec.num_context_rows, cfg.hidden_size, args.dtype
         )
-        builder = StepBuilder(state, model.caches.req_manager.req_to_token, max_model_len, model.caches.kv_pool.hold_slot)
+        caches = model.caches
+        builder = StepBuilder(state, caches.req_manager.req_to_token, max_model_len, caches.kv_pool.hold_slot)
         proposer = None
         if model.is_last_stage:  # the drafts run where the final hidden is
             proposer = create_proposer(

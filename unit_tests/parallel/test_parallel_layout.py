@@ -65,7 +65,8 @@ def test_sharded_load_reads_this_ranks_slices(model_dir):
         sharded += 1
         for r, s in enumerate(shards):
             dim = spec.tp.dim
-            want = torch.cat([full[spec.name].narrow(dim, a, b - a) for a, b in spec.tp.ranges(spec.shape[dim], r, tp)], dim)
+            ranges = spec.tp.ranges(spec.shape[dim], r, tp)
+            want = torch.cat([full[spec.name].narrow(dim, a, b - a) for a, b in ranges], dim)
             got = s[spec.name].narrow(dim, 0, want.shape[dim])
             assert torch.equal(got, want), spec.name
             assert s[spec.name].shape == spec.local_shape(r, tp)

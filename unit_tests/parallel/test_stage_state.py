@@ -101,7 +101,8 @@ def test_sampling_ranks_draw_the_same_tokens(tmp_path):
     a seeded request gives the one-process tokens (its logits differ only by all-reduce rounding)."""
     from lightllm_mtp.sampling_params import SamplingParams
 
-    params = [SamplingParams(temperature=0.8, max_new_tokens=12, seed=7), SamplingParams(temperature=1.0, max_new_tokens=40)]
+    params = [SamplingParams(temperature=0.8, max_new_tokens=12, seed=7),
+              SamplingParams(temperature=1.0, max_new_tokens=40)]  # fmt: skip
     prompts = [[5, 17, 300, 42, 9], [900, 4, 4, 250, 31, 8]]
 
     def start(**kwargs):

@@ -23,7 +23,11 @@ CASES = [  # (checkpoint, MTP, tp, pp)
     (MTP3, VANILLA, 1, 2),
     (MOE, EAGLE, 2, 2),
 ]
-IDS = [f"{m.name.removeprefix('tiny_qwen3_5_').removesuffix('_trained')}-{d.get('mtp_mode', 'plain').split('_')[0]}-tp{tp}-pp{pp}" for m, d, tp, pp in CASES]
+IDS = [
+    f"{m.name.removeprefix('tiny_qwen3_5_').removesuffix('_trained')}-{d.get('mtp_mode', 'plain').split('_')[0]}"
+    f"-tp{tp}-pp{pp}"
+    for m, d, tp, pp in CASES
+]
 _reference: dict = {}
 
 

@@ -73,7 +73,8 @@ class DriverRunner:
         if req.params.temperature > 0 and req.generator is None:
             seed = random.getrandbits(63)
             req.generator = torch.Generator(device=self.device).manual_seed(seed)
-        return NewRequest(req.request_id, list(req.prompt_ids), req.params, seed if req.params.temperature > 0 else None)
+        sampled = req.params.temperature > 0
+        return NewRequest(req.request_id, list(req.prompt_ids), req.params, seed if sampled else None)
 
     def _guarded(self, call):
         """Any failure on the driver mid-step leaves the ranks out of step (followers may wait inside a forward):

@@ -57,7 +57,8 @@ class ParallelGroup:
     def check_start(self, status: str) -> None:
         """After every rank built its model: raises (ending the group) unless all of them did."""
         try:
-            statuses = exchange_status(self.control, status)
+            # ranks load at the same time; allow for skew (a large checkpoint on slower storage) beyond the timeout
+            statuses = exchange_status(self.control, status, timeout_s=max(600.0, self.args.dist_timeout_s))
         except Exception as e:
             self.fail(e)
         bad = [f"rank {r}: {s}" for r, s in enumerate(statuses) if s != "ok"]
@@ -87,7 +88,8 @@ class ParallelGroup:
                 p.join(timeout=1.0 / max(1, len(self.procs)))
             for rank, p in enumerate(self.procs, start=1):
                 alive = p.is_alive()
-                states.append(f"rank {rank} " + ("still running (not answering)" if alive else f"exited with code {p.exitcode}"))
+                state = "still running (not answering)" if alive else f"exited with code {p.exitcode}"
+                states.append(f"rank {rank} {state}")
             self.error = ParallelGroupError(
                 f"tp={self.args.parallel.tp} x pp={self.args.parallel.pp} group ended: a collective failed or "
                 f"waited past dist_timeout_s={self.args.dist_timeout_s} s ({type(cause).__name__}: "

@@ -34,11 +34,28 @@ def join_group(args: EngineArgs, rank: int, port: int) -> object:
     return control
 
 
-def exchange_status(control, status: str) -> list[str]:
-    """Every rank's start status ("ok" or its error), so that a rank failing to load ends the start everywhere."""
-    statuses: list[str] = [""] * dist.get_world_size()
-    dist.all_gather_object(statuses, status, group=control)
-    return statuses
+_STATUS_BYTES = 2048
+
+
+def exchange_status(control, status: str, timeout_s: float | None = None) -> list[str]:
+    """Every rank's start status ("ok" or its error, cut to 2 KB), so that a rank failing to load ends the start
+    everywhere. timeout_s: how long to wait for the slowest rank (None: as long as the control group allows)."""
+    raw = status.encode()[: _STATUS_BYTES - 8]
+    mine = torch.zeros(_STATUS_BYTES, dtype=torch.uint8)
+    mine[:8] = torch.tensor([len(raw)], dtype=torch.int64).view(torch.uint8)
+    if raw:
+        mine[8 : 8 + len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    work = dist.all_gather(parts, mine, group=control, async_op=True)
+    if timeout_s is None:
+        work.wait()
+    else:
+        work.wait(timeout=timedelta(seconds=timeout_s))
+    out = []
+    for p in parts:
+        n = int(p[:8].view(torch.int64).item())
+        out.append(bytes(p[8 : 8 + n].tolist()).decode(errors="replace"))
+    return out
 
 
 def leave_group() -> None:
