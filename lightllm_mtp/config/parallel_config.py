@@ -28,10 +28,12 @@ class ParallelConfig:
     def check_model(self, cfg: ModelConfig) -> None:
         """Raises one ValueError naming every size this layout cannot split."""
         problems = []
+        for name, heads in (("num_key_value_heads", cfg.num_key_value_heads),
+                            ("linear_num_key_heads", cfg.linear_num_key_heads)):  # fmt: skip
+            if heads % self.tp and self.tp % heads:  # fewer heads than ranks: each is replicated on tp / heads
+                problems.append(f"{name}={heads} neither divides nor is divisible by tp={self.tp}")
         splits = {
             "num_attention_heads": cfg.num_attention_heads,
-            "num_key_value_heads": cfg.num_key_value_heads,
-            "linear_num_key_heads": cfg.linear_num_key_heads,
             "linear_num_value_heads": cfg.linear_num_value_heads,
         }
         if cfg.moe is not None:
@@ -46,6 +48,10 @@ class ParallelConfig:
             problems.append(f"pp={self.pp} stages for {cfg.num_hidden_layers} layers (at most one stage per layer)")
         if problems:
             raise ValueError(f"tp={self.tp} x pp={self.pp} does not fit this model: " + "; ".join(problems))
+
+    def local_heads(self, heads: int) -> int:
+        """Heads of a kind one tp rank holds (one, replicated, when there are fewer heads than ranks)."""
+        return max(1, heads // self.tp)
 
     def stage_layers(self, num_layers: int, stage: int) -> range:
         """The decoder layers of one pipeline stage: contiguous, sizes differing by at most one (earlier stages

@@ -24,8 +24,10 @@ def test_bad_combinations_fail_at_start_with_one_message():
         ParallelConfig(tp=3, pp=9).check_model(cfg)
     text = str(e.value)
     assert "num_attention_heads=4 is not divisible by tp=3" in text and "pp=9 stages for 8 layers" in text
-    with pytest.raises(ValueError, match="num_key_value_heads=2 is not divisible by tp=4"):
-        LLMEngine(EngineArgs(model_dir=str(DENSE), tp=4))  # before any process starts
+    assert "num_key_value_heads=2 neither divides nor is divisible by tp=3" in text
+    ParallelConfig(tp=4).check_model(cfg)  # 2 KV heads, 2 GDN key heads: each replicated on 2 ranks
+    with pytest.raises(ValueError, match="num_attention_heads=4 is not divisible by tp=8"):
+        LLMEngine(EngineArgs(model_dir=str(DENSE), tp=8))  # before any process starts
     for bad in (dict(tp=0), dict(pp=-1), dict(tp=2, dist_timeout_s=0)):
         with pytest.raises(ValueError):
             EngineArgs(model_dir=str(DENSE), **bad)
@@ -46,16 +48,20 @@ def test_tp_shard_ranges():
     vocab = TpShard(0, pad=True)
     assert vocab.ranges(10, 0, 4) == [(0, 3)] and vocab.ranges(10, 3, 4) == [(9, 10)]
     assert vocab.local_size(10, 4) == 3
+    kv = TpShard(0, heads=(2,))  # 2 heads of 8 rows over 4 ranks: each head on 2 consecutive ranks
+    assert [kv.ranges(16, r, 4) for r in range(4)] == [[(0, 8)], [(0, 8)], [(8, 16)], [(8, 16)]]
+    assert kv.local_size(16, 4) == 8 and kv.local_size(16, 2) == 8
+    gdn = TpShard(0, sections=(4, 4, 8), heads=(2, 2, 4))  # key heads replicated, value heads split
+    assert gdn.ranges(16, 3, 4) == [(2, 4), (6, 8), (14, 16)]
 
 
-@pytest.mark.parametrize("model_dir", [DENSE, MOE], ids=["dense", "moe"])
-def test_sharded_load_reads_this_ranks_slices(model_dir):
+@pytest.mark.parametrize("model_dir,tp", [(DENSE, 2), (MOE, 2), (DENSE, 4)], ids=["dense", "moe", "dense-tp4"])
+def test_sharded_load_reads_this_ranks_slices(model_dir, tp):
     """Every tensor of every rank equals the matching slices of the full tensor (zero-padded vocab rows), and the
-    ranks' pieces together are the whole tensor."""
+    ranks' pieces together are the whole tensor (heads fewer than ranks: each on tp / heads ranks)."""
     cfg = ModelConfig.from_model_dir(model_dir)
     specs = model_class(cfg).weight_specs(cfg)
     full = load_tensors(model_dir, specs, torch.float32, "cpu")
-    tp = 2
     shards = [load_tensors(model_dir, specs, torch.float32, "cpu", tp_rank=r, tp_size=tp) for r in range(tp)]
     sharded = 0
     for spec in specs:

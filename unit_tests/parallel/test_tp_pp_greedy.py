@@ -22,6 +22,7 @@ CASES = [  # (checkpoint, MTP, tp, pp)
     (MOE, {}, 1, 2),
     (MTP3, VANILLA, 1, 2),
     (MOE, EAGLE, 2, 2),
+    (DENSE, EAGLE, 4, 1),  # 2 KV heads and 2 GDN key heads over 4 ranks: each replicated on 2
 ]
 IDS = [
     f"{m.name.removeprefix('tiny_qwen3_5_').removesuffix('_trained')}-{d.get('mtp_mode', 'plain').split('_')[0]}"

@@ -100,19 +100,20 @@ class TpPartBaseModel:
 
     def _init_caches(self) -> ModelCaches:
         cfg, rt = self.cfg, self.rt
-        tp = rt.rank.parallel.tp
+        par = rt.rank.parallel
+        nk, nv = par.local_heads(cfg.linear_num_key_heads), par.local_heads(cfg.linear_num_value_heads)
         draft_layers = rt.draft_kv_layers if self.is_last_stage else 0  # the drafts run where the final hidden is
         kv_pool = KvPool(
-            self.num_kv_layers + draft_layers, rt.kv_pool_size, cfg.num_key_value_heads // tp, cfg.head_dim, rt.dtype,
-            rt.device,
+            self.num_kv_layers + draft_layers, rt.kv_pool_size, par.local_heads(cfg.num_key_value_heads), cfg.head_dim,
+            rt.dtype, rt.device,
         )  # fmt: skip
         linear_state = LinearAttState(
             num_layers=len(self.layer_ids) - self.num_kv_layers,
             num_slots=rt.max_reqs + 1,
             num_draft_tokens=rt.num_draft_tokens,
-            conv_dim=cfg.linear_conv_dim // tp,
+            conv_dim=(2 * nk * cfg.linear_key_head_dim + nv * cfg.linear_value_head_dim),
             conv_kernel=cfg.linear_conv_kernel_dim,
-            num_value_heads=cfg.linear_num_value_heads // tp,
+            num_value_heads=nv,
             key_head_dim=cfg.linear_key_head_dim,
             value_head_dim=cfg.linear_value_head_dim,
             dtype=rt.dtype,

@@ -40,10 +40,11 @@ class GatedAttention(Layer):
     def specs(cls, cfg: ModelConfig, prefix: str) -> list[TensorSpec]:
         h, d = cfg.hidden_size, cfg.head_dim
         q_rows = cfg.num_attention_heads * d * (2 if cfg.attn_output_gate else 1)
+        kv = TpShard(0, heads=(cfg.num_key_value_heads,))  # replicated when tp > KV heads
         return [
             TensorSpec(f"{prefix}q_proj.weight", (q_rows, h), tp=TpShard(0)),
-            TensorSpec(f"{prefix}k_proj.weight", (cfg.num_key_value_heads * d, h), tp=TpShard(0)),
-            TensorSpec(f"{prefix}v_proj.weight", (cfg.num_key_value_heads * d, h), tp=TpShard(0)),
+            TensorSpec(f"{prefix}k_proj.weight", (cfg.num_key_value_heads * d, h), tp=kv),
+            TensorSpec(f"{prefix}v_proj.weight", (cfg.num_key_value_heads * d, h), tp=kv),
             TensorSpec(f"{prefix}o_proj.weight", (h, cfg.num_attention_heads * d), tp=TpShard(1)),
             TensorSpec(f"{prefix}q_norm.weight", (d,)),
             TensorSpec(f"{prefix}k_norm.weight", (d,)),

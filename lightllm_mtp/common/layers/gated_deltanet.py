@@ -22,9 +22,10 @@ class GatedDeltaNet(Layer):
     def __init__(self, cfg: ModelConfig, prefix: str, weights: Weights, state_layer: int):
         self.state_layer = state_layer
         # this tp rank's heads: q/k/v/z/a/b, conv channels, A_log, dt_bias split by head; out_proj row-parallel
-        tp = cfg.linear_num_value_heads // weights[f"{prefix}A_log"].shape[0]
-        self.nk, self.nv = cfg.linear_num_key_heads // tp, cfg.linear_num_value_heads // tp
         self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        self.nv = weights[f"{prefix}A_log"].shape[0]
+        conv_rows = weights[f"{prefix}in_proj_qkv.weight"].shape[0]
+        self.nk = (conv_rows - self.nv * self.dv) // (2 * self.dk)  # key heads are replicated when tp > their count
         self.key_dim, self.value_dim = self.nk * self.dk, self.nv * self.dv
         self.eps = cfg.rms_norm_eps
         w = {n: weights[f"{prefix}{n}.weight"] for n in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")}
@@ -39,7 +40,8 @@ class GatedDeltaNet(Layer):
     @classmethod
     def specs(cls, cfg: ModelConfig, prefix: str) -> list[TensorSpec]:
         h, nv = cfg.hidden_size, cfg.linear_num_value_heads
-        qkv = TpShard(0, sections=(cfg.linear_key_dim, cfg.linear_key_dim, cfg.linear_value_dim))
+        nk = cfg.linear_num_key_heads
+        qkv = TpShard(0, sections=(cfg.linear_key_dim, cfg.linear_key_dim, cfg.linear_value_dim), heads=(nk, nk, nv))
         return [
             TensorSpec(f"{prefix}in_proj_qkv.weight", (cfg.linear_conv_dim, h), tp=qkv),
             TensorSpec(f"{prefix}in_proj_z.weight", (cfg.linear_value_dim, h), tp=TpShard(0)),
