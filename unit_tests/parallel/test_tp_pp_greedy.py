@@ -12,8 +12,7 @@ from unit_tests.parallel.workload import DENSE, MOE, MTP3, count_launch_ahead, e
 
 EAGLE = dict(mtp_mode="eagle_with_att", mtp_step=2)
 VANILLA = dict(mtp_mode="vanilla_with_att", mtp_step=2)
-CASES = [  # (checkpoint, MTP, tp, pp)
-    (DENSE, {}, 2, 1),
+CASES = [  # (checkpoint, MTP, tp, pp); plain dense tp=2 runs in test_faults.py and the server e2e suite
     (DENSE, EAGLE, 2, 1),
     (MOE, {}, 2, 1),
     (MOE, EAGLE, 2, 1),
