@@ -21,16 +21,15 @@ from lightllm_mtp.engine.parallel.step_ops import Collect, Launch, Release, Save
 from lightllm_mtp.engine.request import Request, RequestStatus
 from lightllm_mtp.engine.runner_factory import BuiltRunner, build_runner, rank_args
 from lightllm_mtp.engine.scheduler import ScheduledRequest
-from lightllm_mtp.env import ENV
 
 _KEEP_STEPS = 3  # launched steps kept for `after` and Collect (at most two are unread at any time)
 
 
-def follower_main(args: EngineArgs, rank: int, port: int) -> None:
+def follower_main(args: EngineArgs, rank: int, port: int, num_threads: int) -> None:
     watch_parent()
     args = rank_args(args, rank)
-    if args.device.type == "cpu" and ENV.cpu_threads:
-        torch.set_num_threads(ENV.cpu_threads)
+    if args.device.type == "cpu":
+        torch.set_num_threads(num_threads)
     control = join_group(args, rank, port)
     status, built = "ok", None
     try:

@@ -13,6 +13,7 @@ import multiprocessing
 import socket
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 from lightllm_mtp.common.parallel_state import reset_parallel_state
@@ -43,9 +44,10 @@ class ParallelGroup:
         port = _free_port()
         ctx = multiprocessing.get_context("spawn")
         self.procs = [
-            ctx.Process(target=follower_main, args=(args, rank, port), name=f"lightllm_mtp-rank{rank}", daemon=True)
+            ctx.Process(target=follower_main, args=(args, rank, port, torch.get_num_threads()),
+                        name=f"lightllm_mtp-rank{rank}", daemon=True)
             for rank in range(1, self.world_size)
-        ]
+        ]  # CPU: each rank uses as many intra-op threads as the driver
         for p in self.procs:
             p.start()
         self.error: ParallelGroupError | None = None
