@@ -48,6 +48,7 @@ from benchmark.timing import (
 from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.engine.llm_engine import LLMEngine
+from lightllm_mtp.engine.parallel.driver_runner import DriverRunner
 from lightllm_mtp.env import ENV
 from lightllm_mtp.models.registry import model_class
 from lightllm_mtp.sampling_params import SamplingParams
@@ -386,7 +387,7 @@ def parse_args(argv: list[str] | None):
 
 def draft_modules(engine: LLMEngine) -> list:
     """Rank 0's draft modules (under tp its shard's; none on the first of several pipeline stages)."""
-    runner = getattr(engine.runner, "runner", engine.runner)  # DriverRunner wraps the runner under tp / pp
+    runner = engine.runner.runner if isinstance(engine.runner, DriverRunner) else engine.runner  # tp / pp: wrapped
     return runner.proposer.modules if runner.proposer is not None else []
 
 
