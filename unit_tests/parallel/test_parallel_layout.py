@@ -95,3 +95,21 @@ def test_pipeline_stage_declares_only_its_layers():
     assert any("embed_tokens" in n for n in first) and not any("embed_tokens" in n for n in last)
     assert "lm_head.weight" in last and "lm_head.weight" not in first
     assert any("embed_tokens" in n for n in last_mtp)  # the drafts on the last stage embed tokens
+
+
+def test_step_ops_round_trip_as_json():
+    from lightllm_mtp.engine.parallel.step_ops import (
+        Collect, Launch, NewRequest, Release, SaveState, Stop, decode_ops, encode_ops,
+    )
+    from lightllm_mtp.sampling_params import SamplingParams
+
+    ops = [
+        Collect(3), Release(7),
+        Launch(4, 3, [(7, 1), (9, 32)], [NewRequest(9, [1, 2, 3], SamplingParams(temperature=0.7, top_k=5, seed=11,
+                                                                                  stop_token_ids=[5, 2]), 11)]),
+        SaveState("/tmp/x"), Stop(),
+    ]  # fmt: skip
+    data = encode_ops(ops)
+    assert decode_ops(data) == ops and b"pickle" not in data
+    steady = encode_ops([Collect(10), Launch(11, 10, [(i, 1) for i in range(32)], [])])
+    assert len(steady) < 400  # a decode step of 32 requests

@@ -5,7 +5,6 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.connection
 import os
-import pickle
 import threading
 import traceback
 from datetime import timedelta
@@ -16,6 +15,7 @@ import torch.distributed as dist
 from lightllm_mtp.common.parallel_state import init_parallel_state, reset_parallel_state
 from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.config.parallel_config import RankInfo
+from lightllm_mtp.engine.parallel.step_ops import decode_ops, encode_ops
 
 _IDLE_TIMEOUT = timedelta(days=365)  # the control group: followers wait for the next step for as long as it takes
 
@@ -84,9 +84,9 @@ def describe(e: BaseException) -> str:
 
 
 def send_ops(ops: list, control, timeout_s: float) -> None:
-    """The driver's step ops to every follower: a length, then the pickled bytes. Waits at most timeout_s (the
+    """The driver's step ops to every follower: a length, then their JSON bytes. Waits at most timeout_s (the
     control group's own timeout is the idle one)."""
-    payload = torch.frombuffer(bytearray(pickle.dumps(ops)), dtype=torch.uint8)
+    payload = torch.frombuffer(bytearray(encode_ops(ops)), dtype=torch.uint8)
     for tensor in (torch.tensor([payload.numel()], dtype=torch.int64), payload):
         dist.broadcast(tensor, 0, group=control, async_op=True).wait(timeout=timedelta(seconds=timeout_s))
 
@@ -97,4 +97,4 @@ def recv_ops(control) -> list:
     dist.broadcast(size, 0, group=control)
     payload = torch.empty(int(size.item()), dtype=torch.uint8)
     dist.broadcast(payload, 0, group=control)
-    return pickle.loads(payload.numpy().tobytes())
+    return decode_ops(payload.numpy().tobytes())

@@ -9,10 +9,13 @@ decides (Scheduler, StepBuilder via its runner); followers only replay:
   Release: a finished or aborted request returns its slots;
   SaveState: every rank writes its cached state to a file (tests compare stages with a single-process run);
   Stop: the group shuts down.
-Ops that need no collective (Collect, Release) wait in the driver and go out with the next Launch or Stop."""
+Ops that need no collective (Collect, Release) wait in the driver and go out with the next Launch or Stop. On the
+wire they are JSON (encode_ops / decode_ops): a decode step of B requests is about 10 x B bytes."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
 
 from lightllm_mtp.sampling_params import SamplingParams
@@ -57,3 +60,34 @@ class Stop:
 
 
 StepOp = Launch | Collect | Release | SaveState | Stop
+_KINDS = {cls.__name__: cls for cls in (Launch, Collect, Release, SaveState, Stop)}
+
+
+def encode_ops(ops: list[StepOp]) -> bytes:
+    """JSON (no pickle between processes): [[kind, fields...], ...]."""
+    out = []
+    for op in ops:
+        if isinstance(op, Launch):
+            new = [[r.request_id, r.prompt_ids, _params_fields(r.params), r.generator_seed] for r in op.new_requests]
+            out.append(["Launch", op.seq, op.after, op.scheduled, new])
+        else:
+            out.append([type(op).__name__, *dataclasses.astuple(op)])
+    return json.dumps(out, separators=(",", ":")).encode()
+
+
+def decode_ops(data: bytes) -> list[StepOp]:
+    ops: list[StepOp] = []
+    for kind, *fields in json.loads(data):
+        if kind == "Launch":
+            seq, after, scheduled, new = fields
+            reqs = [NewRequest(rid, prompt, SamplingParams(**params), seed) for rid, prompt, params, seed in new]
+            ops.append(Launch(seq, after, [tuple(s) for s in scheduled], reqs))
+        else:
+            ops.append(_KINDS[kind](*fields))
+    return ops
+
+
+def _params_fields(params: SamplingParams) -> dict:
+    fields = dataclasses.asdict(params)
+    fields["stop_token_ids"] = sorted(params.stop_token_ids)
+    return fields
