@@ -24,7 +24,7 @@ def join_group(args: EngineArgs, rank: int, port: int) -> object:
     """Joins the process group as `rank` and creates every group; returns the control group."""
     backend = "nccl" if args.device.type == "cuda" else "gloo"
     if args.device.type == "cuda":
-        torch.cuda.set_device(args.device)
+        torch.cuda.set_device(args.device.index or 0)  # "cuda" without an index: the first GPU
     dist.init_process_group(
         backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.parallel.world_size,
         timeout=timedelta(seconds=args.dist_timeout_s),
