@@ -9,12 +9,10 @@ import random
 import torch
 
 from lightllm_mtp.engine.parallel.group import ParallelGroup
-from lightllm_mtp.engine.parallel.step_ops import Collect, Launch, NewRequest, Release, SaveState, StepOp
+from lightllm_mtp.engine.parallel.step_ops import KEEP_STEPS, Collect, Launch, NewRequest, Release, SaveState, StepOp
 from lightllm_mtp.engine.request import Request
 from lightllm_mtp.engine.scheduler import ScheduledRequest
 from lightllm_mtp.engine.step import LaunchedStep, StepRunner
-
-_KEEP_STEPS = 3
 
 
 class DriverRunner:
@@ -41,7 +39,7 @@ class DriverRunner:
         self.group.send(self._pending + [op])
         self._pending = []
         step = self._guarded(lambda: self.runner.launch(scheduled, after=after))
-        self._seq_of = {k: v for k, v in self._seq_of.items() if v > self._seq - _KEEP_STEPS}
+        self._seq_of = {k: v for k, v in self._seq_of.items() if v > self._seq - KEEP_STEPS}
         self._seq_of[id(step)] = self._seq
         return step
 

@@ -17,13 +17,10 @@ from lightllm_mtp.engine.parallel.membership import (
     describe, exchange_status, join_group, leave_group, recv_ops, watch_parent,
 )
 from lightllm_mtp.engine.parallel.stage_state import stage_state
-from lightllm_mtp.engine.parallel.step_ops import Collect, Launch, Release, SaveState, Stop
+from lightllm_mtp.engine.parallel.step_ops import KEEP_STEPS, Collect, Launch, Release, SaveState, Stop
 from lightllm_mtp.engine.request import Request, RequestStatus
 from lightllm_mtp.engine.runner_factory import BuiltRunner, build_runner, rank_args
 from lightllm_mtp.engine.scheduler import ScheduledRequest
-
-_KEEP_STEPS = 3  # launched steps kept for `after` and Collect (at most two are unread at any time)
-
 
 def follower_main(args: EngineArgs, rank: int, port: int, num_threads: int) -> None:
     watch_parent()
@@ -74,7 +71,7 @@ class Follower:
             scheduled = [ScheduledRequest(self.requests[rid], n) for rid, n in op.scheduled]
             after = self.steps.get(op.after) if op.after is not None else None
             self.steps[op.seq] = self.runner.launch(scheduled, after=after)
-            for seq in [s for s in self.steps if s <= op.seq - _KEEP_STEPS]:
+            for seq in [s for s in self.steps if s <= op.seq - KEEP_STEPS]:
                 del self.steps[seq]
         elif isinstance(op, Collect):
             for req, tokens in self.runner.collect(self.steps.pop(op.seq)):

@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from lightllm_mtp.sampling_params import SamplingParams
 
 
+KEEP_STEPS = 3  # launched steps both sides remember for `after` and Collect (at most two are unread at any time)
+
+
 @dataclass(frozen=True)
 class NewRequest:
     request_id: int
