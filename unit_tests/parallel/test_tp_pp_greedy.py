@@ -12,11 +12,13 @@ from unit_tests.parallel.workload import DENSE, MOE, MTP3, count_launch_ahead, e
 
 EAGLE = dict(mtp_mode="eagle_with_att", mtp_step=2)
 VANILLA = dict(mtp_mode="vanilla_with_att", mtp_step=2)
+PTD = dict(mtp_mode="eagle_with_att", mtp_step=3, parallel_drafting=True)
 CASES = [  # (checkpoint, MTP, tp, pp); plain dense tp=2 runs in test_faults.py and the server e2e suite
     (DENSE, EAGLE, 2, 1),
     (MOE, {}, 2, 1),
     (MOE, EAGLE, 2, 1),
     (MTP3, VANILLA, 2, 1),
+    (MTP3, PTD, 2, 1),  # parallel drafting: mask rows through the vocab-parallel embedding
     (DENSE, EAGLE, 1, 2),
     (MOE, {}, 1, 2),
     (MTP3, VANILLA, 1, 2),
@@ -24,7 +26,8 @@ CASES = [  # (checkpoint, MTP, tp, pp); plain dense tp=2 runs in test_faults.py 
     (DENSE, EAGLE, 4, 1),  # 2 KV heads and 2 GDN key heads over 4 ranks: each replicated on 2
 ]
 IDS = [
-    f"{m.name.removeprefix('tiny_qwen3_5_').removesuffix('_trained')}-{d.get('mtp_mode', 'plain').split('_')[0]}"
+    f"{m.name.removeprefix('tiny_qwen3_5_').removesuffix('_trained')}-"
+    f"{'ptd' if d.get('parallel_drafting') else d.get('mtp_mode', 'plain').split('_')[0]}"
     f"-tp{tp}-pp{pp}"
     for m, d, tp, pp in CASES
 ]
