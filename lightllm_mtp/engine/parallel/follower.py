@@ -22,7 +22,8 @@ from lightllm_mtp.engine.request import Request, RequestStatus
 from lightllm_mtp.engine.runner_factory import BuiltRunner, build_runner, rank_args
 from lightllm_mtp.engine.scheduler import ScheduledRequest
 
-def follower_main(args: EngineArgs, rank: int, port: int, num_threads: int) -> None:
+def follower_main(args: EngineArgs, rank: int, port: int, num_threads: int, started) -> None:
+    started.set()  # the spawned process got here: the driver may rendezvous
     watch_parent()
     args = rank_args(args, rank)
     if args.device.type == "cpu":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing
 import socket
+import time
 from datetime import timedelta
 
 import torch
@@ -43,18 +44,35 @@ class ParallelGroup:
         self.world_size = args.parallel.world_size
         port = _free_port()
         ctx = multiprocessing.get_context("spawn")
+        started = [ctx.Event() for _ in range(1, self.world_size)]
         self.procs = [
-            ctx.Process(target=follower_main, args=(args, rank, port, torch.get_num_threads()),
+            ctx.Process(target=follower_main, args=(args, rank, port, torch.get_num_threads(), started[rank - 1]),
                         name=f"lightllm_mtp-rank{rank}", daemon=True)
             for rank in range(1, self.world_size)
         ]  # CPU: each rank uses as many intra-op threads as the driver
         for p in self.procs:
             p.start()
         self.error: ParallelGroupError | None = None
+        self._wait_started(started)
         try:
             self.control = join_group(args, 0, port)
         except Exception as e:
             self.fail(e)
+
+    def _wait_started(self, started, timeout_s: float = 300.0) -> None:
+        """Until every follower runs its entry point: one that dies before (e.g. a script without a main guard, whose
+        spawned copy re-runs it) is named at once instead of after the rendezvous timeout."""
+        deadline = time.monotonic() + timeout_s
+        while not all(e.is_set() for e in started):
+            dead = [(rank, p.exitcode) for rank, p in enumerate(self.procs, start=1) if not p.is_alive()]
+            if dead or time.monotonic() > deadline:
+                self._kill()
+                what = ", ".join(f"rank {r} exited with code {c}" for r, c in dead) or f"not started in {timeout_s} s"
+                raise ParallelGroupError(
+                    f"follower ranks failed before joining the group ({what}; see their stderr). A script that "
+                    'builds a tp / pp LLM needs `if __name__ == "__main__":` (ranks are started with spawn)'
+                )
+            time.sleep(0.05)
 
     def check_start(self, status: str) -> None:
         """After every rank built its model: raises (ending the group) unless all of them did."""
