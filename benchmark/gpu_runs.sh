@@ -18,6 +18,8 @@
 #                                       # (and MTP eagle beside them), k = 1..5 (or KS)
 #   bash benchmark/gpu_runs.sh train_drafts  # the trained tiny draft and PARD draft for tiny_qwen3_5_trained, then
 #                                       # their acceptance on the GPU; packed like train_mtp3_ptd
+#   bash benchmark/gpu_runs.sh tp2_27b  # 27B on 2 GPUs (nvidia-h200-x2): tp=1, then tp=2 (+ MTP k=1), then pp=2 + MTP
+#                                       # k=1, at B=1,32; then the tp/pp CPU tests on the GPU machine's cores
 #   bash benchmark/gpu_runs.sh mixed    # 27B, MTP k=1, 32 running with arrivals: this tree, then baseline/ (an older
 #                                       # commit exported with `git archive REV --prefix=baseline/`; carry baseline)
 # Results go to $OUT (the device tool's folder) or benchmark/results; each JSON holds its exact command.
@@ -45,6 +47,13 @@ case "${1:-}" in
     python3 -m lightllm_mtp.tools.eval_acceptance --model_dir "$dir" --device cuda --num_prompts 8 \
       --mtp_modes vanilla_with_att eagle_with_att ptd --mtp_steps 1 2 3 4 5 6 7 --heldout_windows 0 --strict \
       --out "${OUT:-$dir}/acceptance_gpu.json" ;;
+  tp2_27b)
+    bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 32 --out "$out/static_qwen3.5-27b_tp1_h200.json"
+    bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 32 --tp 2 --mtp_mode eagle_with_att --mtp_step 1 \
+      --out "$out/static_qwen3.5-27b_tp2_mtp_k1_h200.json"
+    bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 32 --pp 2 --mtp_mode eagle_with_att --mtp_step 1 \
+      --out "$out/static_qwen3.5-27b_pp2_mtp_k1_h200.json"
+    python3 -m pytest -q unit_tests/parallel ;;
   draft_cost) python3 benchmark/draft_cost.py --model_shape qwen3.5-27b --device cuda --ks "${2:-1,2,3,4,5,6,7}" \
       --modes eagle_with_att,ptd,vanilla_with_att --out "$out/draft_cost_qwen3.5-27b_h100.json" \
       --acceptance lightllm_mtp/fixtures/tiny_qwen3_5_mtp3_ptd_trained/acceptance_*.json ;;

@@ -73,6 +73,8 @@ def build_engine(source: ModelSource, args, max_model_len: int, mtp: bool) -> LL
         kw["graph_max_batch_size"] = args.graph_max_batch_size
     if getattr(args, "disable_overlap", False):
         kw["disable_overlap"] = True
+    if getattr(args, "tp", 1) > 1 or getattr(args, "pp", 1) > 1:
+        kw.update(tp=args.tp, pp=args.pp)
     if mtp:
         kw.update(mtp_mode=args.mtp_mode, mtp_step=args.mtp_step)
         if getattr(args, "parallel_drafting", False):

@@ -48,6 +48,7 @@ from benchmark.timing import (
 from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.engine.llm_engine import LLMEngine
+from lightllm_mtp.engine.parallel.driver_runner import DriverRunner
 from lightllm_mtp.env import ENV
 from lightllm_mtp.models.registry import model_class
 from lightllm_mtp.sampling_params import SamplingParams
@@ -354,6 +355,9 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--disable_overlap", action="store_true",
                    help="the engine reads each step's tokens before queuing the next (no overlap scheduling)")
     p.add_argument("--bw_repeats", type=int, default=20)
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor-parallel ranks (GPUs cuda:0..tp*pp-1); timings are rank 0's")  # fmt: skip
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages")
     p.add_argument("--mtp_mode", default=None, help="eagle_with_att or vanilla_with_att")
     p.add_argument("--mtp_step", type=int, default=1)
     p.add_argument("--parallel_drafting", action="store_true", help="with eagle_with_att: PTD, one draft forward")
@@ -381,8 +385,16 @@ def parse_args(argv: list[str] | None):
     return args
 
 
+def draft_modules(engine: LLMEngine) -> list:
+    """Rank 0's draft modules (under tp its shard's; none on the first of several pipeline stages)."""
+    runner = engine.runner.runner if isinstance(engine.runner, DriverRunner) else engine.runner  # tp / pp: wrapped
+    return runner.proposer.modules if runner.proposer is not None else []
+
+
 def default_out(args, source: ModelSource) -> Path:
     name = f"{source.name}_in{args.input_len}_out{args.output_len}_bs{'-'.join(map(str, args.batch_sizes))}"
+    if args.tp > 1 or args.pp > 1:
+        name += f"_tp{args.tp}_pp{args.pp}"
     if args.mtp_mode:
         name += f"_{args.mtp_mode}{'_ptd' if args.parallel_drafting else ''}_k{args.mtp_step}"
     return RESULTS_DIR / f"{name}_{args.device.split(':')[0]}.json"
@@ -442,6 +454,7 @@ def main(argv: list[str] | None = None) -> dict:
     engine = build_engine(source, args, max_model_len, mtp=False)
     report["settings"]["engine_args"] = {k: str(v) for k, v in dataclasses.asdict(engine.args).items()}
     records = run_batches(engine, prompts_all, args, bar, "decode")
+    engine.shutdown()
     del engine
     free_device_memory(device)
     report["results"] = [no_spec_result(records[bs], args, cfg, specs, dtype, bw) for bs in args.batch_sizes]
@@ -454,9 +467,10 @@ def main(argv: list[str] | None = None) -> dict:
         engine = build_engine(source, args, max_model_len, mtp=True)
         timers = (
             ForwardTimer(engine.model_runner, device),
-            MultiTimer([ForwardTimer(d, device) for d in engine.runner.proposer.modules]),
+            MultiTimer([ForwardTimer(d, device) for d in draft_modules(engine)]),
         )
         spec_records = run_batches(engine, prompts_all, args, bar, "MTP", timers, k=args.mtp_step)
+        engine.shutdown()
         del engine, timers
         free_device_memory(device)
         report["mtp"] = {

@@ -1,8 +1,9 @@
 """End to end: the real `python -m lightllm_mtp.server.api_server` on CPU with the tiny checkpoint, driven by the
 official openai client, httpx and prometheus_client's parser.
 
-Two servers per module: MTP on (eagle, k=2, one replica, API key, 16 request slots so that load queues, API docs
-served) and MTP off with --dp 2 (no key, no docs). Greedy text must be identical on both.
+Two servers per module: MTP on (eagle, k=2, one replica of --tp 2: a driver and a follower rank over gloo, API key,
+16 request slots so that load queues, API docs served) and MTP off with --dp 2 (no key, no docs). Greedy text must
+be identical on both.
 """
 
 import asyncio
@@ -28,7 +29,7 @@ COMMON = ["--device", "cpu", "--max_req_total_len", "128", "--log_level", "warni
 
 @pytest.fixture(scope="module")
 def mtp_server(trained_dense_dir, tmp_path_factory):
-    flags = ["--model_dir", str(trained_dense_dir), "--mtp_mode", "eagle_with_att", "--mtp_step", "2",
+    flags = ["--model_dir", str(trained_dense_dir), "--mtp_mode", "eagle_with_att", "--mtp_step", "2", "--tp", "2",
              "--running_max_req_size", "16", "--chunked_prefill_size", "64", "--api_key", KEY, "--enable_api_docs",
              *COMMON]  # fmt: skip
     with ServerProcess(flags, tmp_path_factory.mktemp("mtp_server") / "server.log") as server:

@@ -6,6 +6,7 @@ checks every shape, and reports all missing or mis-shaped tensors by name in one
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -15,7 +16,7 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from lightllm_mtp.common.random_weights import random_tensors
-from lightllm_mtp.common.tensor_spec import TensorSpec
+from lightllm_mtp.common.tensor_spec import TensorSpec, TpShard
 from lightllm_mtp.config.runtime import LoadFormat
 from lightllm_mtp.env import ENV
 
@@ -61,12 +62,14 @@ class _open_shard:
 
 
 def load_tensors(
-    model_dir: str | Path, specs: list[TensorSpec], dtype: torch.dtype, device: torch.device | str
+    model_dir: str | Path, specs: list[TensorSpec], dtype: torch.dtype, device: torch.device | str,
+    tp_rank: int = 0, tp_size: int = 1,
 ) -> dict[str, torch.Tensor]:
-    """Load every spec; returns spec.name -> tensor on `device`."""
+    """Load every spec; returns spec.name -> tensor on `device`. With tp_size > 1 a spec with a TpShard is read as
+    this rank's slices only (safetensors slices: the rest of the tensor is never read)."""
     model_dir = Path(model_dir)
     where = shard_index(model_dir)
-    wanted: dict[str, list[TensorSpec]] = defaultdict(list)  # shard -> specs
+    wanted: dict[str, list[tuple[str, TpShard | None]]] = defaultdict(list)  # shard file -> (name, tp slicing)
     missing: list[str] = []
     for spec in specs:
         sources = _sources(spec, where)
@@ -74,11 +77,12 @@ def load_tensors(
             missing.append(_describe_missing(spec, where))
             continue
         for src in sources:
-            wanted[where[src]].append(TensorSpec(src, ()))
+            wanted[where[src]].append((src, _source_shard(spec, src) if tp_size > 1 else None))
     if missing:
         raise WeightLoadError(f"{model_dir}: missing tensors: {', '.join(missing)}")
 
     raw: dict[str, torch.Tensor] = {}
+    full_shape: dict[str, tuple[int, ...]] = {}  # checkpoint shapes (raw holds this rank's slices)
     total = sum(len(v) for v in wanted.values())
     with tqdm(total=total, desc="loading weights", unit="tensor", disable=ENV.disable_progress_bars) as bar:
         for shard, shard_specs in sorted(wanted.items()):
@@ -86,25 +90,29 @@ def load_tensors(
             if not path.is_file():
                 raise WeightLoadError(f"{path}: shard named by the index not found")
             with _open_shard(path) as f:
-                for s in shard_specs:
+                for name, shard in shard_specs:
                     try:
-                        raw[s.name] = f.get_tensor(s.name)
+                        raw[name], full_shape[name] = _read(f, name, shard, tp_rank, tp_size)
                     except Exception as e:  # a header that promises more bytes than the file holds
-                        raise WeightLoadError(f"{path}: cannot read tensor {s.name} ({type(e).__name__}: {e})") from e
+                        raise WeightLoadError(f"{path}: cannot read tensor {name} ({type(e).__name__}: {e})") from e
                     bar.update(1)
 
     out: dict[str, torch.Tensor] = {}
     errors: list[str] = []
     for spec in specs:
         if spec.name not in raw:
-            bad = _misshaped_parts(spec, raw)
+            bad = _misshaped_parts(spec, full_shape)
             if bad:
                 errors += bad
                 continue
-        tensor = raw[spec.name] if spec.name in raw else _stack(spec, raw)
-        if tuple(tensor.shape) != tuple(spec.shape):
-            errors.append(f"{spec.name}: expected shape {tuple(spec.shape)}, found {tuple(tensor.shape)}")
+        elif full_shape[spec.name] != tuple(spec.shape):
+            errors.append(f"{spec.name}: expected shape {tuple(spec.shape)}, found {full_shape[spec.name]}")
             continue
+        tensor = raw[spec.name] if spec.name in raw else _stack(spec, raw)
+        local = spec.local_shape(tp_rank, tp_size)
+        if tensor.shape[spec.tp.dim if spec.tp else 0] < local[spec.tp.dim if spec.tp else 0]:  # padded vocab rows
+            tensor = _pad(tensor, spec.tp.dim, local[spec.tp.dim])
+        assert tuple(tensor.shape) == local, (spec.name, tuple(tensor.shape), local)
         target = torch.float32 if spec.keep_fp32 else dtype
         out[spec.name] = tensor.to(device=device, dtype=target).contiguous()
     if errors:
@@ -134,16 +142,45 @@ def _describe_missing(spec: TensorSpec, where: dict[str, str]) -> str:
     return f"{spec.name} (per-expert parts missing: {shown})"
 
 
-def _misshaped_parts(spec: TensorSpec, raw: dict[str, torch.Tensor]) -> list[str]:
+def _misshaped_parts(spec: TensorSpec, full_shape: dict[str, tuple[int, ...]]) -> list[str]:
     """Per-expert parts whose shape does not fit the fused spec: each of a group's n parts holds 1/n of its rows."""
     assert spec.stacked_from is not None
     errors = []
     for group in spec.stacked_from:
         expected = (spec.shape[1] // len(group), *spec.shape[2:])
         for name in group:
-            if tuple(raw[name].shape) != expected:
-                errors.append(f"{name}: expected shape {expected}, found {tuple(raw[name].shape)}")
+            if full_shape[name] != expected:
+                errors.append(f"{name}: expected shape {expected}, found {full_shape[name]}")
     return errors
+
+
+def _source_shard(spec: TensorSpec, src: str) -> TpShard | None:
+    """The slicing of one source tensor: the spec's own, or for a per-expert part (one dim less, one section of
+    the fused tensor's) the same dim of the part, split whole."""
+    if spec.tp is None or src == spec.name:
+        return spec.tp
+    assert spec.tp.dim >= 1 and not spec.tp.pad, spec.name
+    return TpShard(spec.tp.dim - 1)
+
+
+def _read(f, name: str, shard: TpShard | None, rank: int, size: int) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """(this rank's slices concatenated, the checkpoint's full shape)."""
+    if shard is None:
+        tensor = f.get_tensor(name)
+        return tensor, tuple(tensor.shape)
+    part = f.get_slice(name)
+    full = tuple(part.get_shape())
+    if shard.dim >= len(full):
+        return f.get_tensor(name), full  # mis-shaped: reported by the shape check
+    lead = (slice(None),) * shard.dim
+    pieces = [part[lead + (slice(a, b),)] for a, b in shard.ranges(full[shard.dim], rank, size)]
+    return torch.cat(pieces, dim=shard.dim), full
+
+
+def _pad(tensor: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+    shape = list(tensor.shape)
+    shape[dim] = size - shape[dim]
+    return torch.cat([tensor, tensor.new_zeros(shape)], dim=dim)
 
 
 def _stack(spec: TensorSpec, raw: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -152,9 +189,12 @@ def _stack(spec: TensorSpec, raw: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def load_weights(
-    model_dir: str | Path, specs: list[TensorSpec], dtype: torch.dtype, device, load_format: LoadFormat, seed: int = 0
+    model_dir: str | Path, specs: list[TensorSpec], dtype: torch.dtype, device, load_format: LoadFormat, seed: int = 0,
+    tp_rank: int = 0, tp_size: int = 1,
 ) -> dict[str, torch.Tensor]:
-    """The loading entry point of models and drafts: checkpoint tensors, or random ones for LoadFormat.DUMMY."""
+    """The loading entry point of models and drafts: checkpoint tensors (this tp rank's shard), or random ones of the
+    local shapes for LoadFormat.DUMMY."""
     if load_format is LoadFormat.DUMMY:
-        return random_tensors(specs, dtype, device, seed)
-    return load_tensors(model_dir, specs, dtype, device)
+        local = [dataclasses.replace(s, shape=s.local_shape(tp_rank, tp_size), tp=None) for s in specs]
+        return random_tensors(local, dtype, device, seed + 1000 * tp_rank)
+    return load_tensors(model_dir, specs, dtype, device, tp_rank, tp_size)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from lightllm_mtp.config.parallel_config import ParallelConfig
 from lightllm_mtp.config.runtime import LoadFormat
 from lightllm_mtp.config.spec_config import MtpMode, SpecConfig
 
@@ -57,7 +58,11 @@ class EngineArgs:
     mtp_draft_vocab_size: int | None = None  # draft logits over the first N of them (None: all in the file)
     mtp_adaptive: bool = False  # each step drafts 0..mtp_step tokens, picked from live acceptance and step cost
     disable_overlap: bool = False  # read each step's tokens before queuing the next (no overlap scheduling)
+    tp: int = 1  # tensor-parallel ranks (one process each; engine/parallel/)
+    pp: int = 1  # pipeline stages (one process per stage and tp rank)
+    dist_timeout_s: float = 120.0  # a collective that waits longer ends the whole tp x pp group with an error
     spec: SpecConfig | None = field(init=False)  # the speculative settings, None without MTP
+    parallel: ParallelConfig = field(init=False)  # tp x pp
 
     def __post_init__(self) -> None:
         device = parse_device(self.device)
@@ -79,6 +84,14 @@ class EngineArgs:
             self.mtp_mode, self.mtp_step, self.mtp_draft_model_dir, self.parallel_drafting, self.mtp_draft_vocab_file,
             self.mtp_draft_vocab_size, adaptive=self.mtp_adaptive, mask_token_id=self.mtp_mask_token_id,
         ))
+        set_field(self, "parallel", ParallelConfig(self.tp, self.pp))
+        if self.spec is not None and self.parallel.world_size > 1:
+            if self.spec.adaptive:  # the followers would need the driver's chosen k in the step description
+                raise ValueError("mtp_adaptive is not supported with tp/pp > 1 yet")
+            if self.spec.mode is MtpMode.DRAFT_MODEL:  # the draft model is not sharded across ranks
+                raise ValueError("mtp_mode draft_model is not supported with tp/pp > 1 yet")
+        if self.dist_timeout_s <= 0:
+            raise ValueError(f"dist_timeout_s must be > 0, got {self.dist_timeout_s}")
         for name in ("max_batch_size", "chunked_prefill_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -7,6 +7,8 @@ from enum import Enum
 
 import torch
 
+from lightllm_mtp.config.parallel_config import RankInfo, ParallelConfig
+
 
 class LoadFormat(Enum):
     AUTO = "auto"  # safetensors shards of the model directory
@@ -24,3 +26,4 @@ class RuntimeShape:
     num_draft_tokens: int = 0  # MTP draft tokens per step: widens the conv slot, adds per-position SSM rows
     draft_kv_layers: int = 0  # extra KV pool layers owned by MTP draft modules
     load_format: LoadFormat = LoadFormat.AUTO
+    rank: RankInfo = RankInfo(ParallelConfig())  # this process's tensor / pipeline rank (tp=pp=1: the only one)

@@ -47,7 +47,12 @@ class LLM:
         mtp_adaptive: bool = False,
         mtp_mask_token_id: int | None = None,
         disable_overlap: bool = False,
+        tp: int = 1,
+        pp: int = 1,
+        dist_timeout_s: float = 120.0,
     ):
+        """tp / pp > 1: this process drives tp x pp - 1 follower processes (engine/parallel/); `shutdown()` ends
+        them (they also end with this process)."""
         args = EngineArgs(
             model_dir=str(model_dir),
             device=device,
@@ -66,9 +71,22 @@ class LLM:
             mtp_adaptive=mtp_adaptive,
             mtp_mask_token_id=mtp_mask_token_id,
             disable_overlap=disable_overlap,
+            tp=tp,
+            pp=pp,
+            dist_timeout_s=dist_timeout_s,
         )
         self.engine = LLMEngine(args)
         self.tokenizer = _load_tokenizer(model_dir)
+
+    def shutdown(self) -> None:
+        """Ends the follower ranks of a tp / pp LLM (they also end with this process)."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
 
     def generate(
         self,

@@ -9,24 +9,18 @@ from pathlib import Path
 
 import torch
 
-from lightllm_mtp.config.runtime import RuntimeShape
 from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.config.model_config import ModelConfig
-from lightllm_mtp.config.spec_config import MtpMode
-from lightllm_mtp.common.basemodel.cuda_graph import graph_batch_sizes
-from lightllm_mtp.engine.model_runner import ModelRunner
-from lightllm_mtp.engine.spec_runner import SpecRunner
-from lightllm_mtp.engine.step import LaunchedStep, StepRunner
+from lightllm_mtp.engine.parallel.driver_runner import DriverRunner
+from lightllm_mtp.engine.parallel.follower import save_stage_state
+from lightllm_mtp.engine.parallel.group import ParallelGroup
+from lightllm_mtp.engine.parallel.membership import describe
+from lightllm_mtp.engine.runner_factory import BuiltRunner, build_runner
+from lightllm_mtp.engine.step import LaunchedStep
 from lightllm_mtp.engine.request import FinishReason, Request, RequestStatus
 from lightllm_mtp.engine.scheduler import Scheduler
 from lightllm_mtp.env import ENV
-from lightllm_mtp.models.registry import create_model
 from lightllm_mtp.sampling_params import SamplingParams
-from lightllm_mtp.spec_decode.adaptive import SpecLengthController, StepCostTable
-from lightllm_mtp.spec_decode.draft_factory import create_proposer
-from lightllm_mtp.spec_decode.step_cost import measured_step_costs, row_count_step_costs
-from lightllm_mtp.spec_decode.draft_state import DraftState
-from lightllm_mtp.spec_decode.step_builder import StepBuilder
 
 
 @dataclass(frozen=True)
@@ -59,37 +53,16 @@ class LLMEngine:
         self.model_config = cfg = ModelConfig.from_model_dir(args.model_dir)
         self.max_model_len = args.resolved_max_model_len(cfg.max_position_embeddings)
         kv_pool_size = args.resolved_kv_pool_size(self.max_model_len)
-        self.spec = spec = args.spec
-        rt = RuntimeShape(
-            dtype=args.dtype,
-            device=args.device,
-            max_reqs=args.max_batch_size,
-            max_model_len=self.max_model_len,
-            kv_pool_size=kv_pool_size,
-            num_draft_tokens=spec.num_draft_tokens if spec else 0,
-            draft_kv_layers=spec.num_draft_modules if spec else 0,
-            load_format=args.load_format,
-        )
-        self.model = create_model(args.model_dir, cfg, rt)
-        graph_max = min(args.graph_max_batch_size, args.max_batch_size)
-        model_runner = ModelRunner(
-            self.model, graph_max, num_draft_tokens=spec.num_draft_tokens if spec else 0,
-            adaptive=spec is not None and spec.adaptive,
-        )  # fmt: skip
-        self.runner: StepRunner = model_runner
-        if spec is not None:
-            caches = self.model.caches
-            state = DraftState(
-                args.max_batch_size, spec.num_draft_tokens, args.device, spec.num_context_rows, cfg.hidden_size,
-                args.dtype,
-            )  # fmt: skip
-            builder = StepBuilder(state, caches.req_manager.req_to_token, self.max_model_len, caches.kv_pool.hold_slot)
-            proposer = create_proposer(
-                self.model, spec, args.model_dir, builder, model_runner.graph_max_batch_size, model_runner.graph_pool
-            )
-            controller = SpecLengthController(_step_costs(model_runner, proposer, spec)) if spec.adaptive else None
-            self.runner = SpecRunner(model_runner, proposer, builder, controller)
-        self.model_runner = model_runner
+        self.spec = args.spec
+        self.parallel_group = None
+        if args.parallel.world_size > 1:  # tp x pp: this process is rank 0, the driver (engine/parallel/)
+            args.parallel.check_model(cfg)
+            self.parallel_group = ParallelGroup(args)
+        built = self._build(args, cfg)
+        self.model, self.model_runner, self.runner = built.model, built.model_runner, built.runner
+        self._built = built
+        if self.parallel_group is not None:
+            self.runner = DriverRunner(built.runner, self.parallel_group, args.device)
         self.scheduler = Scheduler(
             args.max_batch_size,
             args.chunked_prefill_size,
@@ -102,6 +75,33 @@ class LLMEngine:
         self._ids = itertools.count()
         self.overlap = not args.disable_overlap
         self._inflight: LaunchedStep | None = None  # a step queued on the device whose tokens are not read yet
+
+    def _build(self, args: EngineArgs, cfg: ModelConfig) -> BuiltRunner:
+        if self.parallel_group is None:
+            return build_runner(args, cfg, self.max_model_len)
+        try:
+            built = build_runner(args, cfg, self.max_model_len)
+        except Exception as e:
+            try:
+                self.parallel_group.check_start(describe(e))
+            except Exception as group_error:
+                raise group_error from e
+            raise
+        self.parallel_group.check_start("ok")
+        return built
+
+    def save_state(self, directory: str | Path) -> None:
+        """Every rank writes its cached state (KV, conv windows, SSM rows, page table, DraftState by global layer)
+        to directory/rank{r}.pt (engine/parallel/stage_state.py); tests compare layouts with it."""
+        if isinstance(self.runner, DriverRunner):
+            self.runner.save_state(str(directory), lambda d: save_stage_state(self._built, d, 0))
+        else:
+            save_stage_state(self._built, str(directory), 0)
+
+    def shutdown(self) -> None:
+        """Ends the follower ranks of a tp / pp engine (nothing to do for a single-process one)."""
+        if self.parallel_group is not None:
+            self.parallel_group.shutdown()
 
     def validate_prompt(self, prompt_ids: list[int]) -> None:
         if not prompt_ids:
@@ -234,18 +234,4 @@ def _generation_config_eos(model_dir: Path) -> frozenset[int]:
     if eos is None:
         return frozenset()
     return frozenset(eos if isinstance(eos, list) else [eos])
-
-
-def _step_costs(runner: ModelRunner, proposer, spec) -> StepCostTable:
-    """Adaptive speculation's step costs: the captured graphs timed, or rows through the forwards without graphs."""
-    eagle_chain = spec.mode is MtpMode.EAGLE_WITH_ATT and not spec.parallel_drafting
-    k = spec.num_draft_tokens
-    if runner.graphs:
-        verify = {g.q: g for g in runner.graphs}
-        windows = [m.graph_sets[0] for m in proposer.modules]
-        chain = proposer.modules[0].graph_sets[1] if eagle_chain and k > 1 else None
-        kv_only = [g for g in proposer.modules[0].graph_sets if not g.logits]
-        return measured_step_costs(verify, windows, chain, k, kv_only[0] if kv_only else None)
-    sizes = graph_batch_sizes(runner.req_manager.max_reqs)
-    return row_count_step_costs(sizes, k, proposer.window_rows, len(proposer.modules), eagle_chain)
 

@@ -7,6 +7,7 @@ import torch
 from lightllm_mtp.common.basemodel.basemodel import TpPartBaseModel
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode, ModelOutput
 from lightllm_mtp.common.basemodel.cuda_graph import CudaGraphSet, GraphedForward
+from lightllm_mtp.common.parallel_state import pp_broadcast_from_last
 from lightllm_mtp.engine.step import DecodeStep, HostCopy
 from lightllm_mtp.engine.request import Request
 from lightllm_mtp.engine.scheduler import ScheduledRequest
@@ -141,7 +142,7 @@ class ModelRunner:
             s.request.num_computed += s.num_new_tokens
         if not sampled:
             return DecodeStep([])
-        tokens = self.sample(out.logits, sampled)
+        tokens = self.sample_on_last_stage(out.logits, sampled)
         return DecodeStep(sampled, tokens, HostCopy(tokens))
 
     def collect(self, step: DecodeStep) -> list[tuple[Request, list[int]]]:
@@ -164,6 +165,15 @@ class ModelRunner:
             return greedy_sample(logits)
         temps, top_ps, top_ks = self.sampling_tensors(reqs)
         return sample(logits, temps, top_ps, top_ks, [r.generator for r in reqs], sampled_rows=sampled_rows)
+
+    def sample_on_last_stage(self, logits: torch.Tensor | None, reqs: list[Request]) -> torch.Tensor:
+        """Tokens [B] on every pipeline stage: sampled where the logits are (the last stage), broadcast to the
+        others, so that each stage's next step takes the tokens the last one confirmed (identity without PP)."""
+        if self.model.is_last_stage:
+            tokens = self.sample(logits, reqs)
+        else:
+            tokens = torch.empty(len(reqs), dtype=torch.int64, device=self.device)
+        return pp_broadcast_from_last(tokens)
 
     def release(self, req: Request) -> None:
         """Returns the request's KV slots and request slot (its linear state slot goes with it)."""

@@ -19,6 +19,7 @@ import dataclasses
 
 import torch
 
+from lightllm_mtp.common.parallel_state import pp_broadcast_from_last
 from lightllm_mtp.engine.model_runner import ModelRunner
 from lightllm_mtp.engine.request import Request, RequestStatus
 from lightllm_mtp.engine.scheduler import ScheduledRequest
@@ -33,11 +34,12 @@ _NOT_COMMITTED = -1
 
 
 class SpecRunner:
-    def __init__(self, runner: ModelRunner, proposer: Proposer, builder: StepBuilder,
+    def __init__(self, runner: ModelRunner, proposer: Proposer | None, builder: StepBuilder,
                  controller: SpecLengthController | None = None):  # fmt: skip
         self.runner = runner
         self.model = runner.model
-        self.proposer = proposer
+        self.proposer = proposer  # None on pipeline stages before the last (they receive the drafts)
+        self.lookahead = proposer.lookahead if proposer is not None else 1
         self.builder = builder
         self.state = builder.state
         self.num_draft_tokens = builder.num_draft_tokens
@@ -96,22 +98,24 @@ class SpecRunner:
         batch, sampled = self.runner.build_batch(chunks)
         batch = dataclasses.replace(batch, keep_all_hidden=True)
         out = self.model.forward(batch)
-        tokens = self.runner.sample(out.logits, sampled) if sampled else None
+        tokens = self.runner.sample_on_last_stage(out.logits, sampled) if sampled else None
         ahead, rows_per_req = self._prompt_next_tokens(chunks, sampled)
         for s in chunks:
             s.request.num_computed += s.num_new_tokens
         finished = {id(r) for r in sampled}
         last = [int(id(s.request) in finished) for s in chunks]  # 1: the prompt ends in this chunk
-        self.builder.prompt_context(
-            self._device([s.request.req_idx for s in chunks]),
-            [range(rows.start, rows.stop - drop) for rows, drop in zip(rows_per_req, last)],
-            [s.request.num_computed - drop for s, drop in zip(chunks, last)],
-            [s.request.prompt_ids for s in chunks],
-            out.hidden,
-        )  # context rows (multi-layer MTP): before the chunk's end, or before the last prompt row, whose window
+        if self.model.is_last_stage:  # the context rows feed the drafts, which run on the last stage only
+            self.builder.prompt_context(
+                self._device([s.request.req_idx for s in chunks]),
+                [range(rows.start, rows.stop - drop) for rows, drop in zip(rows_per_req, last)],
+                [s.request.num_computed - drop for s, drop in zip(chunks, last)],
+                [s.request.prompt_ids for s in chunks],
+                out.hidden,
+            )  # context rows (multi-layer MTP): before the chunk's end, or before the last prompt row, whose window
         # recomputes them once the sampled token is known (spec_decode/mtp_proposer.py)
         if not sampled:
-            self._propose(batch, out.hidden, ahead, [], [], None)  # MTP KV over the chunk rows only
+            if self.model.is_last_stage:
+                self._propose(batch, out.hidden, ahead, [], [], None)  # MTP KV over the chunk rows only
             return PromptChunksLaunch([], None)
         row_of = dict(zip(map(id, (s.request for s in chunks)), rows_per_req))
         anchors = [row_of[id(r)][-1] for r in sampled]  # the last prompt row: its next token is the sampled one
@@ -142,7 +146,7 @@ class SpecRunner:
             prompt = r.prompt_ids
             for pos in range(r.num_computed, r.num_computed + n):
                 row = []
-                for t in range(pos + 1, pos + 1 + self.proposer.lookahead):
+                for t in range(pos + 1, pos + 1 + self.lookahead):
                     if t < len(prompt):
                         row.append(prompt[t])
                     elif t == len(prompt) and id(r) in sampled_index:
@@ -174,9 +178,19 @@ class SpecRunner:
             blocks=blocks,
             num_drafts=num_drafts,
         )
-        drafts = self.proposer.propose(inp)
+        drafts = self._drafts_on_every_stage(lambda: self.proposer.propose(inp), len(reqs))
         if reqs:
             self.state.write_drafts(b_req_idx, drafts)
+
+    def _drafts_on_every_stage(self, propose, num_reqs: int) -> torch.Tensor:
+        """The proposer runs where the final hidden is (the last pipeline stage); its drafts [B, k] reach every
+        stage's DraftState, from which each stage builds its next verify batch (identity without PP)."""
+        if self.model.is_last_stage:
+            drafts = propose()  # [B, n], n <= k (adaptive speculation: fewer): padded to k for the broadcast
+            drafts = torch.nn.functional.pad(drafts, (0, self.num_draft_tokens - drafts.shape[1]))
+        else:
+            drafts = torch.empty(num_reqs, self.num_draft_tokens, dtype=torch.int64, device=self.device)
+        return pp_broadcast_from_last(drafts) if num_reqs else drafts
 
     # ---- verify blocks ------------------------------------------------------------------------------
     def _launch_verify(self, reqs: list[Request], next_drafts: int) -> VerifyLaunch:
@@ -186,21 +200,32 @@ class SpecRunner:
         q = max(len(b) for b in blocks)  # k + 1, or fewer when every block holds fewer drafts (adaptive)
         batch, rows = self.builder.verify_batch(b_req_idx, rows=q)
         out = self.runner.forward(batch)
-        greedy = all(r.params.temperature <= 0 for r in reqs)
-        temps, top_ps, top_ks = (None, None, None) if greedy else self.runner.sampling_tensors(reqs)
         drafts, num_drafts = rows[:, DRAFTS : DRAFTS + q - 1], rows[:, NUM_DRAFTS]
-        result = verify_block(
-            out.logits.view(bsz, q, -1), drafts, num_drafts, temps, top_ps, top_ks, [r.generator for r in reqs],
-            greedy_only=greedy, draw_width=self.num_draft_tokens,
-        )  # fmt: skip
-        accept = result.b_accept_len.to(torch.int64)
-        last_token = result.emitted.gather(1, (accept - 1)[:, None]).squeeze(1)
+        result = None
+        if self.model.is_last_stage:  # verify where the logits are
+            greedy = all(r.params.temperature <= 0 for r in reqs)
+            temps, top_ps, top_ks = (None, None, None) if greedy else self.runner.sampling_tensors(reqs)
+            result = verify_block(
+                out.logits.view(bsz, q, -1), drafts, num_drafts, temps, top_ps, top_ks, [r.generator for r in reqs],
+                greedy_only=greedy, draw_width=self.num_draft_tokens,
+            )  # fmt: skip
+            verified = torch.cat([result.b_accept_len[:, None].to(torch.int64), result.emitted], dim=1)
+        else:
+            verified = torch.empty(bsz, 1 + q, dtype=torch.int64, device=self.device)
+        # accept lengths and emitted tokens reach every stage before it opens its next block: each stage's
+        # positions, KV slots, conv slot offset and SSM row follow the accepted tokens only (no optimistic state)
+        verified = pp_broadcast_from_last(verified)
+        accept, emitted = verified[:, 0], verified[:, 1:]
+        last_token = emitted.gather(1, (accept - 1)[:, None]).squeeze(1)
         self._open_blocks(reqs, next_drafts, b_req_idx=b_req_idx, start=rows[:, START] + accept,
                           last_token=last_token, accept_len=accept)  # fmt: skip
-        inp = self._verified_rows(batch, q, rows, out.hidden, result, b_req_idx)
-        drafts = self.proposer.propose(dataclasses.replace(inp, num_drafts=next_drafts))
+        drafts = self._drafts_on_every_stage(
+            lambda: self.proposer.propose(dataclasses.replace(
+                self._verified_rows(batch, q, rows, out.hidden, result, b_req_idx), num_drafts=next_drafts)),
+            bsz,
+        )  # fmt: skip
         self.state.write_drafts(b_req_idx, drafts)
-        host = torch.cat([result.b_accept_len[:, None].to(torch.int64), result.emitted, num_drafts[:, None]], dim=1)
+        host = torch.cat([verified, num_drafts[:, None]], dim=1)
         return VerifyLaunch(list(reqs), blocks, batch, HostCopy(host))
 
     def _verified_rows(self, batch, q, rows, hidden, result, b_req_idx) -> DraftInput:

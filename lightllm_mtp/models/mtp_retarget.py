@@ -71,7 +71,9 @@ class MtpWeightRetargetMixin:
                     "checkpoint has none (train one with `train_tiny --ptd`, or drop --parallel_drafting)"
                 )
             specs += [TensorSpec(name, (cfg.hidden_size,)) for name in _MASK_TENSORS]
-        weights = load_weights(model_dir, specs, main.rt.dtype, main.rt.device, main.rt.load_format, 1 + mtp_layer)
+        rank = main.rt.rank
+        weights = load_weights(model_dir, specs, main.rt.dtype, main.rt.device, main.rt.load_format, 1 + mtp_layer,
+                               tp_rank=rank.tp_rank, tp_size=rank.parallel.tp)  # sharded like the main model
         self.mask_embedding = weights.get("mtp.mask_embedding")  # [H] or None
         self.mask_hidden = weights.get("mtp.mask_hidden")  # [H] or None
         self.embed, self.caches = main.embed, main.caches

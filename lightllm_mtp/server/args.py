@@ -42,9 +42,12 @@ class ServerArgs:
         if self.dp > 1 and self.engine.device.index is not None:
             raise ValueError(f"--dp {self.dp} spreads replicas over cuda:0..{self.dp - 1}: pass --device cuda")
         if self.engine.device.type == "cuda":
-            n = torch.cuda.device_count()
-            if self.dp > n:
-                raise ValueError(f"--dp {self.dp} needs {self.dp} GPUs, {n} visible")
+            n, per_replica = torch.cuda.device_count(), self.engine.parallel.world_size
+            if self.dp * per_replica > n:
+                raise ValueError(
+                    f"--dp {self.dp} x --tp {self.engine.parallel.tp} x --pp {self.engine.parallel.pp} needs "
+                    f"{self.dp * per_replica} GPUs, {n} visible"
+                )
         if not self.shutdown_grace_s >= 0:
             raise ValueError(f"--shutdown_grace_s must be >= 0, got {self.shutdown_grace_s}")
         if self.worker_restart_attempts < 0:
@@ -66,9 +69,10 @@ class ServerArgs:
             return False
 
     def worker_engine_args(self, rank: int) -> EngineArgs:
-        """Replica `rank`'s EngineArgs: device cuda -> cuda:rank; CPU replicas share the host."""
+        """Replica `rank`'s EngineArgs: device cuda -> its first GPU, cuda:rank * tp * pp (its tp x pp ranks take the
+        GPUs after it); CPU replicas share the host."""
         if self.engine.device == torch.device("cuda"):
-            return dataclasses.replace(self.engine, device=f"cuda:{rank}")
+            return dataclasses.replace(self.engine, device=f"cuda:{rank * self.engine.parallel.world_size}")
         return self.engine
 
 
@@ -141,6 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "default; behind --api_key when it is set)")
     h.add_argument("--dp", type=int, default=1, help="model replicas, each its own worker process (and GPU); "
                    "requests go to the replica with the fewest outstanding")
+    h.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per replica (one process each, NCCL on "
+                   "CUDA, gloo on CPU; heads, GDN heads, MLP / experts and the vocabulary split over them)")
+    h.add_argument("--pp", type=int, default=1, help="pipeline stages per replica (layers split into stages; the "
+                   "last stage samples, verifies and drafts)")
     h.add_argument("--log_level", default="info", choices=["debug", "info", "warning", "error"],
                    help="default: %(default)s")
     return p  # fmt: skip
@@ -188,8 +196,11 @@ def server_args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
         mtp_draft_vocab_size=ns.mtp_draft_vocab_size,
         mtp_adaptive=ns.mtp_adaptive,
         mtp_mask_token_id=ns.mtp_mask_token_id,
+        tp=ns.tp,
+        pp=ns.pp,
     )
     cfg = ModelConfig.from_model_dir(model_dir)
+    engine.parallel.check_model(cfg)
     max_len = engine.resolved_max_model_len(cfg.max_position_embeddings)
     if engine.resolved_kv_pool_size(max_len) < max_len:
         raise ValueError(

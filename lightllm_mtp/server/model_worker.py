@@ -59,6 +59,7 @@ def run_worker(rank: int, engine_args, dp: int, inbox, outbox, log_level: str) -
         served = worker.run()
     if not served:  # the front is gone: leave at once, nothing left to flush or to tell
         os._exit(0)
+    worker.engine.shutdown()  # tp / pp: ends the follower ranks
 
 
 def _die_with_parent() -> None:
@@ -84,11 +85,13 @@ class ModelWorker:
         if engine_args.device.type == "cuda" and engine_args.device.index is not None:
             torch.cuda.set_device(engine_args.device)  # graphs, streams and Triton launches on our GPU
         elif not ENV.cpu_threads:
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // dp))  # CPU replicas share the host's cores
+            processes = dp * engine_args.parallel.world_size  # replicas x their tp / pp ranks share the host's cores
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // processes))
         self.rank = rank
         self.inbox, self.outbox = inbox, outbox
         self.parent_pid = os.getppid()
         self.engine = LLMEngine(engine_args)
+        self.group_failed = False
         self.live: dict[int, object] = {}  # server rid -> engine Request
         self.rid_of: dict[int, int] = {}  # engine request_id -> server rid
         self.finished_requests = 0
@@ -135,6 +138,9 @@ class ModelWorker:
                 deltas += self._step()
             if msgs or deltas:
                 self.outbox.put(WorkerOutput(self.rank, deltas, self._stats(), time.monotonic()))
+            if self.group_failed:  # a tp / pp rank died or hung: leave, so that the front restarts the replica
+                logger.error("the replica's tp/pp group ended; exiting for a restart")
+                return False
 
     def _receive(self, block: bool) -> list | None:
         """Everything in the inbox now; when idle, waits for the first message. None: the front is gone."""
@@ -176,6 +182,9 @@ class ModelWorker:
             outputs = self.engine.step_outputs()
         except Exception as e:  # a failing step must not take the server down: fail its requests, go on
             logger.error("step failed, aborting %d requests:\n%s", len(self.live), traceback.format_exc())
+            from lightllm_mtp.engine.parallel.group import ParallelGroupError  # loaded with the engine
+
+            self.group_failed = isinstance(e, ParallelGroupError)
             return self._fail_all(f"{type(e).__name__}: {e}")
         self.steps += 1
         self.step_s += time.monotonic() - start

@@ -34,7 +34,7 @@ class WorkerPool:
             target=run_worker,
             args=(rank, args.worker_engine_args(rank), args.dp, self.inboxes[rank], self.outbox, args.log_level),
             name=f"lightllm_mtp-worker{rank}",
-            daemon=True,
+            daemon=args.engine.parallel.world_size == 1,  # a tp / pp worker starts its follower ranks itself
         )
 
     def restart(self, rank: int) -> None:

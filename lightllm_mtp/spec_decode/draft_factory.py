@@ -11,6 +11,7 @@ from lightllm_mtp.common.basemodel.basemodel import TpPartBaseModel
 from lightllm_mtp.common.basemodel.cuda_graph import CudaGraphSet, GraphedForward
 from lightllm_mtp.common.basemodel.forward_batch import ForwardMode
 from lightllm_mtp.common.layers.embedding import LMHead
+from lightllm_mtp.common.parallel_state import tp_all_gather_rows
 from lightllm_mtp.config.model_config import ModelType
 from lightllm_mtp.config.spec_config import MtpMode, SpecConfig
 from lightllm_mtp.spec_decode.draft_model_loader import load_draft_model, pard_mask_token
@@ -46,8 +47,12 @@ def create_drafts(
     module, cls_name = SUPPORTED_DRAFTS[key].split(":")
     cls = getattr(importlib.import_module(module), cls_name)
     model_dir = spec.draft_model_dir or main_model_dir
-    first_kv = len(main.cfg.full_attention_layers)
-    lm_head = None if token_map is None else LMHead(main.lm_head.weight[token_map].contiguous())
+    first_kv = main.num_kv_layers  # this stage's (the last one's) KV layers come first in its pool
+    lm_head = None
+    if token_map is not None:  # the subset's rows, whole on every tp rank (gathered once from the vocab shards)
+        rows = tp_all_gather_rows(main.lm_head.weight)[: main.cfg.vocab_size]
+        lm_head = LMHead(rows[token_map].contiguous(), vocab_parallel=False)
+        del rows
     return [
         cls(main, model_dir, mtp_layer=j, kv_layer=first_kv + j, parallel_drafting=spec.parallel_drafting,
             lm_head=lm_head)

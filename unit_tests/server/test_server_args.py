@@ -59,6 +59,9 @@ def test_defaults_and_lightllm_flag_names(tiny_dense_dir):
         (["--max_req_total_len", "100000"], "exceeds the model's max_position_embeddings"),
         (["--max_req_total_len", "256", "--max_total_token_num", "100"], "below max_req_total_len 256"),
         (["--api_key", ""], "--api_key is empty"),
+        (["--tp", "0"], "tp must be a positive int"),
+        (["--tp", "3", "--pp", "64"], "is not divisible by tp=3"),
+        (["--pp", "64"], "stages for"),
     ],
 )  # fmt: skip
 def test_bad_combinations_exit_with_a_clear_message(capsys, tiny_dense_dir, flags, message):
@@ -71,6 +74,12 @@ def test_model_dir_must_hold_a_config_and_a_tokenizer(capsys, tmp_path, tiny_den
     assert "no config.json there" in parse_error(capsys, ["--model_dir", str(tmp_path)])
     (tmp_path / "config.json").write_text((tiny_dense_dir / "config.json").read_text())
     assert "needs a tokenizer" in parse_error(capsys, ["--model_dir", str(tmp_path)])
+
+
+def test_tp_pp_compose_with_dp(tiny_dense_dir):
+    a = parse_server_args(["--model_dir", str(tiny_dense_dir), "--dp", "2", "--tp", "2", "--pp", "2"])
+    assert (a.dp, a.engine.parallel.tp, a.engine.parallel.pp) == (2, 2, 2)
+    assert a.worker_engine_args(1).parallel.world_size == 4
 
 
 def test_help_explains_every_flag(capsys):

@@ -150,3 +150,13 @@ def test_adaptive_needs_mtp():
         SpecConfig.from_args(None, 0, None, adaptive=True)
     with pytest.raises(ValueError, match="mtp_adaptive is not supported with mtp_mode draft_model"):
         SpecConfig.from_args("draft_model", 2, "/some/draft", adaptive=True)
+
+
+def test_adaptive_and_draft_model_refused_under_tp_pp(tiny_dense_mtp3_dir):
+    from lightllm_mtp.config.engine_args import EngineArgs
+
+    with pytest.raises(ValueError, match="mtp_adaptive is not supported with tp/pp"):
+        EngineArgs(model_dir=str(tiny_dense_mtp3_dir), mtp_mode="eagle_with_att", mtp_step=2, mtp_adaptive=True, tp=2)
+    with pytest.raises(ValueError, match="draft_model is not supported with tp/pp"):
+        EngineArgs(model_dir=str(tiny_dense_mtp3_dir), mtp_mode="draft_model", mtp_step=2,
+                   mtp_draft_model_dir=str(tiny_dense_mtp3_dir), pp=2)  # fmt: skip

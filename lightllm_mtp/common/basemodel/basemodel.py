@@ -18,6 +18,7 @@ from lightllm_mtp.common.layers.gated_attention import GatedAttention
 from lightllm_mtp.common.layers.gated_deltanet import GatedDeltaNet
 from lightllm_mtp.common.layers.norm import RMSNorm
 from lightllm_mtp.common.linear_att_state import LinearAttState
+from lightllm_mtp.common.parallel_state import pp_recv_prev, pp_send_next
 from lightllm_mtp.common.req_manager import ReqManager
 from lightllm_mtp.common.tensor_spec import TensorSpec
 from lightllm_mtp.common.weight_loader import load_weights
@@ -38,17 +39,27 @@ class TpPartBaseModel:
         if weights is None:
             if model_dir is None:
                 raise ValueError("TpPartBaseModel needs a model_dir or weights")
-            weights = load_weights(model_dir, self.weight_specs(cfg), rt.dtype, rt.device, rt.load_format)
+            weights = load_weights(
+                model_dir, self.weight_specs(cfg, rt), rt.dtype, rt.device, rt.load_format,
+                tp_rank=rt.rank.tp_rank, tp_size=rt.rank.parallel.tp,
+            )  # fmt: skip
         self._build(weights)
         self.caches = self._init_caches()
 
     # ---- declaration -------------------------------------------------------------------------------
     @classmethod
-    def weight_specs(cls, cfg: ModelConfig) -> list[TensorSpec]:
+    def weight_specs(cls, cfg: ModelConfig, rt: RuntimeShape | None = None) -> list[TensorSpec]:
+        """This pipeline stage's tensors (every tensor without rt): its decoder layers, the embedding on the
+        first stage (and on the last under MTP: the drafts embed tokens), final norm and lm_head on the last."""
         p = cfg.weight_prefix
-        specs = VocabEmbedding.specs(cfg, f"{p}embed_tokens.weight")
-        specs += RMSNorm.specs(cfg, f"{p}norm.weight") + LMHead.specs(cfg)
-        for i, layer_type in enumerate(cfg.layer_types):
+        first, last, layers = _stage(cfg, rt)
+        specs = []
+        if first or (last and (cfg.tie_word_embeddings or (rt is not None and rt.num_draft_tokens > 0))):
+            specs += VocabEmbedding.specs(cfg, f"{p}embed_tokens.weight")
+        if last:
+            specs += RMSNorm.specs(cfg, f"{p}norm.weight") + LMHead.specs(cfg)
+        for i in layers:
+            layer_type = cfg.layer_types[i]
             prefix = f"{p}layers.{i}."
             mixer_cls, scope = _mixer(layer_type)
             specs += DecoderLayer.norm_specs(cfg, prefix)
@@ -57,12 +68,18 @@ class TpPartBaseModel:
 
     def _build(self, weights: Weights) -> None:
         cfg, p = self.cfg, self.cfg.weight_prefix
-        self.embed = VocabEmbedding(f"{p}embed_tokens.weight", weights)
-        self.final_norm = RMSNorm(cfg, f"{p}norm.weight", weights)
-        self.lm_head = LMHead(self.embed.weight if cfg.tie_word_embeddings else weights["lm_head.weight"])
+        self.is_first_stage, self.is_last_stage, self.layer_ids = _stage(cfg, self.rt)
+        embed_name = f"{p}embed_tokens.weight"
+        self.embed = VocabEmbedding(embed_name, weights) if embed_name in weights else None
+        self.final_norm = self.lm_head = None
+        if self.is_last_stage:
+            self.final_norm = RMSNorm(cfg, f"{p}norm.weight", weights)
+            head = self.embed.weight if cfg.tie_word_embeddings else weights["lm_head.weight"]
+            self.lm_head = LMHead(head, cfg.vocab_size)
         self.layers: list[DecoderLayer] = []
-        kv_layer = state_layer = 0
-        for i, layer_type in enumerate(cfg.layer_types):
+        kv_layer = state_layer = 0  # this stage's own KV pool layers and GDN state layers
+        for i in self.layer_ids:
+            layer_type = cfg.layer_types[i]
             prefix = f"{p}layers.{i}."
             mixer_cls, scope = _mixer(layer_type)
             if mixer_cls is GatedAttention:
@@ -76,18 +93,27 @@ class TpPartBaseModel:
             for name in [n for n in weights if n.startswith(prefix)]:  # free what the layer fused (e.g. gate_up) now:
                 del weights[name]  # the peak stays one layer above the weights (a 27B model fits an 80 GB GPU)
 
+    @property
+    def num_kv_layers(self) -> int:
+        """This stage's full-attention layers (the first KV pool layers; MTP draft modules own the ones after)."""
+        return sum(1 for i in self.layer_ids if self.cfg.layer_types[i] is LayerType.FULL_ATTENTION)
+
     def _init_caches(self) -> ModelCaches:
         cfg, rt = self.cfg, self.rt
+        par = rt.rank.parallel
+        nk, nv = par.local_heads(cfg.linear_num_key_heads), par.local_heads(cfg.linear_num_value_heads)
+        draft_layers = rt.draft_kv_layers if self.is_last_stage else 0  # the drafts run where the final hidden is
         kv_pool = KvPool(
-            len(cfg.full_attention_layers) + rt.draft_kv_layers, rt.kv_pool_size, cfg.num_key_value_heads, cfg.head_dim, rt.dtype, rt.device
-        )
+            self.num_kv_layers + draft_layers, rt.kv_pool_size, par.local_heads(cfg.num_key_value_heads), cfg.head_dim,
+            rt.dtype, rt.device,
+        )  # fmt: skip
         linear_state = LinearAttState(
-            num_layers=len(cfg.linear_attention_layers),
+            num_layers=len(self.layer_ids) - self.num_kv_layers,
             num_slots=rt.max_reqs + 1,
             num_draft_tokens=rt.num_draft_tokens,
-            conv_dim=cfg.linear_conv_dim,
+            conv_dim=(2 * nk * cfg.linear_key_head_dim + nv * cfg.linear_value_head_dim),
             conv_kernel=cfg.linear_conv_kernel_dim,
-            num_value_heads=cfg.linear_num_value_heads,
+            num_value_heads=nv,
             key_head_dim=cfg.linear_key_head_dim,
             value_head_dim=cfg.linear_value_head_dim,
             dtype=rt.dtype,
@@ -101,15 +127,32 @@ class TpPartBaseModel:
 
     # ---- forward -----------------------------------------------------------------------------------
     def forward(self, batch: ForwardBatch) -> ModelOutput:
-        """Prefill / chunked prefill / decode; logits and final-norm hidden of batch.b_logits_index rows."""
-        delta, residual = self.embed(batch.input_ids), None
+        """Prefill / chunked prefill / decode; logits and final-norm hidden of batch.b_logits_index rows. Under
+        pipeline parallelism a stage receives the residual stream from the one before and hands it to the next;
+        only the last stage returns logits and hidden (the others an empty ModelOutput)."""
+        if self.is_first_stage:
+            delta, residual = self.embed(batch.input_ids), None
+        else:
+            rows = batch.positions.shape[0]
+            delta, residual = pp_recv_prev([(rows, self.cfg.hidden_size)] * 2, self.rt.dtype, self.rt.device)
         for layer in self.layers:
             delta, residual = layer.forward(delta, residual, batch, self.caches)
+        if not self.is_last_stage:
+            pp_send_next([delta, residual])
+            return ModelOutput(logits=None, hidden=None)
         if not batch.keep_all_hidden:
             delta, residual = delta[batch.b_logits_index], residual[batch.b_logits_index]
         hidden, _ = add_rmsnorm(delta, residual, self.final_norm.weight, self.final_norm.eps)
         logits_hidden = hidden[batch.b_logits_index] if batch.keep_all_hidden else hidden
         return ModelOutput(logits=self.lm_head(logits_hidden), hidden=hidden)
+
+
+def _stage(cfg: ModelConfig, rt: RuntimeShape | None) -> tuple[bool, bool, range]:
+    """(first stage, last stage, decoder layer ids) of this process; every layer without rt."""
+    if rt is None:
+        return True, True, range(cfg.num_hidden_layers)
+    info = rt.rank
+    return info.is_first_stage, info.is_last_stage, info.parallel.stage_layers(cfg.num_hidden_layers, info.stage)
 
 
 def _mixer(layer_type: LayerType) -> tuple[type[Layer], str]:

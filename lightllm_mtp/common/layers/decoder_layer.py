@@ -5,6 +5,7 @@ import torch
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch
 from lightllm_mtp.common.layers.base import Layer, ModelCaches, Weights
 from lightllm_mtp.common.layers.norm import RMSNorm
+from lightllm_mtp.common.parallel_state import tp_all_reduce
 from lightllm_mtp.common.tensor_spec import TensorSpec
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.kernels.norm.rmsnorm import add_rmsnorm
@@ -36,6 +37,6 @@ class DecoderLayer:
             x, normed = delta, self.input_norm(delta)
         else:
             normed, x = add_rmsnorm(delta, residual, self.input_norm.weight, self.input_norm.eps)  # x = residual + delta
-        mixed = self.mixer.forward(normed, batch, caches)
+        mixed = tp_all_reduce(self.mixer.forward(normed, batch, caches))  # row-parallel outputs: partial sums
         normed, h = add_rmsnorm(mixed, x, self.post_norm.weight, self.post_norm.eps)  # h = x + mixed
-        return self.ffn.forward(normed, batch, caches), h
+        return tp_all_reduce(self.ffn.forward(normed, batch, caches)), h

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode
 from lightllm_mtp.common.layers.base import Layer, ModelCaches, Weights
-from lightllm_mtp.common.tensor_spec import TensorSpec
+from lightllm_mtp.common.tensor_spec import TensorSpec, TpShard
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.kernels.attention.decode_attention import decode_attention
 from lightllm_mtp.kernels.attention.output_gate import sigmoid_gate_mul
@@ -21,8 +21,6 @@ from lightllm_mtp.kernels.attention.store_kv import store_kv
 class GatedAttention(Layer):
     def __init__(self, cfg: ModelConfig, prefix: str, weights: Weights, kv_layer: int):
         self.kv_layer = kv_layer
-        self.num_heads = cfg.num_attention_heads
-        self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
         self.has_gate = cfg.attn_output_gate
         self.eps = cfg.rms_norm_eps
@@ -30,6 +28,9 @@ class GatedAttention(Layer):
         q, k, v = (weights[f"{prefix}{n}_proj.weight"] for n in "qkv")
         self.q_size = q.shape[0]
         self.kv_size = k.shape[0]
+        # this tp rank's heads (column-parallel q/k/v by head, row-parallel o_proj: the caller all-reduces)
+        self.num_heads = self.q_size // (self.head_dim * (2 if self.has_gate else 1))
+        self.num_kv_heads = self.kv_size // self.head_dim
         self.qkv_proj = torch.cat([q, k, v], dim=0)  # [(Hq*D*(1+gate)) + 2*Hkv*D, H]
         self.o_proj = weights[f"{prefix}o_proj.weight"]
         self.q_norm = weights[f"{prefix}q_norm.weight"]
@@ -39,11 +40,12 @@ class GatedAttention(Layer):
     def specs(cls, cfg: ModelConfig, prefix: str) -> list[TensorSpec]:
         h, d = cfg.hidden_size, cfg.head_dim
         q_rows = cfg.num_attention_heads * d * (2 if cfg.attn_output_gate else 1)
+        kv = TpShard(0, heads=(cfg.num_key_value_heads,))  # replicated when tp > KV heads
         return [
-            TensorSpec(f"{prefix}q_proj.weight", (q_rows, h)),
-            TensorSpec(f"{prefix}k_proj.weight", (cfg.num_key_value_heads * d, h)),
-            TensorSpec(f"{prefix}v_proj.weight", (cfg.num_key_value_heads * d, h)),
-            TensorSpec(f"{prefix}o_proj.weight", (h, cfg.num_attention_heads * d)),
+            TensorSpec(f"{prefix}q_proj.weight", (q_rows, h), tp=TpShard(0)),
+            TensorSpec(f"{prefix}k_proj.weight", (cfg.num_key_value_heads * d, h), tp=kv),
+            TensorSpec(f"{prefix}v_proj.weight", (cfg.num_key_value_heads * d, h), tp=kv),
+            TensorSpec(f"{prefix}o_proj.weight", (h, cfg.num_attention_heads * d), tp=TpShard(1)),
             TensorSpec(f"{prefix}q_norm.weight", (d,)),
             TensorSpec(f"{prefix}k_norm.weight", (d,)),
         ]

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode
 from lightllm_mtp.common.layers.base import Layer, ModelCaches, Weights
-from lightllm_mtp.common.tensor_spec import TensorSpec
+from lightllm_mtp.common.tensor_spec import TensorSpec, TpShard
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.kernels.gdn.causal_conv1d import causal_conv1d_prefill
 from lightllm_mtp.kernels.gdn.causal_conv1d_verify import causal_conv1d_verify
@@ -21,9 +21,12 @@ from lightllm_mtp.kernels.gdn.gdn_gating import gdn_gating
 class GatedDeltaNet(Layer):
     def __init__(self, cfg: ModelConfig, prefix: str, weights: Weights, state_layer: int):
         self.state_layer = state_layer
-        self.nk, self.nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        # this tp rank's heads: q/k/v/z/a/b, conv channels, A_log, dt_bias split by head; out_proj row-parallel
         self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        self.key_dim, self.value_dim = cfg.linear_key_dim, cfg.linear_value_dim
+        self.nv = weights[f"{prefix}A_log"].shape[0]
+        conv_rows = weights[f"{prefix}in_proj_qkv.weight"].shape[0]
+        self.nk = (conv_rows - self.nv * self.dv) // (2 * self.dk)  # key heads are replicated when tp > their count
+        self.key_dim, self.value_dim = self.nk * self.dk, self.nv * self.dv
         self.eps = cfg.rms_norm_eps
         w = {n: weights[f"{prefix}{n}.weight"] for n in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")}
         # one GEMM for all four input projections: rows [qkv | z | b | a]
@@ -37,16 +40,18 @@ class GatedDeltaNet(Layer):
     @classmethod
     def specs(cls, cfg: ModelConfig, prefix: str) -> list[TensorSpec]:
         h, nv = cfg.hidden_size, cfg.linear_num_value_heads
+        nk = cfg.linear_num_key_heads
+        qkv = TpShard(0, sections=(cfg.linear_key_dim, cfg.linear_key_dim, cfg.linear_value_dim), heads=(nk, nk, nv))
         return [
-            TensorSpec(f"{prefix}in_proj_qkv.weight", (cfg.linear_conv_dim, h)),
-            TensorSpec(f"{prefix}in_proj_z.weight", (cfg.linear_value_dim, h)),
-            TensorSpec(f"{prefix}in_proj_b.weight", (nv, h)),
-            TensorSpec(f"{prefix}in_proj_a.weight", (nv, h)),
-            TensorSpec(f"{prefix}conv1d.weight", (cfg.linear_conv_dim, 1, cfg.linear_conv_kernel_dim)),
-            TensorSpec(f"{prefix}A_log", (nv,), keep_fp32=True),
-            TensorSpec(f"{prefix}dt_bias", (nv,), keep_fp32=True),
+            TensorSpec(f"{prefix}in_proj_qkv.weight", (cfg.linear_conv_dim, h), tp=qkv),
+            TensorSpec(f"{prefix}in_proj_z.weight", (cfg.linear_value_dim, h), tp=TpShard(0)),
+            TensorSpec(f"{prefix}in_proj_b.weight", (nv, h), tp=TpShard(0)),
+            TensorSpec(f"{prefix}in_proj_a.weight", (nv, h), tp=TpShard(0)),
+            TensorSpec(f"{prefix}conv1d.weight", (cfg.linear_conv_dim, 1, cfg.linear_conv_kernel_dim), tp=qkv),
+            TensorSpec(f"{prefix}A_log", (nv,), keep_fp32=True, tp=TpShard(0)),
+            TensorSpec(f"{prefix}dt_bias", (nv,), keep_fp32=True, tp=TpShard(0)),
             TensorSpec(f"{prefix}norm.weight", (cfg.linear_value_head_dim,)),
-            TensorSpec(f"{prefix}out_proj.weight", (h, cfg.linear_value_dim)),
+            TensorSpec(f"{prefix}out_proj.weight", (h, cfg.linear_value_dim), tp=TpShard(1)),
         ]
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:

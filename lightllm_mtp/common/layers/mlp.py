@@ -5,16 +5,16 @@ import torch.nn.functional as F
 
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch
 from lightllm_mtp.common.layers.base import Layer, ModelCaches, Weights
-from lightllm_mtp.common.tensor_spec import TensorSpec
+from lightllm_mtp.common.tensor_spec import TensorSpec, TpShard
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.kernels.activation.silu_and_mul import silu_and_mul
 
 
 def mlp_specs(prefix: str, hidden: int, inter: int) -> list[TensorSpec]:
     return [
-        TensorSpec(f"{prefix}gate_proj.weight", (inter, hidden)),
-        TensorSpec(f"{prefix}up_proj.weight", (inter, hidden)),
-        TensorSpec(f"{prefix}down_proj.weight", (hidden, inter)),
+        TensorSpec(f"{prefix}gate_proj.weight", (inter, hidden), tp=TpShard(0)),  # column-parallel
+        TensorSpec(f"{prefix}up_proj.weight", (inter, hidden), tp=TpShard(0)),
+        TensorSpec(f"{prefix}down_proj.weight", (hidden, inter), tp=TpShard(1)),  # row-parallel
     ]
 
 

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch
 from lightllm_mtp.common.layers.base import Layer, ModelCaches, Weights
 from lightllm_mtp.common.layers.mlp import GatedMLP, mlp_specs
-from lightllm_mtp.common.tensor_spec import TensorSpec
+from lightllm_mtp.common.tensor_spec import TensorSpec, TpShard
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.kernels.moe.fused_moe import fused_moe
 from lightllm_mtp.kernels.moe.moe_routing import select_experts
@@ -35,8 +35,9 @@ class SparseMoE(Layer):
         per_expert_down = tuple((f"{prefix}experts.{j}.down_proj.weight",) for j in range(e))
         return [
             TensorSpec(f"{prefix}gate.weight", (e, h)),
-            TensorSpec(f"{prefix}experts.gate_up_proj", (e, 2 * i, h), stacked_from=per_expert_gate_up),
-            TensorSpec(f"{prefix}experts.down_proj", (e, h, i), stacked_from=per_expert_down),
+            TensorSpec(f"{prefix}experts.gate_up_proj", (e, 2 * i, h), stacked_from=per_expert_gate_up,
+                       tp=TpShard(1, sections=(i, i))),  # every expert split column / row-parallel
+            TensorSpec(f"{prefix}experts.down_proj", (e, h, i), stacked_from=per_expert_down, tp=TpShard(2)),
             *mlp_specs(f"{prefix}shared_expert.", h, moe.shared_expert_intermediate_size),
             TensorSpec(f"{prefix}shared_expert_gate.weight", (1, h)),
         ]

@@ -1,0 +1,92 @@
+"""A follower rank: builds its shard of the model and runner, then replays the driver's step ops (step_ops.py)
+until Stop. It never schedules: the requests it holds are mirrors of the driver's, updated by the same runner
+calls (launch, collect, release) in the same order."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from lightllm_mtp.config.engine_args import EngineArgs
+from lightllm_mtp.config.model_config import ModelConfig
+from lightllm_mtp.config.parallel_config import RankInfo
+from lightllm_mtp.engine.parallel.membership import (
+    describe, exchange_status, join_group, leave_group, recv_ops, watch_parent,
+)
+from lightllm_mtp.engine.parallel.stage_state import stage_state
+from lightllm_mtp.engine.parallel.step_ops import KEEP_STEPS, Collect, Launch, Release, SaveState, Stop
+from lightllm_mtp.engine.request import Request, RequestStatus
+from lightllm_mtp.engine.runner_factory import BuiltRunner, build_runner, rank_args
+from lightllm_mtp.engine.scheduler import ScheduledRequest
+
+def follower_main(args: EngineArgs, rank: int, port: int, num_threads: int, started) -> None:
+    started.set()  # the spawned process got here: the driver may rendezvous
+    watch_parent()
+    args = rank_args(args, rank)
+    if args.device.type == "cpu":
+        torch.set_num_threads(num_threads)
+    control = join_group(args, rank, port)
+    status, built = "ok", None
+    try:
+        cfg = ModelConfig.from_model_dir(args.model_dir)
+        built = build_runner(args, cfg, args.resolved_max_model_len(cfg.max_position_embeddings),
+                             RankInfo(args.parallel, rank))  # fmt: skip
+    except Exception as e:
+        status = describe(e)
+    if any(s != "ok" for s in exchange_status(control, status)):
+        leave_group()
+        sys.exit(1)
+    Follower(built, args.device, rank).run(control)
+    leave_group()
+
+
+class Follower:
+    def __init__(self, built: BuiltRunner, device: torch.device, rank: int):
+        self.built = built
+        self.runner = built.runner
+        self.device = device
+        self.rank = rank
+        self.requests: dict[int, Request] = {}
+        self.steps: dict[int, object] = {}
+
+    def run(self, control) -> None:
+        while True:
+            for op in recv_ops(control):
+                if isinstance(op, Stop):
+                    return
+                self.apply(op)
+                if isinstance(op, SaveState):
+                    dist.barrier(group=control)  # the driver reads the files after it
+
+    @torch.inference_mode()
+    def apply(self, op) -> None:
+        if isinstance(op, Launch):
+            for new in op.new_requests:
+                generator = None
+                if new.generator_seed is not None:
+                    generator = torch.Generator(device=self.device).manual_seed(new.generator_seed)
+                self.requests[new.request_id] = Request(new.request_id, list(new.prompt_ids), new.params, generator)
+            scheduled = [ScheduledRequest(self.requests[rid], n) for rid, n in op.scheduled]
+            after = self.steps.get(op.after) if op.after is not None else None
+            self.steps[op.seq] = self.runner.launch(scheduled, after=after)
+            for seq in [s for s in self.steps if s <= op.seq - KEEP_STEPS]:
+                del self.steps[seq]
+        elif isinstance(op, Collect):
+            for req, tokens in self.runner.collect(self.steps.pop(op.seq)):
+                if req.status is not RequestStatus.FINISHED:
+                    req.output_ids.extend(tokens)
+        elif isinstance(op, Release):
+            req = self.requests.pop(op.request_id)
+            self.runner.release(req)
+            req.status = RequestStatus.FINISHED
+        elif isinstance(op, SaveState):
+            save_stage_state(self.built, op.directory, self.rank)
+        else:
+            raise TypeError(f"unknown step op {op!r}")
+
+
+def save_stage_state(built: BuiltRunner, directory: str, rank: int) -> None:
+    torch.save(stage_state(built.model, built.runner), Path(directory) / f"rank{rank}.pt")

@@ -1,0 +1,89 @@
+"""Builds one process's model and step runner (plain or speculative): the driver's LLMEngine and every follower
+rank of a tensor / pipeline parallel group build theirs with this same code, each from its own rank's shard."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from lightllm_mtp.common.basemodel.basemodel import TpPartBaseModel
+from lightllm_mtp.common.basemodel.cuda_graph import graph_batch_sizes
+from lightllm_mtp.config.engine_args import EngineArgs
+from lightllm_mtp.config.model_config import ModelConfig
+from lightllm_mtp.config.parallel_config import RankInfo
+from lightllm_mtp.config.runtime import RuntimeShape
+from lightllm_mtp.config.spec_config import MtpMode
+from lightllm_mtp.engine.model_runner import ModelRunner
+from lightllm_mtp.engine.spec_runner import SpecRunner
+from lightllm_mtp.engine.step import StepRunner
+from lightllm_mtp.models.registry import create_model
+from lightllm_mtp.spec_decode.adaptive import SpecLengthController, StepCostTable
+from lightllm_mtp.spec_decode.draft_factory import create_proposer
+from lightllm_mtp.spec_decode.draft_state import DraftState
+from lightllm_mtp.spec_decode.step_builder import StepBuilder
+from lightllm_mtp.spec_decode.step_cost import measured_step_costs, row_count_step_costs
+
+
+@dataclass
+class BuiltRunner:
+    model: TpPartBaseModel
+    model_runner: ModelRunner
+    runner: StepRunner  # model_runner, or the SpecRunner over it
+
+
+def build_runner(args: EngineArgs, cfg: ModelConfig, max_model_len: int, rank: RankInfo | None = None) -> BuiltRunner:
+    rank = rank or RankInfo(args.parallel)
+    spec = args.spec
+    rt = RuntimeShape(
+        dtype=args.dtype,
+        device=args.device,
+        max_reqs=args.max_batch_size,
+        max_model_len=max_model_len,
+        kv_pool_size=args.resolved_kv_pool_size(max_model_len),
+        num_draft_tokens=spec.num_draft_tokens if spec else 0,
+        draft_kv_layers=spec.num_draft_modules if spec else 0,
+        load_format=args.load_format,
+        rank=rank,
+    )
+    model = create_model(args.model_dir, cfg, rt)
+    # CUDA graphs per rank under tp (the all-reduces are captured); none under pp (stage-to-stage send / recv)
+    graph_max = min(args.graph_max_batch_size, args.max_batch_size) if args.parallel.pp == 1 else 0
+    model_runner = ModelRunner(
+        model, graph_max, num_draft_tokens=spec.num_draft_tokens if spec else 0,
+        adaptive=spec is not None and spec.adaptive,
+    )  # fmt: skip
+    runner: StepRunner = model_runner
+    if spec is not None:
+        state = DraftState(
+            args.max_batch_size, spec.num_draft_tokens, args.device, spec.num_context_rows, cfg.hidden_size, args.dtype
+        )
+        caches = model.caches
+        builder = StepBuilder(state, caches.req_manager.req_to_token, max_model_len, caches.kv_pool.hold_slot)
+        proposer = None
+        if model.is_last_stage:  # the drafts run where the final hidden is
+            proposer = create_proposer(
+                model, spec, args.model_dir, builder, model_runner.graph_max_batch_size, model_runner.graph_pool
+            )
+        controller = SpecLengthController(_step_costs(model_runner, proposer, spec)) if spec.adaptive else None
+        runner = SpecRunner(model_runner, proposer, builder, controller)
+    return BuiltRunner(model, model_runner, runner)
+
+
+def _step_costs(runner: ModelRunner, proposer, spec) -> StepCostTable:
+    """Adaptive speculation's step costs: the captured graphs timed, or rows through the forwards without graphs."""
+    eagle_chain = spec.mode is MtpMode.EAGLE_WITH_ATT and not spec.parallel_drafting
+    k = spec.num_draft_tokens
+    if runner.graphs:
+        verify = {g.q: g for g in runner.graphs}
+        windows = [m.graph_sets[0] for m in proposer.modules]
+        chain = proposer.modules[0].graph_sets[1] if eagle_chain and k > 1 else None
+        kv_only = [g for g in proposer.modules[0].graph_sets if not g.logits]
+        return measured_step_costs(verify, windows, chain, k, kv_only[0] if kv_only else None)
+    sizes = graph_batch_sizes(runner.req_manager.max_reqs)
+    return row_count_step_costs(sizes, k, proposer.window_rows, len(proposer.modules), eagle_chain)
+
+
+def rank_args(args: EngineArgs, rank: int) -> EngineArgs:
+    """The driver's args as rank `rank` sees them: on CUDA, one GPU per rank after the driver's."""
+    if args.device.type != "cuda":
+        return args
+    return replace(args, device=f"cuda:{(args.device.index or 0) + rank}")
