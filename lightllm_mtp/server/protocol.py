@@ -124,7 +124,7 @@ class SamplingRequest(BaseModel):
     stream_options: StreamOptions | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    logit_bias: Annotated[dict[str, float], FIRST_ERROR] | None = None
+    logit_bias: dict | None = None  # not supported: any non-empty map is refused unread (no per-item errors)
     return_mtp_stats: bool = False  # extension: the request's MTP acceptance in usage["mtp"]
 
     @field_validator("max_tokens")
