@@ -55,6 +55,10 @@ class EngineArgs:
     mtp_draft_vocab_file: str | None = None  # frequency-ranked token ids of a reduced draft vocabulary
     mtp_draft_vocab_size: int | None = None  # draft logits over the first N of them (None: all in the file)
     disable_overlap: bool = False  # read each step's tokens before queuing the next (no overlap scheduling)
+    prefix_cache: bool = True  # share cached prompt prefixes between requests (radix tree + GDN state snapshots)
+    prefix_cache_interval: int = 256  # tokens between GDN state snapshots taken during prefill
+    # share of the memory budget (KV pool + snapshots) held by GDN state snapshots; the KV pool keeps its tokens
+    prefix_cache_state_share: float = 0.1
     spec: SpecConfig | None = field(init=False)  # the speculative settings, None without MTP
 
     def __post_init__(self) -> None:
@@ -80,6 +84,10 @@ class EngineArgs:
         for name in ("max_batch_size", "chunked_prefill_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.prefix_cache_interval < 1:
+            raise ValueError(f"prefix_cache_interval must be >= 1, got {self.prefix_cache_interval}")
+        if not 0.0 < self.prefix_cache_state_share < 1.0:
+            raise ValueError(f"prefix_cache_state_share must be in (0, 1), got {self.prefix_cache_state_share}")
         if self.graph_max_batch_size < 0:
             raise ValueError(f"graph_max_batch_size must be >= 0, got {self.graph_max_batch_size}")
         if self.max_model_len is not None and self.max_model_len < 2:

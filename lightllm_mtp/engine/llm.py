@@ -25,6 +25,7 @@ class RequestOutput:
     text: str  # detokenized generated tokens (special tokens skipped)
     finish_reason: str  # "stop" | "length"
     spec: SpecStats  # MTP acceptance (all zero without MTP)
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
 
 class LLM:
@@ -45,6 +46,9 @@ class LLM:
         mtp_draft_vocab_file: str | Path | None = None,
         mtp_draft_vocab_size: int | None = None,
         disable_overlap: bool = False,
+        prefix_cache: bool = True,
+        prefix_cache_interval: int = 256,
+        prefix_cache_state_share: float = 0.1,
     ):
         args = EngineArgs(
             model_dir=str(model_dir),
@@ -62,6 +66,9 @@ class LLM:
             mtp_draft_vocab_file=None if mtp_draft_vocab_file is None else str(mtp_draft_vocab_file),
             mtp_draft_vocab_size=mtp_draft_vocab_size,
             disable_overlap=disable_overlap,
+            prefix_cache=prefix_cache,
+            prefix_cache_interval=prefix_cache_interval,
+            prefix_cache_state_share=prefix_cache_state_share,
         )
         self.engine = LLMEngine(args)
         self.tokenizer = _load_tokenizer(model_dir)
@@ -98,6 +105,7 @@ class LLM:
                 text=self._decode(r.output_ids),
                 finish_reason=r.finish_reason.value if r.finish_reason else "abort",
                 spec=r.spec_stats,
+                num_cached_tokens=r.num_cached_tokens,
             )
             for r in reqs
         ]

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 import torch
 
@@ -37,6 +38,12 @@ class Request:
     # MTP: host KV slots of the open verify blocks, oldest first (the next one to verify, then any queued ahead)
     blocks: list[torch.Tensor] = field(default_factory=list)
     spec_stats: SpecStats = SpecStats()
+    # prefix cache (engine/prefix_cache.py): kv_slots[..][:cached_len] are the tree's, locked through cache_node
+    cached_len: int = 0
+    num_cached_tokens: int = 0  # prompt tokens it resumed past (cached_len at admission)
+    cache_node: Any = None  # common/radix_cache.Node
+    resume_snapshot: Any = None  # common/radix_cache.Snapshot to restore on its first step
+    pending_snapshots: list = field(default_factory=list)  # (position, Snapshot) that enter the tree at its end
 
     @property
     def num_tokens(self) -> int:

@@ -66,6 +66,16 @@ class SpecRunner:
     def release(self, req: Request) -> None:
         self.runner.release(req)
 
+    def committed_state_offset(self, req: Request) -> torch.Tensor | int | None:
+        """The committed conv window / SSM row of the request's slot: 0 during its prompt, accept_len - 1 after a
+        verify (a device scalar); None when a verify of it is queued (overlap): its state is then past what the host
+        knows."""
+        if not req.blocks:
+            return 0
+        if len(req.blocks) > 1:
+            return None
+        return self.state.accept_len[req.req_idx] - 1
+
     def _device(self, values: list[int], dtype=torch.int32) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
 
@@ -88,6 +98,7 @@ class SpecRunner:
         ahead, rows_per_req = self._prompt_next_tokens(chunks, sampled)
         for s in chunks:
             s.request.num_computed += s.num_new_tokens
+        self.runner.after_prompt_chunks()
         finished = {id(r) for r in sampled}
         last = [int(id(s.request) in finished) for s in chunks]  # 1: the prompt ends in this chunk
         self.builder.prompt_context(
