@@ -116,6 +116,11 @@ class LLMEngine:
         lookahead = self.runner.proposer.lookahead if spec is not None else 0
         return PrefixCache(tree, caches.snapshots, caches.req_manager, args.prefix_cache_interval, lookahead)
 
+    def evict_prefix_cache(self) -> None:
+        """Drops every unlocked cached prefix (its KV slots and snapshots go back to their pools)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.tree.evict_all()
+
     def prefix_cache_stats(self) -> PrefixCacheStats | None:
         return self.prefix_cache.stats() if self.prefix_cache is not None else None
 
