@@ -15,6 +15,8 @@
 #   bash benchmark/gpu_runs.sh draft_vocab  # 27B eagle k=1,3 with the full vs a 32k-id draft vocabulary
 #   bash benchmark/gpu_runs.sh mixed    # 27B, MTP k=1, 32 running with arrivals: this tree, then baseline/ (an older
 #                                       # commit exported with `git archive REV --prefix=baseline/`; carry baseline)
+#   bash benchmark/gpu_runs.sh prefix_cache  # 27B, MTP k=1: TTFT of an 8k shared prefix + 128-token question, cold vs
+#                                       # warm prefix cache and without it; then the prefix-cache GPU-path tests
 # Results go to $OUT (the device tool's folder) or benchmark/results; each JSON holds its exact command.
 # fla-core travels as a wheel in .whl/ (benchmark/README.md, "GPU runs").
 set -euo pipefail
@@ -44,6 +46,10 @@ case "${1:-}" in
       --acceptance lightllm_mtp/fixtures/tiny_qwen3_5_mtp3_ptd_trained/acceptance_*.json ;;
   draft_vocab) python3 benchmark/draft_cost.py --model_shape qwen3.5-27b --device cuda --ks 1,3 \
       --modes eagle_with_att --draft_vocab_sizes 0,32768 --out "$out/draft_cost_qwen3.5-27b_draft_vocab_h100.json" ;;
+  prefix_cache)
+    python3 benchmark/prefix_cache_ttft.py --model_shape qwen3.5-27b --device cuda --prefix_len 8192 --question_len 128 \
+      --mtp_mode eagle_with_att --mtp_step 1 --prefix_cache_interval 1024 --out "$out/prefix_cache_ttft_qwen3.5-27b_h100.json"
+    python3 -m pytest -q -m gpu test/test_gpu_prefix_cache.py ;;
   mixed)
     mixed=(python3 benchmark/mixed_workload.py --model_shape qwen3.5-27b --device cuda --concurrency 32 --num_requests 96
            --input_len 1024 --output_len 64 --chunked_prefill_size 2048 --mtp_mode eagle_with_att --mtp_step 1)

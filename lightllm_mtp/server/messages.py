@@ -40,6 +40,7 @@ class TokenDelta:
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     error: str | None = None  # with finish_reason "error": what went wrong (the request was rejected or failed)
     spec: SpecStats | None = None  # on the last delta of an MTP request
+    num_cached_tokens: int = 0  # on the last delta: prompt tokens served from the prefix cache
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,12 @@ class WorkerStats:
     finished_requests: int  # requests this worker ended (any reason), since start
     generated_tokens: int  # since start
     spec: SpecStats = field(default_factory=SpecStats)  # since start, live requests included
+    # prefix cache, since start: requests admitted, of which hits, their prompt tokens, those served from the cache
+    cache_queries: int = 0
+    cache_hits: int = 0
+    cache_prompt_tokens: int = 0
+    cache_cached_tokens: int = 0
+    kv_cached: int = 0  # KV slots owned by the prefix cache now
 
 
 @dataclass(frozen=True)
