@@ -208,6 +208,7 @@ class LLMEngine:
         """Forgets a queued step whose requests all finished (its device work completes unobserved; every slot it
         touches was released and is reused only by work queued after it)."""
         if self._inflight is not None and all(r.status is RequestStatus.FINISHED for r in self._inflight.reqs):
+            self.runner.settle(self._inflight)
             self._inflight = None
 
     def abort(self, req: Request) -> None:
@@ -245,7 +246,7 @@ class LLMEngine:
     def _finish(self, req: Request, reason: FinishReason) -> None:
         req.finish_reason = reason
         if self.prefix_cache is not None:  # its committed KV and state join the tree before its slots go back
-            self.prefix_cache.on_finish(req, self.runner.committed_state_offset(req))
+            self.prefix_cache.on_finish(req, self.runner.committed_state_offset(req), self.runner.hold_queued_row(req))
         self.runner.release(req)
         self.scheduler.finish(req)
 

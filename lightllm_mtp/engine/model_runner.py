@@ -175,6 +175,12 @@ class ModelRunner:
         if self.prefix_cache is not None:
             self.prefix_cache.after_launch()
 
+    def hold_queued_row(self, req: Request) -> None:
+        return None  # a queued decode row's KV is in req.kv_slots already
+
+    def settle(self, step: DecodeStep) -> None:
+        pass
+
     def committed_state_offset(self, req: Request) -> int | None:
         """Where the request's committed GDN state sits in its slot (plain decoding: column / row 0, covering its
         num_computed tokens)."""

@@ -14,6 +14,7 @@ verify is already queued (overlap) leaves no final snapshot, since its state has
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -156,10 +157,15 @@ class PrefixCache:
         req.cached_len = depth
 
     # ---- end of a request ---------------------------------------------------------------------------------------
-    def on_finish(self, req: Request, state_offset: torch.Tensor | int | None) -> None:
+    def on_finish(self, req: Request, state_offset: torch.Tensor | int | None, held: torch.Tensor | None = None) -> None:
         """Before the request's slots are released: its committed KV (and a snapshot of its committed GDN state, at
         `state_offset`; None: no usable state) go into the tree; its lock is dropped; what the tree does not take is
-        freed. req.kv_slots is empty afterwards."""
+        freed. req.kv_slots is empty afterwards.
+
+        held: under MTP, the KV slot of its newest token's row in a verify already queued (overlap; the runner kept
+        it out of release). That verify commits the row, so the state after it (conv columns / SSM row 0) is
+        snapshotted now, and the position joins the tree, with the snapshot, once that verify's first emitted token
+        (its key's lookahead) reaches the host (req.on_verified); meanwhile the prefix stays locked."""
         if req.resume_snapshot is not None:  # ended before its first step
             req.resume_snapshot.pins -= 1
             req.resume_snapshot = None
@@ -185,14 +191,41 @@ class PrefixCache:
             for s in unused:
                 self.tree.free_snapshot(s)
             to_free.append(kv[:depth][kv[:depth] != tree_slots])
+            if held is not None and self.lookahead == 1 and depth == total == req.num_tokens - 1 and req.req_idx is not None:
+                snap = self.tree.alloc_snapshot()
+                if snap is not None:
+                    self.snapshots.save(snap.slot, req.req_idx, 0)  # queued after that verify: its row 0
+                    self.tree.lock(node)
+                    req.on_verified = functools.partial(self._after_queued_verify, tokens, node, held, snap)
+                    held = None
         else:
             for s in snaps.values():
                 self.tree.free_snapshot(s)
+        if held is not None:
+            to_free.append(held)
         if req.cache_node is not None:
             self.tree.unlock(req.cache_node)
             req.cache_node = None
         self.tree.kv_pool.free(torch.cat(to_free))
         req.kv_slots = []
+
+    def _after_queued_verify(self, tokens: list[int], node, held: torch.Tensor, snap: Snapshot,
+                             emitted: list[int] | None) -> None:  # fmt: skip
+        """The deferred end of on_finish: position node.depth (slot `held`) joins the tree with the snapshot, keyed by
+        the token that verify emitted after it."""
+        depth = node.depth
+        if emitted:
+            keys = key_elements(tokens[: depth + 1] + emitted[:1], depth + 1, 1)
+            kv = torch.cat([self.tree.path_slots(node), held])
+            _, tree_slots, unused = self.tree.insert(keys, kv, {depth + 1: snap})
+            for s in unused:
+                self.tree.free_snapshot(s)
+            if int(tree_slots[-1]) != int(held[0]):
+                self.tree.kv_pool.free(held)
+        else:
+            self.tree.free_snapshot(snap)
+            self.tree.kv_pool.free(held)
+        self.tree.unlock(node)
 
     def stats(self) -> PrefixCacheStats:
         return PrefixCacheStats(self._queries, self._hits, self._prompt_tokens, self._cached_tokens,

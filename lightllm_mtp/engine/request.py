@@ -44,6 +44,8 @@ class Request:
     cache_node: Any = None  # common/radix_cache.Node
     resume_snapshot: Any = None  # common/radix_cache.Snapshot to restore on its first step
     pending_snapshots: list = field(default_factory=list)  # (position, Snapshot) that enter the tree at its end
+    # ended while a verify of it was queued (overlap): called with that verify's emitted tokens (None: never read)
+    on_verified: Any = None
 
     @property
     def num_tokens(self) -> int:

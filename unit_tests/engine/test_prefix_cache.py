@@ -148,3 +148,23 @@ def test_snapshots_equal_the_from_scratch_state(tiny_dense_mtp3_dir):
         slot = node.snapshot.slot
         torch.testing.assert_close(cache.snapshots.conv[:, slot], live.conv[:, req.req_idx, :, :k1], rtol=0, atol=1e-6)
         torch.testing.assert_close(cache.snapshots.ssm[:, slot], live.ssm[:, req.req_idx], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_request_ending_on_a_stop_token_leaves_its_end(tiny_dense_mtp3_dir, overlap):
+    """Eagle MTP: a chat that stops on a stop token is cached up to its end, also when its next verify was already
+    queued (overlap): that verify's first row is snapshotted and joins the tree keyed by the token it emitted."""
+    prompt = SYSTEM + [5, 6]
+    mtp = dict(MODES["eagle"], disable_overlap=not overlap)
+    full = build(tiny_dense_mtp3_dir, False, **mtp).generate([prompt], greedy(12))[0].token_ids
+    i = next(j for j in range(3, 10) if full[j] not in full[:j])
+    stop = SamplingParams(temperature=0.0, max_new_tokens=12, stop_token_ids=[full[i]])
+    resend = prompt + full[: i + 3] + [777]
+    ref = build(tiny_dense_mtp3_dir, False, **mtp).generate([resend], greedy())[0]
+    llm = build(tiny_dense_mtp3_dir, True, **mtp)
+    first = llm.generate([prompt], stop)[0]
+    assert first.token_ids == full[: i + 1] and first.finish_reason == "stop"
+    out = llm.generate([resend], greedy())[0]
+    assert out.token_ids == ref.token_ids and out.spec == ref.spec
+    assert out.num_cached_tokens == len(prompt) + i + overlap  # up to the stop token, or past it (overlap)
+    check_accounting(llm)
