@@ -30,7 +30,7 @@ COMMON = ["--device", "cpu", "--max_req_total_len", "128", "--log_level", "warni
 def mtp_server(trained_dense_dir, tmp_path_factory):
     flags = ["--model_dir", str(trained_dense_dir), "--mtp_mode", "eagle_with_att", "--mtp_step", "2",
              "--running_max_req_size", "16", "--chunked_prefill_size", "64", "--api_key", KEY, "--enable_api_docs",
-             *COMMON]  # fmt: skip
+             "--prefix_cache_interval", "32", "--prefix_cache_state_share", "0.5", *COMMON]  # fmt: skip
     with ServerProcess(flags, tmp_path_factory.mktemp("mtp_server") / "server.log") as server:
         yield server
     assert server.proc.returncode == 0, server.log_tail()
@@ -452,3 +452,20 @@ def test_continuous_usage_stats_in_every_chunk(mtp_server):
     prompt, counts = chat[0].usage.prompt_tokens, [ch.usage.completion_tokens for ch in chat]
     assert prompt > 0 and counts[0] == 0 and counts == sorted(counts) and counts[-1] == 6
     assert all(ch.usage.total_tokens == prompt + ch.usage.completion_tokens for ch in chat)
+
+
+def test_prefix_cache_reports_cached_tokens(mtp_server):
+    """A prompt that shares an earlier one's first 60 tokens resumes at its snapshot at 32 (--prefix_cache_interval):
+    usage.prompt_tokens_details.cached_tokens, the /metrics hit rate and /server_info show it."""
+    c = client(mtp_server)
+    first = [10 + (7 * i) % 300 for i in range(60)]
+    out = c.completions.create(model=model_name(mtp_server), prompt=first, max_tokens=4, temperature=0)
+    assert out.usage.prompt_tokens_details.cached_tokens == 0
+    again = c.completions.create(model=model_name(mtp_server), prompt=first + [11, 12, 13], max_tokens=4,
+                                 temperature=0)  # fmt: skip
+    assert again.usage.prompt_tokens_details.cached_tokens == 32
+    m = metrics(mtp_server)
+    assert m[("lightllm_mtp_prefix_cache_hit_rate", (("worker", "0"),))] > 0
+    assert m[("lightllm_mtp_prefix_cache_cached_tokens", (("worker", "0"),))] >= 32
+    info = httpx.get(f"{mtp_server.url}/server_info", headers=AUTH).json()
+    assert info["prefix_cache"] and info["prefix_cache_hit_rate"] > 0

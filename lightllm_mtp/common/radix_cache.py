@@ -213,6 +213,19 @@ class RadixCache:
             stack.extend(node.children.values())
             yield node
 
+    def check(self) -> None:
+        """Consistency (tests): tree slots are distinct and allocated, counts match, snapshots distinct and allocated."""
+        nodes = list(self._nodes())
+        slots = torch.cat([n.slots for n in nodes]) if nodes else torch.empty(0, dtype=torch.int32)
+        assert slots.unique().numel() == slots.numel() == self.num_tokens, "tree slots repeated or miscounted"
+        assert bool(self.kv_pool.allocator._in_use[slots.long()].all()), "a tree slot is on the free list"
+        assert self.num_locked == sum(len(n.key) for n in nodes if n.lock_ref > 0), "locked count drifted"
+        snaps = [n.snapshot.slot for n in nodes if n.snapshot is not None]
+        assert len(set(snaps)) == len(snaps), "a snapshot slot on two nodes"
+        assert all(bool(self.snapshot_allocator._in_use[s]) for s in snaps), "a tree snapshot is free"
+        for n in nodes:
+            assert n.parent.children[n.key[0]] is n and n.depth == n.parent.depth + len(n.key)
+
     @property
     def num_snapshots(self) -> int:
         return self.snapshot_allocator.size - self.snapshot_allocator.num_free

@@ -192,12 +192,14 @@ class PrefixCache:
                 self.tree.free_snapshot(s)
             to_free.append(kv[:depth][kv[:depth] != tree_slots])
             if held is not None and self.lookahead == 1 and depth == total == req.num_tokens - 1 and req.req_idx is not None:
+                self.tree.lock(node)  # before alloc_snapshot, which may evict unlocked leaves
                 snap = self.tree.alloc_snapshot()
                 if snap is not None:
                     self.snapshots.save(snap.slot, req.req_idx, 0)  # queued after that verify: its row 0
-                    self.tree.lock(node)
                     req.on_verified = functools.partial(self._after_queued_verify, tokens, node, held, snap)
                     held = None
+                else:
+                    self.tree.unlock(node)
         else:
             for s in snaps.values():
                 self.tree.free_snapshot(s)

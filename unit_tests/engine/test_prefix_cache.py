@@ -38,6 +38,7 @@ def check_accounting(llm):
     assert (u.kv_used, u.kv_reserved, u.req_slots_used, u.running, u.waiting) == (0, 0, 0, 0, 0)
     cache = engine.prefix_cache
     if cache is not None:
+        cache.tree.check()
         assert cache.tree.num_locked == 0
         assert caches.kv_pool.num_free + cache.tree.num_tokens == caches.kv_pool.size
         assert all(n.snapshot is None or n.snapshot.pins == 0 for n in cache.tree._nodes())
