@@ -8,8 +8,10 @@ its logits and, under MTP, the rows whose draft KV depends on tokens after the p
 
 What enters the tree is committed only: KV of positions p whose tokens up to p + L are known (multi-layer MTP's
 provisional draft rows never do), snapshots of prompt-chunk boundaries and of a finished request's committed GDN
-state (under MTP its conv window / SSM row at accept_len - 1, never verify rows); a finished request whose next
-verify is already queued (overlap) leaves no final snapshot, since its state has moved past what the host knows.
+state (under MTP its conv window / SSM row at accept_len - 1, never verify rows). Under MTP with overlap a request
+may end while its next verify is queued: its state then moves past what the host knows, so the state after that
+verify's first row (the newest token, committed) is snapshotted and enters the tree once the verify's first emitted
+token, the last key's lookahead, reaches the host (eagle / PTD; multi-layer MTP leaves no end snapshot).
 """
 
 from __future__ import annotations
