@@ -25,8 +25,8 @@ def greedy(n=NEW):
 
 def build(model_dir, cache, **kw):
     kw.setdefault("max_model_len", 96)
-    return LLM(model_dir, prefix_cache=cache, prefix_cache_interval=INTERVAL, prefix_cache_state_share=0.9,
-               chunked_prefill_size=16, **kw)  # fmt: skip
+    kw.setdefault("chunked_prefill_size", 16)
+    return LLM(model_dir, prefix_cache=cache, prefix_cache_interval=INTERVAL, prefix_cache_state_share=0.9, **kw)
 
 
 def check_accounting(llm):
@@ -169,3 +169,19 @@ def test_request_ending_on_a_stop_token_leaves_its_end(tiny_dense_mtp3_dir, over
     assert out.token_ids == ref.token_ids and out.spec == ref.spec
     assert out.num_cached_tokens == len(prompt) + i + overlap  # up to the stop token, or past it (overlap)
     check_accounting(llm)
+
+
+def test_budget_cut_chunks_end_on_snapshot_boundaries(tiny_dense_mtp3_dir):
+    llm = build(tiny_dense_mtp3_dir, True, chunked_prefill_size=20)
+    chunks, schedule = [], llm.engine.scheduler.schedule
+
+    def recording(**kw):
+        out = schedule(**kw)
+        chunks.extend(s.num_new_tokens for s in out if s.request.in_prefill)
+        return out
+
+    llm.engine.scheduler.schedule = recording
+    llm.generate([list(range(3, 48))], greedy(1))
+    assert chunks == [16, 16, 13]  # budget 20, interval 8: cut back to 16 and 32, then the prompt's end
+    node = llm.engine.prefix_cache.tree.match(key_elements(list(range(3, 48)), 44, 0))
+    assert [n.depth for n in node if n.snapshot is not None] == [8, 16, 24, 32, 40]
