@@ -71,6 +71,8 @@ class RadixCache:
             if child.key != keys[i : i + n]:
                 break
             child.last_access = now
+            if child.snapshot is not None:
+                child.snapshot.last_access = now
             path.append(child)
             node, i = child, i + n
         return path
