@@ -185,3 +185,19 @@ def test_budget_cut_chunks_end_on_snapshot_boundaries(tiny_dense_mtp3_dir):
     assert chunks == [16, 16, 13]  # budget 20, interval 8: cut back to 16 and 32, then the prompt's end
     node = llm.engine.prefix_cache.tree.match(key_elements(list(range(3, 48)), 44, 0))
     assert [n.depth for n in node if n.snapshot is not None] == [8, 16, 24, 32, 40]
+
+
+@pytest.mark.parametrize("mode", ["plain", "eagle"])
+def test_seeded_sampling_identical_with_the_cache(tiny_dense_mtp3_dir, mode):
+    """A resumed request samples from the same distributions with the same generator: identical tokens."""
+    params = SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=8, seed=11, ignore_eos=True)
+    batches = [[SYSTEM + [1, 2]], [SYSTEM + [3, 4, 5], SYSTEM[:18] + [6]]]
+
+    def run_all(cache):
+        llm = build(tiny_dense_mtp3_dir, cache, **MODES[mode])
+        return [o.token_ids for b in batches for o in llm.generate(b, params)], llm
+
+    ref, _ = run_all(False)
+    outs, llm = run_all(True)
+    assert outs == ref and llm.engine.prefix_cache_stats().hits == 2
+    check_accounting(llm)
