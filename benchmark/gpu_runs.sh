@@ -50,7 +50,7 @@ case "${1:-}" in
       --modes eagle_with_att --draft_vocab_sizes 0,32768 --out "$out/draft_cost_qwen3.5-27b_draft_vocab_h100.json" ;;
   prefix_cache)
     python3 benchmark/prefix_cache_ttft.py --model_shape qwen3.5-27b --device cuda --prefix_len 8192 --question_len 128 \
-      --mtp_mode eagle_with_att --mtp_step 1 --prefix_cache_interval 1024 --out "$out/prefix_cache_ttft_qwen3.5-27b_h100.json"
+      --mtp_mode eagle_with_att --mtp_step 1 --prefix_cache_interval 256 --out "$out/prefix_cache_ttft_qwen3.5-27b_h100.json"
     python3 -m pytest -q -m gpu test/test_gpu_prefix_cache.py ;;
   mixed)
     mixed=(python3 benchmark/mixed_workload.py --model_shape qwen3.5-27b --device cuda --concurrency 32 --num_requests 96

@@ -5,7 +5,9 @@ an 8k prefix + 128-token question, warm at least 10x faster than cold on an H100
         --question_len 128 --mtp_mode eagle_with_att --mtp_step 1 --out benchmark/results/prefix_cache_ttft.json
 
 Per repeat: a cold request (a fresh prefix), then warm requests (the same prefix, new questions), each alone with
-max_new_tokens=1, so its wall time is its TTFT; and the same warm prompts on an engine without the cache.
+max_new_tokens=1, so its wall time is its TTFT; and the same warm prompts on an engine without the cache. Under MTP
+(draft lookahead L = 1) a warm request resumes at the deepest snapshot at most prefix_len - 1 (the draft KV of the
+prefix's last position depends on the question's first token): with interval I it recomputes up to I + question_len.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--warm_per_repeat", type=int, default=2)
     p.add_argument("--chunked_prefill_size", type=int, default=8192)
     p.add_argument("--prefix_cache_interval", type=int, default=256)
-    p.add_argument("--prefix_cache_state_share", type=float, default=0.3)
+    p.add_argument("--prefix_cache_state_share", type=float, default=0.5)
     p.add_argument("--mtp_mode", default=None)
     p.add_argument("--mtp_step", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)

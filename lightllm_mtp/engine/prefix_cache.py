@@ -103,7 +103,8 @@ class PrefixCache:
     # ---- prompt chunks ------------------------------------------------------------------------------------------
     def plan(self, chunks: list[tuple[Request, int, int]], num_rows: int, device: torch.device) -> SnapshotPlan | None:
         """Snapshot slots for the boundaries of the step's prompt chunks (req, start, rows): every multiple of the
-        interval and the prompt's end. Rows of decode requests take none."""
+        interval and the prompt's end, deepest first while slots can be had (a chunk's recurrence is split only where
+        a snapshot is taken). Rows of decode requests take none."""
         cuts = []
         for req, start, n in chunks:
             c = []
@@ -112,10 +113,11 @@ class PrefixCache:
                 points = list(range((start // self.interval + 1) * self.interval, end + 1, self.interval))
                 if end == len(req.prompt_ids) and (not points or points[-1] != end):
                     points.append(end)
-                for p in points:
+                for p in reversed(points):  # the deepest first: with few free snapshot slots they matter most
                     snap = self.tree.alloc_snapshot()
-                    if snap is not None:
-                        c.append((p, snap))
+                    if snap is None:
+                        break
+                    c.insert(0, (p, snap))
             cuts.append(c)
         self._pending = [(req, c) for (req, _, _), c in zip(chunks, cuts) if c]
         if not self._pending:
@@ -181,11 +183,6 @@ class PrefixCache:
             else:
                 self.tree.free_snapshot(s)
         req.pending_snapshots = []
-        if depth == total and depth > 0 and state_offset is not None and req.req_idx is not None and depth not in snaps:
-            snap = self.tree.alloc_snapshot()
-            if snap is not None:
-                self.snapshots.save(snap.slot, req.req_idx, state_offset)
-                snaps[depth] = snap
         to_free = [kv[depth:]]
         if depth > 0:
             tokens = req.prompt_ids + req.output_ids
@@ -193,15 +190,20 @@ class PrefixCache:
             for s in unused:
                 self.tree.free_snapshot(s)
             to_free.append(kv[:depth][kv[:depth] != tree_slots])
+            self.tree.lock(node)  # the allocations below may evict unlocked leaves
+            if depth == total and state_offset is not None and req.req_idx is not None and node.snapshot is None:
+                snap = self.tree.alloc_snapshot()
+                if snap is not None:
+                    self.snapshots.save(snap.slot, req.req_idx, state_offset)
+                    node.snapshot = snap
             if held is not None and self.lookahead == 1 and depth == total == req.num_tokens - 1 and req.req_idx is not None:
-                self.tree.lock(node)  # before alloc_snapshot, which may evict unlocked leaves
                 snap = self.tree.alloc_snapshot()
                 if snap is not None:
                     self.snapshots.save(snap.slot, req.req_idx, 0)  # queued after that verify: its row 0
+                    self.tree.lock(node)  # until that verify's token arrives
                     req.on_verified = functools.partial(self._after_queued_verify, tokens, node, held, snap)
                     held = None
-                else:
-                    self.tree.unlock(node)
+            self.tree.unlock(node)
         else:
             for s in snaps.values():
                 self.tree.free_snapshot(s)

@@ -201,3 +201,16 @@ def test_seeded_sampling_identical_with_the_cache(tiny_dense_mtp3_dir, mode):
     outs, llm = run_all(True)
     assert outs == ref and llm.engine.prefix_cache_stats().hits == 2
     check_accounting(llm)
+
+
+def test_few_snapshot_slots_go_to_the_deepest_boundaries(tiny_dense_mtp3_dir):
+    llm = LLM(tiny_dense_mtp3_dir, max_model_len=96, chunked_prefill_size=64, prefix_cache_interval=INTERVAL,
+              prefix_cache_state_share=0.001)  # fmt: skip
+    cache = llm.engine.prefix_cache
+    assert cache.snapshots.size == 2  # the floor
+    prompt = list(range(3, 48))
+    llm.generate([prompt], greedy(1))
+    assert sorted(n.depth for n in cache.tree._nodes() if n.snapshot is not None) == [40, 45]
+    out = llm.generate([prompt[:44] + [5, 6]], greedy())[0]
+    assert out.num_cached_tokens == 40
+    check_accounting(llm)
