@@ -16,6 +16,7 @@ MODES = {
     "plain": {},
     "eagle": dict(mtp_mode="eagle_with_att", mtp_step=2),
     "vanilla": dict(mtp_mode="vanilla_with_att", mtp_step=3),
+    "ptd": dict(mtp_mode="eagle_with_att", mtp_step=2, parallel_drafting=True),
 }
 
 
