@@ -22,6 +22,10 @@
 #                                       # k=1, at B=1,32; then the tp/pp CPU tests on the GPU machine's cores
 #   bash benchmark/gpu_runs.sh mixed    # 27B, MTP k=1, 32 running with arrivals: this tree, then baseline/ (an older
 #                                       # commit exported with `git archive REV --prefix=baseline/`; carry baseline)
+#   bash benchmark/gpu_runs.sh prefix_cache  # 27B, MTP k=1: TTFT of an 8k shared prefix + 128-token question, cold vs
+#                                       # warm prefix cache and without it; then the prefix-cache GPU-path tests
+#   bash benchmark/gpu_runs.sh prefix_serving  # trained tiny checkpoint behind the server, MTP k=1: multi-turn
+#                                       # and shared-prefix workloads with vs without the prefix cache (server extra)
 # Results go to $OUT (the device tool's folder) or benchmark/results; each JSON holds its exact command.
 # fla-core travels as a wheel in .whl/ (benchmark/README.md, "GPU runs").
 set -euo pipefail
@@ -78,6 +82,10 @@ case "${1:-}" in
       --modes eagle_with_att --draft_vocab_sizes 0,32768 --out "$out/draft_cost_qwen3.5-27b_draft_vocab_h100.json" ;;
   adaptive_grid) python3 benchmark/adaptive_grid.py --model_shape qwen3.5-27b --device cuda --max_k 3 \
       --batch_sizes 1,2,4,8,16 --out "$out/adaptive_grid_qwen3.5-27b_h100.json" ;;
+  prefix_cache)
+    python3 benchmark/prefix_cache_ttft.py --model_shape qwen3.5-27b --device cuda --prefix_len 8192 --question_len 128 \
+      --mtp_mode eagle_with_att --mtp_step 1 --prefix_cache_interval 256 --out "$out/prefix_cache_ttft_qwen3.5-27b_h100.json"
+    python3 -m pytest -q -m gpu test/test_gpu_prefix_cache.py ;;
   mixed)
     mixed=(python3 benchmark/mixed_workload.py --model_shape qwen3.5-27b --device cuda --concurrency 32 --num_requests 96
            --input_len 1024 --output_len 64 --chunked_prefill_size 2048 --mtp_mode eagle_with_att --mtp_step 1)
@@ -96,7 +104,15 @@ case "${1:-}" in
       serving_tiny) "${serve[@]}" --model_dir lightllm_mtp/fixtures/tiny_qwen3_5_trained \
         --out "$out/serving_tiny_qwen3_5_trained_h100.json" ;;
     esac ;;
+  prefix_serving)
+    for workload in multi_turn shared_prefix; do
+      python3 benchmark/serving.py --launch --device cuda --model_dir lightllm_mtp/fixtures/tiny_qwen3_5_trained \
+        --mtp_configs eagle_with_att:1,eagle_with_att:1/nocache --workload "$workload" --turns 4 --input_len 1024 \
+        --shared_prefix_len 2048 --num_groups 4 --question_len 128 --output_len 64 --num_prompts 32 --concurrency 8,32 \
+        --server_args "--max_req_total_len 4096 --running_max_req_size 32 --prefix_cache_interval 256 --prefix_cache_state_share 0.5" \
+        --out "$out/serving_prefix_${workload}_tiny_qwen3_5_trained_h100.json"
+    done ;;
   peer) bench --model_shape qwen3.5-27b --batch_sizes 1,8 --output_len 32 --hf_peer --hf_batch_sizes 1,8 \
       --out "$out/static_qwen3.5-27b_hf_peer_h100.json" ;;
-  *) echo "usage: $0 tests|tests_spec|train_mtp3_ptd|draft_cost|draft_vocab|draft_model_cost|train_drafts|27b|27b_k1|35b|peer|mixed|serving_27b|serving_35b|serving_tiny" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|tests_spec|train_mtp3_ptd|draft_cost|draft_vocab|adaptive_grid|draft_model_cost|train_drafts|27b|27b_k1|35b|peer|mixed|serving_27b|serving_35b|serving_tiny|prefix_cache|prefix_serving|tp2_27b" >&2; exit 2 ;;
 esac

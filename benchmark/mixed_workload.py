@@ -55,6 +55,8 @@ def build_engine(args):
               chunked_prefill_size=args.chunked_prefill_size, graph_max_batch_size=args.concurrency)  # fmt: skip
     if args.disable_overlap:
         kw["disable_overlap"] = True
+    if "prefix_cache" in EngineArgs.__dataclass_fields__:  # random prompts: comparable with engines without the cache
+        kw["prefix_cache"] = False
     if args.mtp_mode:
         kw.update(mtp_mode=args.mtp_mode, mtp_step=args.mtp_step)
     if args.model_dir:

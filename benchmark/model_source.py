@@ -87,6 +87,9 @@ def build_engine(source: ModelSource, args, max_model_len: int, mtp: bool) -> LL
                 kw["mtp_mask_token_id"] = getattr(args, "mtp_mask_token_id", None)
         if getattr(args, "mtp_draft_vocab_file", None):
             kw.update(mtp_draft_vocab_file=args.mtp_draft_vocab_file, mtp_draft_vocab_size=args.mtp_draft_vocab_size)
+    if "prefix_cache" in fields:  # step timings on random prompts: no cache unless asked (prefix_cache_ttft.py)
+        kw["prefix_cache"] = False
+    kw.update(getattr(args, "engine_extra", {}))  # further EngineArgs fields (e.g. the prefix cache's)
     if source.model_dir is not None:
         return LLMEngine(EngineArgs(model_dir=source.model_dir, **kw))
     with tempfile.TemporaryDirectory(prefix="lightllm_mtp_shape_") as tmp:

@@ -9,7 +9,13 @@ Prompts are token windows of a local text corpus (default: the held-out Python s
 lightllm_mtp/training/tiny_corpus.py; --corpus DIR for any directory of text files), sent as token ids so their
 length is exact; greedy by default, ignore_eos, max_tokens = the output length. At each concurrency level
 num_prompts requests run with at most that many in flight. Reported: request and token throughput, TTFT, TPOT
-((e2e - TTFT) / (tokens - 1)), inter-chunk latency, and MTP acceptance from each response's usage block.
+((e2e - TTFT) / (tokens - 1)), inter-chunk latency, MTP acceptance and prefix-cache hits (cached prompt tokens)
+from each response's usage block.
+
+Prefix-cache workloads (benchmark/serving_workloads.py): `--workload shared_prefix --shared_prefix_len 2048
+--num_groups 4 --question_len 128` (prompts = one of a few long prefixes + a question), `--workload multi_turn
+--turns 4 --question_len 64` (num_prompts conversations; each turn resends the conversation so far); a
+`--mtp_configs` entry ending in `/nocache` runs that server with --disable_prefix_cache.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import httpx
 from tqdm import tqdm
 
 from benchmark.model_shapes import MODEL_SHAPES
+from benchmark.serving_workloads import multi_turn, shared_prefix_prompts
 from lightllm_mtp.env import ENV
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -83,6 +90,8 @@ class RequestRecord:
     chunk_gaps_s: list[float] = field(default_factory=list)
     mtp: dict | None = None
     error: str | None = None
+    cached_tokens: int = 0  # usage.prompt_tokens_details.cached_tokens
+    text: str = ""
 
 
 async def send(http: httpx.AsyncClient, model: str, prompt: list[int], max_tokens: int, temperature: float,
@@ -104,6 +113,7 @@ async def send(http: httpx.AsyncClient, model: str, prompt: list[int], max_token
                 if "error" in event:
                     rec.error = event["error"]["message"]
                 elif event.get("choices"):  # one chunk per model step (several tokens with MTP)
+                    rec.text += event["choices"][0].get("text") or ""
                     if rec.ttft_s is None:
                         rec.ttft_s = now - start
                     else:
@@ -112,6 +122,7 @@ async def send(http: httpx.AsyncClient, model: str, prompt: list[int], max_token
                 if event.get("usage"):
                     rec.output_len = event["usage"]["completion_tokens"]
                     rec.mtp = event["usage"].get("mtp")
+                    rec.cached_tokens = (event["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
         rec.e2e_s = time.perf_counter() - start
     except httpx.HTTPError as e:
         rec.error = f"{type(e).__name__}: {e}"
@@ -166,6 +177,8 @@ def summarize(records: list[RequestRecord], duration_s: float, concurrency: int)
         "inter_chunk_ms": stats([g for r in ok for g in r.chunk_gaps_s]),
         "e2e_ms": stats([r.e2e_s for r in ok]),
         "mtp": acceptance,
+        "cached_tokens": sum(r.cached_tokens for r in ok),
+        "prefix_hit_rate": sum(r.cached_tokens for r in ok) / in_tokens if in_tokens else 0.0,
     }
 
 
@@ -204,7 +217,11 @@ def shape_model_dir(shape: str) -> Path:
 
 
 def parse_config(text: str) -> tuple[str, list[str]]:
-    """'none' -> no MTP; 'eagle_with_att:2' -> --mtp_mode eagle_with_att --mtp_step 2."""
+    """'none' -> no MTP; 'eagle_with_att:2' -> --mtp_mode eagle_with_att --mtp_step 2; a '/nocache' suffix adds
+    --disable_prefix_cache."""
+    if text.endswith("/nocache"):
+        label, flags = parse_config(text.removesuffix("/nocache"))
+        return f"{label}_nocache", [*flags, "--disable_prefix_cache"]
     if text == "none":
         return "no_mtp", []
     mode, _, step = text.partition(":")
@@ -232,15 +249,26 @@ def versions() -> dict:
     return out
 
 
+async def run_multi_turn(url: str, headers: dict, model: str, workload: dict, out_len: int, concurrency: int,
+                         temperature: float, encode, bar: tqdm) -> dict:  # fmt: skip
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=httpx.Timeout(3600)) as http:
+        records, duration = await multi_turn(
+            lambda prompt: send(http, model, prompt, out_len, temperature, seed=len(prompt)), encode,
+            workload["first"], workload["user_turns"], concurrency, lambda: bar.update(1),
+        )
+    return summarize(records, duration, concurrency)
+
+
 def run_config(url: str, args, prompts, out_lens, label: str, bar: tqdm) -> dict:
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     info = httpx.get(f"{url}/server_info", headers=headers, timeout=30).json()
-    longest = max(len(p) + n for p, n in zip(prompts, out_lens))
+    longest = prompts["longest"] if isinstance(prompts, dict) else max(len(p) + n for p, n in zip(prompts, out_lens))
     if longest > info["max_model_len"]:
         raise SystemExit(f"prompt + output up to {longest} tokens; the server's max_model_len is "
                          f"{info['max_model_len']}")
     model = info["model_name"]
-    warm = min(args.num_warmup, len(prompts))
+    warm = min(args.num_warmup, len(prompts)) if not isinstance(prompts, dict) else 0
     if warm:  # first requests pay one-off costs (CUDA graph capture is at start-up, allocator growth is not)
         bar.set_description(f"{label} warm-up")
         asyncio.run(run_level(url, headers, model, prompts[:warm], [min(n, 16) for n in out_lens[:warm]], warm,
@@ -249,7 +277,11 @@ def run_config(url: str, args, prompts, out_lens, label: str, bar: tqdm) -> dict
     for c in args.concurrency:
         bar.set_description(f"{label} concurrency {c}")
         before = httpx.get(f"{url}/server_info", headers=headers, timeout=30).json()
-        level = asyncio.run(run_level(url, headers, model, prompts, out_lens, c, args.temperature, bar))
+        if isinstance(prompts, dict):  # multi-turn conversations
+            level = asyncio.run(run_multi_turn(url, headers, model, prompts, args.output_len, c, args.temperature,
+                                               prompts["encode"], bar))  # fmt: skip
+        else:
+            level = asyncio.run(run_level(url, headers, model, prompts, out_lens, c, args.temperature, bar))
         after = httpx.get(f"{url}/server_info", headers=headers, timeout=30).json()
         level["server_side"] = server_side(before, after, level["duration_s"])
         levels.append(level)
@@ -290,7 +322,8 @@ def print_table(report: dict) -> None:
                   f"{lv['request_throughput_per_s']:>7.2f} {lv['output_tokens_per_s']:>10.1f} "
                   f"{t.get('median', 0):>8.1f}/{t.get('p99', 0):<8.1f} "
                   f"{p.get('median', 0):>8.2f}/{p.get('p99', 0):<8.2f} "
-                  f"{m['mean_accepted_tokens_per_step'] if m else 0:>9.2f} {pos:<24}")  # fmt: skip
+                  f"{m['mean_accepted_tokens_per_step'] if m else 0:>9.2f} {pos:<24} "
+                  f"cache hit {lv.get('prefix_hit_rate', 0):.2f}")  # fmt: skip
     for row in report.get("speedup_vs_no_mtp", []):
         print(f"{row['label']} vs no_mtp at concurrency {row['concurrency']}: x{row['output_tokens_per_s']:.2f} "
               f"output tok/s, TPOT speedup x{row['tpot_median']:.2f}")
@@ -334,6 +367,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--len_dist", choices=["fixed", "uniform"], default="fixed",
                    help="uniform: lengths drawn from [len*(1-range_ratio), len*(1+range_ratio)]")
     p.add_argument("--range_ratio", type=float, default=0.5)
+    p.add_argument("--workload", choices=["random", "shared_prefix", "multi_turn"], default="random",
+                   help="random windows, shared prefixes + questions, or multi-turn chats (prefix cache)")
+    p.add_argument("--shared_prefix_len", type=int, default=2048, help="shared_prefix: tokens of each prefix")
+    p.add_argument("--num_groups", type=int, default=4, help="shared_prefix: distinct prefixes")
+    p.add_argument("--question_len", type=int, default=128, help="shared_prefix / multi_turn: tokens of a question")
+    p.add_argument("--turns", type=int, default=4, help="multi_turn: turns per conversation")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="JSON path (default: benchmark/results/serving_<model>_<...>.json)")
@@ -365,15 +404,28 @@ def main(argv: list[str] | None = None) -> dict:
     rng = random.Random(args.seed)
     in_lens = sample_lengths(args.num_prompts, args.input_len, args.len_dist, args.range_ratio, rng)
     out_lens = sample_lengths(args.num_prompts, args.output_len, args.len_dist, args.range_ratio, rng)
-    prompts = make_prompts(tokenizer, corpus_texts(args.corpus), in_lens, rng)
+    texts = corpus_texts(args.corpus)
+    if args.workload == "shared_prefix":
+        prompts = shared_prefix_prompts(lambda lens: make_prompts(tokenizer, texts, lens, rng), args.num_prompts,
+                                        args.num_groups, args.shared_prefix_len, args.question_len, rng)  # fmt: skip
+        out_lens = [args.output_len] * args.num_prompts
+    elif args.workload == "multi_turn":
+        first = make_prompts(tokenizer, texts, in_lens, rng)
+        turns = [make_prompts(tokenizer, texts, [args.question_len] * (args.turns - 1), rng) if args.turns > 1 else []
+                 for _ in first]  # fmt: skip
+        prompts = {"first": first, "user_turns": turns,
+                   "encode": lambda text: tokenizer.encode(text, add_special_tokens=False),
+                   "longest": max(in_lens) + (args.turns - 1) * (args.question_len + 2 * args.output_len) + args.output_len}
+    else:
+        prompts = make_prompts(tokenizer, texts, in_lens, rng)
     report: dict = {
         "command": command,
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "versions": versions(),
-        "settings": {k: v for k, v in vars(args).items() if k != "api_key"},
+        "settings": {k: v for k, v in vars(args).items() if k != "api_key" and not callable(v)},
         "results": [],
     }
-    total = len(configs) * len(args.concurrency) * args.num_prompts
+    total = len(configs) * len(args.concurrency) * args.num_prompts * (args.turns if args.workload == "multi_turn" else 1)
     bar = tqdm(total=total, desc="serving benchmark", disable=ENV.disable_progress_bars)
     for label, flags in configs:
         if not args.launch:

@@ -79,6 +79,7 @@ def test_mtp_verify_graphs_stay_exact_at_high_acceptance(monkeypatch, tiny_dense
     outs = llm.generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in outs] == plain
     assert sum(o.spec.accepted_drafts_per_step * o.spec.verify_steps for o in outs) > 0
+    llm.engine.evict_prefix_cache()
     assert caches.kv_pool.num_free == free_kv and caches.req_manager.num_free == free_req
 
 
@@ -95,6 +96,7 @@ def test_overlap_scheduling_matches_the_synchronous_loop(tiny_dense_mtp3_dir, mt
         caches = llm.engine.model.caches
         free = (caches.kv_pool.num_free, caches.req_manager.num_free)
         outs = [o.token_ids for o in llm.generate(PROMPTS, params)]
+        llm.engine.evict_prefix_cache()
         assert (caches.kv_pool.num_free, caches.req_manager.num_free) == free
         return outs
 

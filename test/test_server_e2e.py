@@ -1,9 +1,9 @@
 """End to end: the real `python -m lightllm_mtp.server.api_server` on CPU with the tiny checkpoint, driven by the
 official openai client, httpx and prometheus_client's parser.
 
-Two servers per module: MTP on (eagle, k=2, one replica of --tp 2: a driver and a follower rank over gloo, API key,
-16 request slots so that load queues, API docs served) and MTP off with --dp 2 (no key, no docs). Greedy text must
-be identical on both.
+Two servers per module: MTP on (eagle, k=2, API key, 16 request slots so that load queues, API docs served, the prefix
+cache with a short snapshot interval) and MTP off with --dp 2 (no key, no docs); a third, MTP on with --tp 2 (a driver
+and a follower rank over gloo), for one test. Greedy text must be identical on all.
 """
 
 import asyncio
@@ -29,9 +29,9 @@ COMMON = ["--device", "cpu", "--max_req_total_len", "128", "--log_level", "warni
 
 @pytest.fixture(scope="module")
 def mtp_server(trained_dense_dir, tmp_path_factory):
-    flags = ["--model_dir", str(trained_dense_dir), "--mtp_mode", "eagle_with_att", "--mtp_step", "2", "--tp", "2",
+    flags = ["--model_dir", str(trained_dense_dir), "--mtp_mode", "eagle_with_att", "--mtp_step", "2",
              "--running_max_req_size", "16", "--chunked_prefill_size", "64", "--api_key", KEY, "--enable_api_docs",
-             *COMMON]  # fmt: skip
+             "--prefix_cache_interval", "32", "--prefix_cache_state_share", "0.5", *COMMON]  # fmt: skip
     with ServerProcess(flags, tmp_path_factory.mktemp("mtp_server") / "server.log") as server:
         yield server
     assert server.proc.returncode == 0, server.log_tail()
@@ -43,6 +43,17 @@ def dp_server(trained_dense_dir, tmp_path_factory):
     with ServerProcess(flags, tmp_path_factory.mktemp("dp_server") / "server.log") as server:
         yield server
     assert server.proc.returncode == 0, server.log_tail()
+
+
+def test_tensor_parallel_server_gives_the_same_greedy_text(mtp_server, trained_dense_dir, tmp_path_factory):
+    """--tp 2 behind the HTTP server (MTP on): the same greedy text as the one-process server; /server_info says
+    the prefix cache is off there (not supported under tp yet)."""
+    flags = ["--model_dir", str(trained_dense_dir), "--mtp_mode", "eagle_with_att", "--mtp_step", "2", "--tp", "2",
+             "--running_max_req_size", "4", *COMMON]  # fmt: skip
+    with ServerProcess(flags, tmp_path_factory.mktemp("tp_server") / "server.log") as tp_server:
+        assert greedy_texts(tp_server, key="unused") == greedy_texts(mtp_server)
+        assert httpx.get(f"{tp_server.url}/server_info").json()["prefix_cache"] is False
+    assert tp_server.proc.returncode == 0, tp_server.log_tail()
 
 
 def client(server, key=KEY):
@@ -453,3 +464,20 @@ def test_continuous_usage_stats_in_every_chunk(mtp_server):
     prompt, counts = chat[0].usage.prompt_tokens, [ch.usage.completion_tokens for ch in chat]
     assert prompt > 0 and counts[0] == 0 and counts == sorted(counts) and counts[-1] == 6
     assert all(ch.usage.total_tokens == prompt + ch.usage.completion_tokens for ch in chat)
+
+
+def test_prefix_cache_reports_cached_tokens(mtp_server):
+    """A prompt that shares an earlier one's first 60 tokens resumes at its snapshot at 32 (--prefix_cache_interval):
+    usage.prompt_tokens_details.cached_tokens, the /metrics hit rate and /server_info show it."""
+    c = client(mtp_server)
+    first = [10 + (7 * i) % 300 for i in range(60)]
+    out = c.completions.create(model=model_name(mtp_server), prompt=first, max_tokens=4, temperature=0)
+    assert out.usage.prompt_tokens_details.cached_tokens == 0
+    again = c.completions.create(model=model_name(mtp_server), prompt=first + [11, 12, 13], max_tokens=4,
+                                 temperature=0)  # fmt: skip
+    assert again.usage.prompt_tokens_details.cached_tokens == 32
+    m = metrics(mtp_server)
+    assert m[("lightllm_mtp_prefix_cache_hit_rate", (("worker", "0"),))] > 0
+    assert m[("lightllm_mtp_prefix_cache_cached_tokens", (("worker", "0"),))] >= 32
+    info = httpx.get(f"{mtp_server.url}/server_info", headers=AUTH).json()
+    assert info["prefix_cache"] and info["prefix_cache_hit_rate"] > 0

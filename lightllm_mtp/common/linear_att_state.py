@@ -26,6 +26,7 @@ class LinearAttState:
         num_draft_tokens: int = 0,
     ):
         self.rows_per_req = 1 + num_draft_tokens
+        self.conv_cols = conv_kernel - 1  # the committed window's columns
         # conv[layer, slot]: [conv_dim, K-1+k] most recent inputs, oldest first (model dtype).
         self.conv = torch.zeros(
             num_layers, num_slots, conv_dim, conv_kernel - 1 + num_draft_tokens, dtype=dtype, device=device

@@ -4,6 +4,7 @@ MtpMode.EAGLE_WITH_ATT) and holds the typed values from then on."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -38,6 +39,8 @@ def parse_device(value: str | torch.device) -> torch.device:
     return device
 
 
+logger = logging.getLogger("lightllm_mtp.config")
+
 @dataclass(frozen=True)
 class EngineArgs:
     model_dir: str
@@ -61,6 +64,10 @@ class EngineArgs:
     tp: int = 1  # tensor-parallel ranks (one process each; engine/parallel/)
     pp: int = 1  # pipeline stages (one process per stage and tp rank)
     dist_timeout_s: float = 120.0  # a collective that waits longer ends the whole tp x pp group with an error
+    prefix_cache: bool = True  # share cached prompt prefixes between requests (radix tree + GDN state snapshots)
+    prefix_cache_interval: int = 256  # tokens between GDN state snapshots taken during prefill
+    # share of the memory budget (KV pool + snapshots) held by GDN state snapshots; the KV pool keeps its tokens
+    prefix_cache_state_share: float = 0.1
     spec: SpecConfig | None = field(init=False)  # the speculative settings, None without MTP
     parallel: ParallelConfig = field(init=False)  # tp x pp
 
@@ -95,6 +102,14 @@ class EngineArgs:
         for name in ("max_batch_size", "chunked_prefill_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.prefix_cache and (self.parallel.world_size > 1 or (self.spec and self.spec.mode is MtpMode.DRAFT_MODEL)):
+            # not built yet: the tp/pp followers keep no tree, and a draft model's own GDN state has no snapshots
+            logger.warning("prefix cache off: not supported with tp/pp > 1 or mtp_mode draft_model yet")
+            set_field(self, "prefix_cache", False)
+        if self.prefix_cache_interval < 1:
+            raise ValueError(f"prefix_cache_interval must be >= 1, got {self.prefix_cache_interval}")
+        if not 0.0 < self.prefix_cache_state_share < 1.0:
+            raise ValueError(f"prefix_cache_state_share must be in (0, 1), got {self.prefix_cache_state_share}")
         if self.graph_max_batch_size < 0:
             raise ValueError(f"graph_max_batch_size must be >= 0, got {self.graph_max_batch_size}")
         if self.max_model_len is not None and self.max_model_len < 2:

@@ -25,6 +25,7 @@ class RequestOutput:
     text: str  # detokenized generated tokens (special tokens skipped)
     finish_reason: str  # "stop" | "length"
     spec: SpecStats  # MTP acceptance (all zero without MTP)
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
 
 class LLM:
@@ -50,6 +51,9 @@ class LLM:
         tp: int = 1,
         pp: int = 1,
         dist_timeout_s: float = 120.0,
+        prefix_cache: bool = True,
+        prefix_cache_interval: int = 256,
+        prefix_cache_state_share: float = 0.1,
     ):
         """tp / pp > 1: this process drives tp x pp - 1 follower processes (engine/parallel/); `shutdown()` ends
         them (they also end with this process)."""
@@ -74,6 +78,9 @@ class LLM:
             tp=tp,
             pp=pp,
             dist_timeout_s=dist_timeout_s,
+            prefix_cache=prefix_cache,
+            prefix_cache_interval=prefix_cache_interval,
+            prefix_cache_state_share=prefix_cache_state_share,
         )
         self.engine = LLMEngine(args)
         self.tokenizer = _load_tokenizer(model_dir)
@@ -120,6 +127,7 @@ class LLM:
                 text=self._decode(r.output_ids),
                 finish_reason=r.finish_reason.value if r.finish_reason else "abort",
                 spec=r.spec_stats,
+                num_cached_tokens=r.num_cached_tokens,
             )
             for r in reqs
         ]

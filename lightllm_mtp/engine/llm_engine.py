@@ -17,6 +17,9 @@ from lightllm_mtp.engine.parallel.group import ParallelGroup
 from lightllm_mtp.engine.parallel.membership import describe
 from lightllm_mtp.engine.runner_factory import BuiltRunner, build_runner
 from lightllm_mtp.engine.step import LaunchedStep
+from lightllm_mtp.common.radix_cache import RadixCache
+from lightllm_mtp.common.state_snapshots import StateSnapshotPool
+from lightllm_mtp.engine.prefix_cache import PrefixCache, PrefixCacheStats
 from lightllm_mtp.engine.request import FinishReason, Request, RequestStatus
 from lightllm_mtp.engine.scheduler import Scheduler
 from lightllm_mtp.env import ENV
@@ -43,6 +46,7 @@ class EngineUsage:
     req_slots_capacity: int
     running: int
     waiting: int
+    kv_cached: int = 0  # KV slots owned by the prefix cache (those not locked by a request are reclaimable)
 
 
 class LLMEngine:
@@ -63,6 +67,8 @@ class LLMEngine:
         self._built = built
         if self.parallel_group is not None:
             self.runner = DriverRunner(built.runner, self.parallel_group, args.device)
+        self.prefix_cache = self._make_prefix_cache(args, args.spec) if args.prefix_cache else None
+        self.model_runner.prefix_cache = self.prefix_cache
         self.scheduler = Scheduler(
             args.max_batch_size,
             args.chunked_prefill_size,
@@ -70,6 +76,7 @@ class LLMEngine:
             self.max_model_len,
             tokens_per_step=self.runner.max_tokens_per_step,
             lookahead_slots=self.runner.lookahead_slots,
+            prefix_cache=self.prefix_cache,
         )
         self.eos_token_ids = frozenset(cfg.eos_token_ids) | _generation_config_eos(Path(args.model_dir))
         self._ids = itertools.count()
@@ -102,6 +109,28 @@ class LLMEngine:
         """Ends the follower ranks of a tp / pp engine (nothing to do for a single-process one)."""
         if self.parallel_group is not None:
             self.parallel_group.shutdown()
+
+    def _make_prefix_cache(self, args: EngineArgs, spec) -> PrefixCache:
+        """The tree over the KV pool and a snapshot pool sized by prefix_cache_state_share of one budget: the KV pool's
+        bytes are the rest (at least 2 snapshots)."""
+        caches = self.model.caches
+        state, kv = caches.req_manager.linear_state, caches.kv_pool
+        kv_bytes = kv.size * 2 * kv.k_buffer[:, 0].numel() * kv.k_buffer.element_size()
+        share = args.prefix_cache_state_share
+        num = max(2, int(kv_bytes / (1 - share) * share) // StateSnapshotPool.bytes_per_snapshot(state))
+        caches.snapshots = StateSnapshotPool(state, num)
+        tree = RadixCache(kv, num)
+        kv.reclaim = tree.evict
+        lookahead = self._built.runner.proposer.lookahead if spec is not None else 0
+        return PrefixCache(tree, caches.snapshots, caches.req_manager, args.prefix_cache_interval, lookahead)
+
+    def evict_prefix_cache(self) -> None:
+        """Drops every unlocked cached prefix (its KV slots and snapshots go back to their pools)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.tree.evict_all()
+
+    def prefix_cache_stats(self) -> PrefixCacheStats | None:
+        return self.prefix_cache.stats() if self.prefix_cache is not None else None
 
     def validate_prompt(self, prompt_ids: list[int]) -> None:
         if not prompt_ids:
@@ -187,6 +216,8 @@ class LLMEngine:
         """Forgets a queued step whose requests all finished (its device work completes unobserved; every slot it
         touches was released and is reused only by work queued after it)."""
         if self._inflight is not None and all(r.status is RequestStatus.FINISHED for r in self._inflight.reqs):
+            if self.prefix_cache is not None:  # ended requests waiting for its verify results (prefix cache)
+                self.runner.settle(self._inflight)
             self._inflight = None
 
     def abort(self, req: Request) -> None:
@@ -201,14 +232,16 @@ class LLMEngine:
 
     def usage(self) -> EngineUsage:
         kv, reqs = self.model_runner.kv_pool, self.model_runner.req_manager
+        cached = self.prefix_cache.tree if self.prefix_cache is not None else None
         return EngineUsage(
-            kv_used=kv.size - kv.num_free,
+            kv_used=kv.size - kv.num_free - (cached.num_evictable if cached is not None else 0),
             kv_capacity=kv.size,
             kv_reserved=self.scheduler.reserved,
             req_slots_used=reqs.max_reqs - reqs.num_free,
             req_slots_capacity=reqs.max_reqs,
             running=len(self.scheduler.running),
             waiting=len(self.scheduler.waiting),
+            kv_cached=cached.num_tokens if cached is not None else 0,
         )
 
     def _finish_reason(self, req: Request, token: int) -> FinishReason | None:
@@ -221,6 +254,8 @@ class LLMEngine:
 
     def _finish(self, req: Request, reason: FinishReason) -> None:
         req.finish_reason = reason
+        if self.prefix_cache is not None:  # its committed KV and state join the tree before its slots go back
+            self.prefix_cache.on_finish(req, self.runner.committed_state_offset(req), self.runner.hold_queued_row(req))
         self.runner.release(req)
         self.scheduler.finish(req)
 

@@ -8,6 +8,7 @@ from lightllm_mtp.common.basemodel.basemodel import TpPartBaseModel
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode, ModelOutput
 from lightllm_mtp.common.basemodel.cuda_graph import CudaGraphSet, GraphedForward
 from lightllm_mtp.common.parallel_state import pp_broadcast_from_last
+from lightllm_mtp.engine.prefix_cache import PrefixCache
 from lightllm_mtp.engine.step import DecodeStep, HostCopy
 from lightllm_mtp.engine.request import Request
 from lightllm_mtp.engine.scheduler import ScheduledRequest
@@ -39,6 +40,7 @@ class ModelRunner:
                 for mode, rows in layouts
             )
         self.graphed = GraphedForward(model.forward, graph_sets)
+        self.prefix_cache: PrefixCache | None = None  # set by the engine when the prefix cache is on
 
     @property
     def graphs(self) -> list[CudaGraphSet]:
@@ -69,11 +71,15 @@ class ModelRunner:
         logits_rows: list[int] = []
         sampled: list[Request] = []
         slots: list[torch.Tensor] = []
+        starts: list[int] = []
         for s in scheduled:
             req, n = s.request, s.num_new_tokens
             if req.req_idx is None:
                 req.req_idx = self.req_manager.alloc()
+                if self.prefix_cache is not None:
+                    self.prefix_cache.restore(req)
             start = req.num_computed
+            starts.append(start)
             if id(req) in on_device:  # its pending token is the one `after` sampled
                 assert n == 1
                 from_device.append((len(input_ids), on_device[id(req)]))
@@ -113,6 +119,11 @@ class ModelRunner:
             else:
                 rows_dev = to_dev([i for i, _ in from_device], torch.int64)
                 input_ids_dev[rows_dev] = after.tokens[to_dev([j for _, j in from_device], torch.int64)]
+        plan = None
+        if self.prefix_cache is not None:  # GDN snapshots at the prompt chunks' boundaries (an EXTEND forward)
+            chunks = [(s.request, p0, s.num_new_tokens) for s, p0 in zip(scheduled, starts)]
+            plan = self.prefix_cache.plan(chunks, len(input_ids), dev)
+            decode = decode and plan is None
         batch = ForwardBatch(
             mode=ForwardMode.DECODE if decode else ForwardMode.EXTEND,
             input_ids=input_ids_dev,
@@ -124,6 +135,7 @@ class ModelRunner:
             b_has_initial_state=to_dev(has_state, torch.bool),
             b_logits_index=to_dev(logits_rows, torch.int64),
             max_q_len=max(b - a for a, b in zip(cu_q_len, cu_q_len[1:])),
+            snapshot_plan=plan,
         )
         return batch, sampled
 
@@ -140,6 +152,7 @@ class ModelRunner:
         out = self.forward(batch)
         for s in scheduled:
             s.request.num_computed += s.num_new_tokens
+        self.after_prompt_chunks()
         if not sampled:
             return DecodeStep([])
         tokens = self.sample_on_last_stage(out.logits, sampled)
@@ -174,6 +187,22 @@ class ModelRunner:
         else:
             tokens = torch.empty(len(reqs), dtype=torch.int64, device=self.device)
         return pp_broadcast_from_last(tokens)
+
+    def after_prompt_chunks(self) -> None:
+        """A launched forward's prompt chunks (num_computed counted) leave their boundaries in the prefix cache."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.after_launch()
+
+    def hold_queued_row(self, req: Request) -> None:
+        return None  # a queued decode row's KV is in req.kv_slots already
+
+    def settle(self, step: DecodeStep) -> None:
+        pass
+
+    def committed_state_offset(self, req: Request) -> int | None:
+        """Where the request's committed GDN state sits in its slot (plain decoding: column / row 0, covering its
+        num_computed tokens)."""
+        return 0
 
     def release(self, req: Request) -> None:
         """Returns the request's KV slots and request slot (its linear state slot goes with it)."""

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 import torch
 
@@ -39,6 +40,14 @@ class Request:
     blocks: list[torch.Tensor] = field(default_factory=list)
     spec_stats: SpecStats = SpecStats()
     acceptance: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)  # adaptive speculation's estimate
+    # prefix cache (engine/prefix_cache.py): kv_slots[..][:cached_len] are the tree's, locked through cache_node
+    cached_len: int = 0
+    num_cached_tokens: int = 0  # prompt tokens it resumed past (cached_len at admission)
+    cache_node: Any = None  # common/radix_cache.Node
+    resume_snapshot: Any = None  # common/radix_cache.Snapshot to restore on its first step
+    pending_snapshots: list = field(default_factory=list)  # (position, Snapshot) that enter the tree at its end
+    # ended while a verify of it was queued (overlap): called with that verify's emitted tokens (None: never read)
+    on_verified: Any = None
 
     @property
     def num_tokens(self) -> int:

@@ -5,6 +5,10 @@ chunks (running requests mid-prompt first, then newly admitted ones). A request 
 request slot is free and its worst-case KV need (prompt + max_new_tokens capped at max_model_len, plus the
 runner's lookahead slots: MTP verify blocks opened ahead, a decode row queued for a request that just finished)
 fits beside what running requests reserved, so a running request never runs out of KV slots.
+
+With the prefix cache a request resumes past its cached prefix: those slots are shared and locked in the tree, so
+it reserves only the rest, and admission keeps reserved + locked tree slots within the pool (unlocked tree slots
+are evicted on demand). Prompt chunks cut by the budget end on a snapshot boundary where they can.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from lightllm_mtp.engine.prefix_cache import PrefixCache
 from lightllm_mtp.engine.request import Request, RequestStatus
 
 
@@ -30,6 +35,7 @@ class Scheduler:
         max_model_len: int,
         tokens_per_step: int = 1,
         lookahead_slots: int = 0,
+        prefix_cache: PrefixCache | None = None,
     ):
         self.max_batch_size = max_batch_size
         self.tokens_per_step = tokens_per_step  # budget one generating request costs per step (k + 1 under MTP)
@@ -40,6 +46,9 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.reserved = 0
+        self.prefix_cache = prefix_cache
+        if prefix_cache is not None:
+            prefix_cache.release_reservation = self.release_reservation
 
     def kv_need(self, num_prompt_tokens: int, max_new_tokens: int) -> int:
         """KV slots a request may hold at once: its tokens up to max_model_len, plus the runner's lookahead."""
@@ -70,23 +79,45 @@ class Scheduler:
                 budget -= self.tokens_per_step
         for req in self.running:  # unfinished prompts
             if req.in_prefill and budget > 0:
-                n = min(len(req.prompt_ids) - req.num_computed, budget)
+                n = self._chunk(req, budget)
                 out.append(ScheduledRequest(req, n))
                 budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_batch_size:
             req = self.waiting[0]
-            need = self.kv_need(len(req.prompt_ids), req.params.max_new_tokens)
-            if self.reserved + need > self.kv_capacity:
+            cache = self.prefix_cache
+            cached = cache.match(req) if cache is not None else 0
+            need = self.kv_need(len(req.prompt_ids), req.params.max_new_tokens) - cached
+            locked = cache.tree.num_locked if cache is not None else 0
+            if self.reserved + need + locked > self.kv_capacity:
+                if cache is not None:
+                    cache.unmatch(req)
                 break
+            if cache is not None:
+                cache.admitted(req)
             self.waiting.popleft()
             req.status = RequestStatus.RUNNING
             req.reserved_tokens = need
             self.reserved += need
             self.running.append(req)
-            n = min(len(req.prompt_ids), budget)
+            n = self._chunk(req, budget)
             out.append(ScheduledRequest(req, n))
             budget -= n
         return out
+
+    def _chunk(self, req: Request, budget: int) -> int:
+        """Prompt tokens of req's next chunk: what the budget allows, cut back to a snapshot boundary when the budget
+        cuts the prompt."""
+        left = len(req.prompt_ids) - req.num_computed
+        if left <= budget or self.prefix_cache is None:
+            return min(left, budget)
+        interval = self.prefix_cache.interval
+        end = (req.num_computed + budget) // interval * interval
+        return end - req.num_computed if end > req.num_computed else budget
+
+    def release_reservation(self, req: Request, n: int) -> None:
+        """n of req's reserved KV slots became shared tree slots (locked, counted by the tree)."""
+        req.reserved_tokens -= n
+        self.reserved -= n
 
     def finish(self, req: Request) -> None:
         self.running.remove(req)

@@ -79,6 +79,35 @@ class SpecRunner:
             return self.num_draft_tokens
         return self.controller.choose([r.acceptance for r in reqs])
 
+    def hold_queued_row(self, req: Request) -> torch.Tensor | None:
+        """When a verify of req is queued: the KV slot of that block's row 0 (its newest token, committed), taken out
+        of the blocks release frees (the prefix cache keeps it); else None."""
+        if len(req.blocks) < 2:
+            return None
+        held, req.blocks[0] = req.blocks[0][:1], req.blocks[0][1:]
+        return held
+
+    def settle(self, step: SpecStep) -> None:
+        """A queued step the engine drops unread (all its requests ended): finished requests waiting for its verify
+        results get them now (this waits for the step)."""
+        v = step.verify
+        if v is None or not any(r.on_verified is not None for r in v.reqs):
+            return
+        for r, row in zip(v.reqs, v.host.tolist()):
+            if r.on_verified is not None:
+                r.on_verified(row[1 : 1 + row[0]])
+                r.on_verified = None
+
+    def committed_state_offset(self, req: Request) -> torch.Tensor | int | None:
+        """The committed conv window / SSM row of the request's slot: 0 during its prompt, accept_len - 1 after a
+        verify (a device scalar); None when a verify of it is queued (overlap): its state is then past what the host
+        knows."""
+        if not req.blocks:
+            return 0
+        if len(req.blocks) > 1:
+            return None
+        return self.state.accept_len[req.req_idx] - 1
+
     def _device(self, values: list[int], dtype=torch.int32) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
 
@@ -102,6 +131,7 @@ class SpecRunner:
         ahead, rows_per_req = self._prompt_next_tokens(chunks, sampled)
         for s in chunks:
             s.request.num_computed += s.num_new_tokens
+        self.runner.after_prompt_chunks()
         finished = {id(r) for r in sampled}
         last = [int(id(s.request) in finished) for s in chunks]  # 1: the prompt ends in this chunk
         if self.model.is_last_stage:  # the context rows feed the drafts, which run on the last stage only
@@ -249,6 +279,9 @@ class SpecRunner:
         out, rejected = [], []
         for r, block, row in zip(v.reqs, v.blocks, v.host.tolist()):
             if r.status is RequestStatus.FINISHED:  # finished since the launch: release freed its blocks
+                if r.on_verified is not None:  # the prefix cache waits for the token after its newest one
+                    r.on_verified(row[1 : 1 + row[0]])
+                    r.on_verified = None
                 continue
             accept = row[0]
             assert r.blocks[0] is block, "blocks are verified and committed in the order they were opened"

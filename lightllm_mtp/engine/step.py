@@ -87,3 +87,12 @@ class StepRunner(Protocol):
     def collect(self, step: LaunchedStep) -> list[tuple[Request, list[int]]]: ...
 
     def release(self, req: Request) -> None: ...
+
+    def committed_state_offset(self, req: Request):
+        """Where a request's committed GDN state sits in its slot (int or device scalar); None: not known."""
+
+    def hold_queued_row(self, req: Request):
+        """MTP: the KV slot of the newest token's row in a queued verify, kept out of release (prefix cache)."""
+
+    def settle(self, step: LaunchedStep) -> None:
+        """Delivers what a step the engine drops unread owes to finished requests (prefix cache)."""

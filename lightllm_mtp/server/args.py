@@ -110,6 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--disable_overlap", action="store_true", help="read each step's tokens before queuing the next "
                    "step (by default the next decode / verify step is queued on the device while the host handles "
                    "the current one's tokens)")
+    c = p.add_argument_group("prefix cache")
+    c.add_argument("--disable_prefix_cache", action="store_true", help="no sharing of cached prompt prefixes")
+    c.add_argument("--prefix_cache_interval", type=int, default=d["prefix_cache_interval"].default,
+                   help="tokens between GDN state snapshots taken during prefill (default: %(default)s)")
+    c.add_argument("--prefix_cache_state_share", type=float, default=d["prefix_cache_state_share"].default,
+                   help="share of the memory budget (KV pool + snapshots) held by GDN state snapshots; the KV pool "
+                   "keeps --max_total_token_num tokens (default: %(default)s)")
     s = p.add_argument_group("MTP speculative decoding")
     s.add_argument("--mtp_mode", default=None, choices=[mode.value for mode in MtpMode],
                    help="draft with the checkpoint's MTP head: eagle_with_att runs mtp.layers.0 mtp_step times; "
@@ -188,6 +195,9 @@ def server_args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
         load_format=ns.load_format,
         graph_max_batch_size=0 if ns.disable_cudagraph else ns.graph_max_batch_size,
         disable_overlap=ns.disable_overlap,
+        prefix_cache=not ns.disable_prefix_cache,
+        prefix_cache_interval=ns.prefix_cache_interval,
+        prefix_cache_state_share=ns.prefix_cache_state_share,
         mtp_mode=ns.mtp_mode,
         mtp_step=ns.mtp_step,
         mtp_draft_model_dir=ns.mtp_draft_model_dir,

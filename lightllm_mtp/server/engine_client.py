@@ -48,6 +48,7 @@ class Delta:
     num_prompt_tokens: int
     num_output_tokens: int  # generated so far
     spec: SpecStats | None  # on the last delta of an MTP request
+    num_cached_tokens: int = 0  # on the last delta: prompt tokens served from the prefix cache
 
 
 class RequestStream:
@@ -222,7 +223,8 @@ class EngineClient:
             if d.finish_reason is None:
                 return None
             self._end(stream, "stop", now, d.spec)
-            return Delta("", [], "stop", None, stream.num_prompt_tokens, stream.num_output_tokens, d.spec)
+            return Delta("", [], "stop", None, stream.num_prompt_tokens, stream.num_output_tokens, d.spec,
+                         d.num_cached_tokens)  # fmt: skip
         if d.token_ids:
             if stream.first_token_at is None:
                 stream.first_token_at = now
@@ -238,7 +240,8 @@ class EngineClient:
             reason = "stop"  # the worker ended it in the same step (length, eos) after the stop string
         if reason is not None:
             self._end(stream, reason, now, d.spec)
-        return Delta(text, d.token_ids, reason, d.error, stream.num_prompt_tokens, stream.num_output_tokens, d.spec)
+        return Delta(text, d.token_ids, reason, d.error, stream.num_prompt_tokens, stream.num_output_tokens, d.spec,
+                     d.num_cached_tokens)  # fmt: skip
 
     def _end(self, stream: RequestStream, reason: str, now: float, spec: SpecStats | None) -> None:
         del self._streams[stream.rid]

@@ -108,6 +108,10 @@ def create_app(args: ServerArgs, client: EngineClient, metrics: ServerMetrics, o
             "graph_max_batch_size": e.graph_max_batch_size,
             "mtp_mode": e.mtp_mode.value if e.mtp_mode else None,
             "mtp_step": e.mtp_step,
+            "prefix_cache": e.prefix_cache,
+            "prefix_cache_interval": e.prefix_cache_interval,
+            "prefix_cache_state_share": e.prefix_cache_state_share,
+            "prefix_cache_hit_rate": _hit_rate(client.worker_stats.values()),
             "outstanding": list(client.router.outstanding),
             "workers": [dataclasses.asdict(client.worker_stats[r]) for r in sorted(client.worker_stats)],
             "front": {**client.reader, **{f"loop_{k}": v for k, v in client.loop_lag.items()}},
@@ -119,3 +123,10 @@ def create_app(args: ServerArgs, client: EngineClient, metrics: ServerMetrics, o
     app.include_router(lightllm_routes(client, encoder, auth, body_cap))
     app.include_router(responses_routes(client, encoder, args.model_name, auth, body_cap))
     return app
+
+
+def _hit_rate(stats) -> float:
+    """Prompt tokens served from the prefix cache / prompt tokens admitted, over all replicas since start."""
+    stats = list(stats)
+    prompt = sum(s.cache_prompt_tokens for s in stats)
+    return sum(s.cache_cached_tokens for s in stats) / prompt if prompt else 0.0

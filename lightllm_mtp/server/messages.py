@@ -40,6 +40,7 @@ class TokenDelta:
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     error: str | None = None  # with finish_reason "error": what went wrong (the request was rejected or failed)
     spec: SpecStats | None = None  # on the last delta of an MTP request
+    num_cached_tokens: int = 0  # on the last delta: prompt tokens served from the prefix cache
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,12 @@ class WorkerStats:
     spec: SpecStats = field(default_factory=SpecStats)  # since start, live requests included
     steps: int = 0  # engine steps since start
     step_s: float = 0.0  # seconds inside the engine's steps since start (the rest of the loop: queues, outputs)
+    # prefix cache, since start: requests admitted, of which hits, their prompt tokens, those served from the cache
+    cache_queries: int = 0
+    cache_hits: int = 0
+    cache_prompt_tokens: int = 0
+    cache_cached_tokens: int = 0
+    kv_cached: int = 0  # KV slots owned by the prefix cache now
 
 
 @dataclass(frozen=True)

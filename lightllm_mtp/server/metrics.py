@@ -117,6 +117,13 @@ class WorkerCollector:
         yield gauge("kv_used_tokens", "KV pool token slots held by requests", lambda s: s.kv_used)
         yield gauge("kv_capacity_tokens", "KV pool token slots", lambda s: s.kv_capacity)
         yield gauge("kv_usage_ratio", "kv_used_tokens / kv_capacity_tokens", lambda s: s.kv_used / s.kv_capacity)
+        yield gauge("kv_cached_tokens", "KV slots owned by the prefix cache", lambda s: s.kv_cached)
+        yield gauge("prefix_cache_hit_rate", "Prompt tokens served from the prefix cache / prompt tokens, since start",
+                    lambda s: s.cache_cached_tokens / s.cache_prompt_tokens if s.cache_prompt_tokens else 0.0)
+        yield gauge("prefix_cache_cached_tokens", "Prompt tokens served from the prefix cache, since start",
+                    lambda s: s.cache_cached_tokens)
+        yield gauge("prefix_cache_hits", "Requests that resumed from a cached prefix, since start",
+                    lambda s: s.cache_hits)
         yield gauge("kv_reserved_tokens", "KV slots reserved for running requests", lambda s: s.kv_reserved)
         yield gauge("req_slots_used", "Request (and linear-state) slots held", lambda s: s.req_slots_used)
         yield gauge("req_slots_capacity", "Request slots", lambda s: s.req_slots_capacity)

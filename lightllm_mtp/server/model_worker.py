@@ -215,7 +215,7 @@ class ModelWorker:
         spec = req.spec_stats if self.engine.spec else None
         if spec is not None:
             self.spec_done = self.spec_done + spec
-        return TokenDelta(rid, token_ids, reason, error=error, spec=spec)
+        return TokenDelta(rid, token_ids, reason, error=error, spec=spec, num_cached_tokens=req.num_cached_tokens)
 
     def _stats(self) -> WorkerStats:
         u = self.engine.usage()
@@ -237,4 +237,12 @@ class ModelWorker:
             spec=spec,
             steps=self.steps,
             step_s=self.step_s,
+            **self._cache_stats(),
         )
+
+    def _cache_stats(self) -> dict:
+        c = self.engine.prefix_cache_stats()
+        if c is None:
+            return {}
+        return dict(cache_queries=c.queries, cache_hits=c.hits, cache_prompt_tokens=c.prompt_tokens,
+                    cache_cached_tokens=c.cached_tokens, kv_cached=c.tree_tokens)  # fmt: skip

@@ -112,7 +112,7 @@ def _message(item_id: str, text: str, status: str) -> dict:
 def _finished(response: dict, item_id: str, text: str, last, with_mtp: bool) -> dict:
     incomplete = last.finish_reason == "length"
     usage = {
-        "input_tokens": last.num_prompt_tokens, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "input_tokens": last.num_prompt_tokens, "input_tokens_details": {"cached_tokens": last.num_cached_tokens, "cache_write_tokens": 0},
         "output_tokens": last.num_output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": last.num_prompt_tokens + last.num_output_tokens,
     }  # fmt: skip

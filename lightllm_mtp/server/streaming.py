@@ -96,6 +96,7 @@ def usage(last: Delta, with_mtp: bool) -> dict:
         "prompt_tokens": last.num_prompt_tokens,
         "completion_tokens": last.num_output_tokens,
         "total_tokens": last.num_prompt_tokens + last.num_output_tokens,
+        "prompt_tokens_details": {"cached_tokens": last.num_cached_tokens},
     }
     if with_mtp:
         u["mtp"] = mtp_usage(last.spec)

@@ -70,7 +70,7 @@ def evaluate(args) -> dict:
     plain, plain_s = run()
     result = {
         "model_dir": str(args.model_dir),
-        "draft_model_dir": args.draft_model_dir,
+        "draft_model_dir": getattr(args, "draft_model_dir", None),
         "command": "python -m lightllm_mtp.tools.eval_acceptance " + " ".join(args.argv),
         "device": args.device,
         "dtype": args.dtype,

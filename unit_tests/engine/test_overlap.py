@@ -41,6 +41,8 @@ def run(engine: LLMEngine, prompts, params) -> list:
 
 
 def assert_idle(engine: LLMEngine) -> None:
+    if engine.prefix_cache is not None:
+        engine.prefix_cache.tree.check()
     u = engine.usage()
     assert (u.kv_used, u.kv_reserved, u.req_slots_used, u.running, u.waiting) == (0, 0, 0, 0, 0)
 

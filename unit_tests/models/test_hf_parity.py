@@ -98,5 +98,6 @@ def test_all_slots_free_after_generate(tiny_dense_dir):
     params = [SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True) for n in (1, 5, 9, 2)]
     outs = llm.generate([[1, 2, 3], [4] * 7, [5, 6], [7] * 12], params)
     assert [len(o.token_ids) for o in outs] == [1, 5, 9, 2]
+    llm.engine.evict_prefix_cache()
     assert pool.num_free == free_kv and reqs.num_free == free_req
     assert llm.engine.scheduler.reserved == 0 and not llm.engine.scheduler.running

@@ -160,3 +160,20 @@ def test_adaptive_and_draft_model_refused_under_tp_pp(tiny_dense_mtp3_dir):
     with pytest.raises(ValueError, match="draft_model is not supported with tp/pp"):
         EngineArgs(model_dir=str(tiny_dense_mtp3_dir), mtp_mode="draft_model", mtp_step=2,
                    mtp_draft_model_dir=str(tiny_dense_mtp3_dir), pp=2)  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", ["eagle_with_att", "ptd"])
+def test_adaptive_with_prefix_cache_hits_equals_plain(monkeypatch, tiny_dense_mtp3_dir, mode):
+    """Prompts sharing a prefix, generated twice (the second round resumes from the prefix cache, and from the
+    first round's finished requests), with k switching every launch: plain greedy tokens both rounds."""
+    shared = [7, 300, 12, 99, 4, 1500, 23, 8, 640, 5, 77, 31, 2, 900, 45, 6]
+    prompts = [shared + [11, 12], shared + [13], shared[:9] + [600, 3]]
+    plain = LLM(tiny_dense_mtp3_dir, max_model_len=64, prefix_cache=False)
+    reference = [o.token_ids for o in plain.generate(prompts, greedy(12))]
+    force_schedule(monkeypatch, [3, 0, 2, 1, 0])
+    llm = LLM(tiny_dense_mtp3_dir, max_model_len=64, mtp_adaptive=True, prefix_cache_interval=4, prefix_cache_state_share=0.9,
+              **mtp_kwargs(mode, 3))  # fmt: skip
+    first = llm.generate(prompts, greedy(12))
+    second = llm.generate(prompts, greedy(12))
+    assert [o.token_ids for o in first] == reference and [o.token_ids for o in second] == reference
+    assert sum(o.num_cached_tokens for o in second) > 0

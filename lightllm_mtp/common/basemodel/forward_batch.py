@@ -8,6 +8,8 @@ from typing import Callable
 
 import torch
 
+from lightllm_mtp.common.state_snapshots import SnapshotPlan
+
 
 class ForwardMode(Enum):
     # Ragged batch: every request brings q_len >= 1 new tokens after an optional cached prefix
@@ -39,6 +41,7 @@ class ForwardBatch:
     # model's chain step writes one position after the one it reads (b_accept_len - 1), keeping the committed one.
     b_state_write: torch.Tensor | None = None  # [B] int32
     keep_all_hidden: bool = False  # ModelOutput.hidden covers all T rows (MTP drafting) instead of the logits rows
+    snapshot_plan: SnapshotPlan | None = None  # EXTEND: GDN state snapshots to fill (prefix cache)
     # device tensors derived from the fields once per forward and shared by the layers (see `derived`)
     _derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 

@@ -11,6 +11,7 @@ import torch
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch
 from lightllm_mtp.common.kv_pool import KvPool
 from lightllm_mtp.common.req_manager import ReqManager
+from lightllm_mtp.common.state_snapshots import StateSnapshotPool
 from lightllm_mtp.common.tensor_spec import TensorSpec
 from lightllm_mtp.config.model_config import ModelConfig
 
@@ -25,6 +26,7 @@ class ModelCaches:
     req_manager: ReqManager
     rope_cos: torch.Tensor  # [max_positions, rotary_dim/2] fp32
     rope_sin: torch.Tensor  # [max_positions, rotary_dim/2] fp32
+    snapshots: StateSnapshotPool | None = None  # prefix cache: GDN state snapshots
 
 
 class Layer(ABC):

@@ -79,6 +79,9 @@ class GatedDeltaNet(Layer):
                 b_accept_len=batch.b_accept_len, max_q_len=batch.max_q_len, b_write_col=batch.b_state_write,
             )
         else:
+            plan = batch.snapshot_plan
+            if plan is not None:
+                self._snapshot_conv(qkv, conv_state, batch, caches)
             qkv = causal_conv1d_prefill(
                 qkv, self.conv_weight, conv_state, b_state_idx=batch.b_req_idx, b1_cu_q_len=batch.b1_cu_q_len,
                 b_has_initial_state=batch.b_has_initial_state,
@@ -98,9 +101,40 @@ class GatedDeltaNet(Layer):
             )
         else:
             g, beta = gdn_gating(a, b, self.A_log, self.dt_bias)
-            o = gated_delta_rule_prefill(
-                q, k, v, g, beta, ssm_state, b_state_idx=b_ssm_row, b1_cu_q_len=batch.b1_cu_q_len,
-                b_has_initial_state=batch.b_has_initial_state,
-            )
+            if batch.snapshot_plan is None:
+                o = gated_delta_rule_prefill(
+                    q, k, v, g, beta, ssm_state, b_state_idx=b_ssm_row, b1_cu_q_len=batch.b1_cu_q_len,
+                    b_has_initial_state=batch.b_has_initial_state,
+                )
+            else:
+                o = self._prefill_with_snapshots(q, k, v, g, beta, ssm_state, b_ssm_row, batch, caches)
         o = gated_rmsnorm(o, z.reshape(t, self.nv, self.dv), self.norm_weight, self.eps)
         return F.linear(o.reshape(t, self.value_dim), self.out_proj)
+
+    # ---- prefix cache: GDN state snapshots at token boundaries inside prompt chunks (common/state_snapshots.py) ----
+    def _snapshot_conv(self, x: torch.Tensor, conv_state: torch.Tensor, batch: ForwardBatch, caches: ModelCaches) -> None:
+        """Each snapshot's conv window: the K-1 pre-conv inputs before its boundary, from the chunk's rows or the
+        request's conv history (read before the conv kernel updates it)."""
+        plan, snaps = batch.snapshot_plan, caches.snapshots
+        cols = snaps.conv_cols
+        history = conv_state[batch.b_req_idx.to(torch.int64), :, :cols]  # [B, C, K-1]
+        history = torch.where(batch.b_has_initial_state[:, None, None], history, torch.zeros_like(history))
+        source = torch.cat([x, history.transpose(1, 2).reshape(-1, x.shape[1])])
+        windows = source[plan.conv_index]  # [N, K-1, C]
+        snaps.conv[self.state_layer, plan.conv_slots] = windows.transpose(1, 2).to(snaps.conv.dtype)
+
+    def _prefill_with_snapshots(self, q, k, v, g, beta, ssm_state, b_ssm_row, batch, caches) -> torch.Tensor:
+        """The chunk's recurrence in pieces split at the snapshot boundaries (same arithmetic, one state update per
+        piece); the state after a boundary's piece is copied into its snapshot slot."""
+        snaps = caches.snapshots.ssm[self.state_layer]
+        out = torch.empty_like(v)
+        rows_of = b_ssm_row.to(torch.int64)
+        for piece in batch.snapshot_plan.pieces:
+            r = piece.rows
+            out[r] = gated_delta_rule_prefill(
+                q[r], k[r], v[r], g[r], beta[r], ssm_state, b_state_idx=b_ssm_row[piece.b_index],
+                b1_cu_q_len=piece.b1_cu_q_len, b_has_initial_state=piece.b_has_initial_state,
+            )
+            if piece.save_b.numel():
+                snaps[piece.save_slots] = ssm_state[rows_of[piece.save_b]]
+        return out

@@ -1,0 +1,116 @@
+"""Time to first token, cold vs warm prefix cache: a long shared prefix plus a short question (issue 16's target:
+an 8k prefix + 128-token question, warm at least 10x faster than cold on an H100 at the 27B shape).
+
+    python benchmark/prefix_cache_ttft.py --model_shape qwen3.5-27b --device cuda --prefix_len 8192 \
+        --question_len 128 --mtp_mode eagle_with_att --mtp_step 1 --out benchmark/results/prefix_cache_ttft.json
+
+Per repeat: a cold request (a fresh prefix), then warm requests (the same prefix, new questions), each alone with
+max_new_tokens=1, so its wall time is its TTFT; and the same warm prompts on an engine without the cache. Under MTP
+(draft lookahead L = 1) a warm request resumes at the deepest snapshot at most prefix_len - 1 (the draft KV of the
+prefix's last position depends on the question's first token): with interval I it recomputes up to I + question_len.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmark.model_source import build_engine, resolve_source  # noqa: E402
+from benchmark.static_inference import free_device_memory  # noqa: E402
+from benchmark.timing import device_info, versions  # noqa: E402
+from lightllm_mtp.sampling_params import SamplingParams  # noqa: E402
+
+
+def ttft_ms(engine, prompt: list[int]) -> tuple[float, int]:
+    """Wall time of one request alone until its first token; the prompt tokens it resumed past."""
+    sync = torch.cuda.synchronize if engine.args.device.type == "cuda" else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    req = engine.add_request(prompt, SamplingParams(temperature=0.0, max_new_tokens=1, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    sync()
+    return (time.perf_counter() - start) * 1e3, req.num_cached_tokens
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model_shape", default=None)
+    p.add_argument("--model_dir", default=None)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--prefix_len", type=int, default=8192)
+    p.add_argument("--question_len", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--warm_per_repeat", type=int, default=2)
+    p.add_argument("--chunked_prefill_size", type=int, default=8192)
+    p.add_argument("--prefix_cache_interval", type=int, default=256)
+    p.add_argument("--prefix_cache_state_share", type=float, default=0.5)
+    p.add_argument("--mtp_mode", default=None)
+    p.add_argument("--mtp_step", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    ns = argparse.Namespace(model_dir=args.model_dir, model_shape=args.model_shape, seed=args.seed, device=args.device,
+                            dtype=args.dtype, batch_sizes=[2], chunked_prefill_size=args.chunked_prefill_size,
+                            graph_max_batch_size=None, mtp_layers=max(1, args.mtp_step), mtp_mode=args.mtp_mode,
+                            mtp_step=args.mtp_step)  # fmt: skip
+    source = resolve_source(ns)
+    max_model_len = args.prefix_len + args.question_len + 64
+    gen = torch.Generator().manual_seed(args.seed)
+    vocab = source.cfg.vocab_size
+
+    def tokens(n):
+        return torch.randint(0, vocab, (n,), generator=gen).tolist()
+
+    prompts = []  # per repeat: the cold prompt, then the warm ones
+    for _ in range(args.repeats):
+        prefix = tokens(args.prefix_len)
+        prompts.append([prefix + tokens(args.question_len) for _ in range(1 + args.warm_per_repeat)])
+    rows = {}
+    for label, cache in (("cache", True), ("no_cache", False)):
+        ns.engine_extra = dict(prefix_cache=cache, prefix_cache_interval=args.prefix_cache_interval,
+                               prefix_cache_state_share=args.prefix_cache_state_share)  # fmt: skip
+        engine = build_engine(source, ns, max_model_len, mtp=args.mtp_mode is not None)
+        ttft_ms(engine, tokens(args.question_len))  # warm-up: kernels, allocator
+        cold, warm, cached = [], [], []
+        for batch in prompts:
+            t, _ = ttft_ms(engine, batch[0])
+            cold.append(t)
+            for prompt in batch[1:]:
+                t, c = ttft_ms(engine, prompt)
+                warm.append(t)
+                cached.append(c)
+        rows[label] = {"cold_ms": cold, "warm_ms": warm, "warm_cached_tokens": cached,
+                       "cold_median_ms": statistics.median(cold), "warm_median_ms": statistics.median(warm)}  # fmt: skip
+        print(label, json.dumps({k: v for k, v in rows[label].items() if "median" in k}), flush=True)
+        del engine
+        free_device_memory(torch.device(args.device))
+    c = rows["cache"]
+    report = {
+        "command": " ".join(["python", "benchmark/prefix_cache_ttft.py", *(argv or sys.argv[1:])]),
+        "model": {"shape": args.model_shape, "model_dir": args.model_dir},
+        "device": device_info(torch.device(args.device)),
+        "versions": versions(),
+        "settings": vars(args),
+        "results": rows,
+        "warm_speedup_vs_cold": c["cold_median_ms"] / c["warm_median_ms"],
+        "warm_speedup_vs_no_cache": rows["no_cache"]["warm_median_ms"] / c["warm_median_ms"],
+    }
+    print(f"warm {c['warm_median_ms']:.1f} ms vs cold {c['cold_median_ms']:.1f} ms: "
+          f"{report['warm_speedup_vs_cold']:.1f}x", flush=True)  # fmt: skip
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=2, default=str))
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""Prefix-cache workloads of benchmark/serving.py: shared prefixes (a few long "system prompts", each followed by
+distinct questions) and multi-turn chats (each turn resends the conversation so far: the previous prompt, the
+answer the server gave, re-tokenized, and a new user message)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from typing import Awaitable, Callable
+
+
+def shared_prefix_prompts(windows: Callable[[list[int]], list[list[int]]], num_prompts: int, num_groups: int,
+                          prefix_len: int, question_len: int, rng: random.Random) -> list[list[int]]:  # fmt: skip
+    """num_prompts prompts: group i % num_groups's prefix of prefix_len tokens + a fresh question of question_len
+    (windows(lengths) -> token windows of the corpus)."""
+    prefixes = windows([prefix_len] * num_groups)
+    questions = windows([question_len] * num_prompts)
+    order = list(range(num_prompts))
+    rng.shuffle(order)  # groups interleave
+    return [prefixes[i % num_groups] + questions[i] for i in order]
+
+
+async def multi_turn(send: Callable[[list[int]], Awaitable], encode: Callable[[str], list[int]],
+                     first: list[list[int]], user_turns: list[list[list[int]]], concurrency: int,
+                     on_done: Callable[[], None]) -> tuple[list, float]:  # fmt: skip
+    """Conversations (first prompt, then the user messages of later turns), at most `concurrency` at once, each
+    turn after the previous one's answer: prompt = previous prompt + encode(answer) + user message. send(prompt)
+    -> a record with `.text`. Returns the records of every turn and the wall time."""
+    sem = asyncio.Semaphore(concurrency)
+    records = []
+
+    async def conversation(i: int) -> None:
+        async with sem:
+            prompt = first[i]
+            for turn in range(len(user_turns[i]) + 1):
+                rec = await send(prompt)
+                records.append(rec)
+                on_done()
+                if rec.error is not None or turn == len(user_turns[i]):
+                    return
+                prompt = prompt + encode(rec.text) + user_turns[i][turn]
+
+    start = time.perf_counter()
+    await asyncio.gather(*(conversation(i) for i in range(len(first))))
+    return records, time.perf_counter() - start

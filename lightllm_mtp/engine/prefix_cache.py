@@ -1,0 +1,238 @@
+"""The prefix cache, engine side: which cached prefix a new request resumes from, the GDN snapshots its prompt
+chunks take, and what a request leaves in the tree (common/radix_cache.py) when it ends.
+
+A request resumes at the deepest tree node carrying a GDN snapshot along its prompt's keys; its KV slots up to
+there are shared (locked) and the rest of the prompt is recomputed. Keys cover positions whose L = draft lookahead
+following tokens are prompt tokens, so at least max(1, L) prompt tokens are always recomputed: the last one for
+its logits and, under MTP, the rows whose draft KV depends on tokens after the prefix.
+
+What enters the tree is committed only: KV of positions p whose tokens up to p + L are known (multi-layer MTP's
+provisional draft rows never do), snapshots of prompt-chunk boundaries and of a finished request's committed GDN
+state (under MTP its conv window / SSM row at accept_len - 1, never verify rows). Under MTP with overlap a request
+may end while its next verify is queued: its state then moves past what the host knows, so the state after that
+verify's first row (the newest token, committed) is snapshotted and enters the tree once the verify's first emitted
+token, the last key's lookahead, reaches the host (eagle / PTD; multi-layer MTP leaves no end snapshot).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from lightllm_mtp.common.radix_cache import RadixCache, Snapshot, key_elements
+from lightllm_mtp.common.req_manager import ReqManager
+from lightllm_mtp.common.state_snapshots import SnapshotPlan, StateSnapshotPool, build_snapshot_plan
+from lightllm_mtp.engine.request import Request
+
+
+@dataclass(frozen=True)
+class PrefixCacheStats:
+    queries: int  # requests admitted
+    hits: int  # of which resumed from a cached prefix
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens not computed thanks to the cache
+    tree_tokens: int  # KV slots owned by the tree
+    snapshots: int  # snapshot slots in use
+    snapshot_capacity: int
+
+    @property
+    def hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+class PrefixCache:
+    def __init__(self, tree: RadixCache, snapshots: StateSnapshotPool, req_manager: ReqManager, interval: int,
+                 lookahead: int):  # fmt: skip
+        self.tree = tree
+        self.snapshots = snapshots
+        self.req_manager = req_manager
+        self.interval = interval
+        self.lookahead = lookahead  # L: draft-KV lookahead of the MTP proposer (0 without MTP)
+        self.release_reservation: Callable[[Request, int], None] = lambda req, n: None  # the scheduler's
+        self._pending: list[tuple[Request, list[tuple[int, Snapshot]]]] = []
+        self._queries = self._hits = self._prompt_tokens = self._cached_tokens = 0
+
+    # ---- admission ----------------------------------------------------------------------------------------------
+    def match(self, req: Request) -> int:
+        """Locks the deepest usable cached prefix of req's prompt; returns its length (0: none)."""
+        prompt = req.prompt_ids
+        n = len(prompt) - max(1, self.lookahead)
+        if n <= 0:
+            return 0
+        path = self.tree.match(key_elements(prompt, n, self.lookahead))
+        node = next((x for x in reversed(path) if x.snapshot is not None), None)
+        if node is None:
+            return 0
+        self.tree.lock(node)
+        node.snapshot.pins += 1
+        req.cache_node, req.resume_snapshot, req.cached_len = node, node.snapshot, node.depth
+        req.kv_slots = [self.tree.path_slots(node)]
+        req.num_computed = node.depth
+        return node.depth
+
+    def unmatch(self, req: Request) -> None:
+        """Undoes `match` (the request was not admitted after all)."""
+        if req.cache_node is not None:
+            req.resume_snapshot.pins -= 1
+            self.tree.unlock(req.cache_node)
+        req.cache_node, req.resume_snapshot, req.cached_len, req.kv_slots, req.num_computed = None, None, 0, [], 0
+
+    def admitted(self, req: Request) -> None:
+        self._queries += 1
+        self._prompt_tokens += len(req.prompt_ids)
+        self._cached_tokens += req.cached_len
+        self._hits += req.cached_len > 0
+        req.num_cached_tokens = req.cached_len
+
+    def restore(self, req: Request) -> None:
+        """On the request's first step (its slot just taken): the snapshot into its GDN state, the shared slots into
+        its page-table row."""
+        snap = req.resume_snapshot
+        if snap is None:
+            return
+        self.snapshots.restore(snap.slot, req.req_idx)
+        slots = torch.cat(req.kv_slots)
+        table = self.req_manager.req_to_token
+        table[req.req_idx, : slots.numel()] = slots.to(table.device, non_blocking=True)
+        snap.pins -= 1
+        req.resume_snapshot = None
+
+    # ---- prompt chunks ------------------------------------------------------------------------------------------
+    def plan(self, chunks: list[tuple[Request, int, int]], num_rows: int, device: torch.device) -> SnapshotPlan | None:
+        """Snapshot slots for the boundaries of the step's prompt chunks (req, start, rows): every multiple of the
+        interval and the prompt's end, deepest first while slots can be had (a chunk's recurrence is split only where
+        a snapshot is taken). Rows of decode requests take none."""
+        cuts = []
+        for req, start, n in chunks:
+            c = []
+            if start < len(req.prompt_ids):
+                end = start + n
+                points = list(range((start // self.interval + 1) * self.interval, end + 1, self.interval))
+                if end == len(req.prompt_ids) and (not points or points[-1] != end):
+                    points.append(end)
+                for p in reversed(points):  # the deepest first: with few free snapshot slots they matter most
+                    snap = self.tree.alloc_snapshot()
+                    if snap is None:
+                        break
+                    c.insert(0, (p, snap))
+            cuts.append(c)
+        self._pending = [(req, c) for (req, _, _), c in zip(chunks, cuts) if c]
+        if not self._pending:
+            return None
+        return build_snapshot_plan(
+            [(s, n) for _, s, n in chunks], [s > 0 for _, s, _ in chunks],
+            [[(p, snap.slot) for p, snap in c] for c in cuts], self.snapshots.conv_cols, num_rows, device,
+        )  # fmt: skip
+
+    def after_launch(self) -> None:
+        """After the chunks' forward is queued: each request's committed prefix up to its last boundary joins the
+        tree (its own slots where the tree had none, the tree's elsewhere: its page table is pointed there) and
+        stays locked by it. Boundaries within L of the prompt's end wait for the request's end."""
+        pending, self._pending = self._pending, []
+        for req, cuts in pending:
+            limit = len(req.prompt_ids) - self.lookahead
+            now = [(p, s) for p, s in cuts if p <= limit]
+            req.pending_snapshots += [(p, s) for p, s in cuts if p > limit]
+            if now:
+                self._adopt(req, now[-1][0], dict(now))
+
+    def _adopt(self, req: Request, depth: int, snaps: dict[int, Snapshot]) -> None:
+        kv = torch.cat(req.kv_slots)
+        keys = key_elements(req.prompt_ids, depth, self.lookahead)
+        node, tree_slots, unused = self.tree.insert(keys, kv[:depth], snaps)
+        for s in unused:
+            self.tree.free_snapshot(s)
+        own = kv[:depth]
+        dup = own != tree_slots
+        if bool(dup.any()):
+            table = self.req_manager.req_to_token
+            pos = dup.nonzero().flatten()
+            table[req.req_idx, pos.to(table.device)] = tree_slots[dup].to(table.device, non_blocking=True)
+            self.tree.kv_pool.free(own[dup])
+        req.kv_slots = [tree_slots, kv[depth:]]
+        self.tree.lock(node)
+        if req.cache_node is not None:
+            self.tree.unlock(req.cache_node)
+        req.cache_node = node
+        self.release_reservation(req, depth - req.cached_len)
+        req.cached_len = depth
+
+    # ---- end of a request ---------------------------------------------------------------------------------------
+    def on_finish(self, req: Request, state_offset: torch.Tensor | int | None, held: torch.Tensor | None = None) -> None:
+        """Before the request's slots are released: its committed KV (and a snapshot of its committed GDN state, at
+        `state_offset`; None: no usable state) go into the tree; its lock is dropped; what the tree does not take is
+        freed. req.kv_slots is empty afterwards.
+
+        held: under MTP, the KV slot of its newest token's row in a verify already queued (overlap; the runner kept
+        it out of release). That verify commits the row, so the state after it (conv columns / SSM row 0) is
+        snapshotted now, and the position joins the tree, with the snapshot, once that verify's first emitted token
+        (its key's lookahead) reaches the host (req.on_verified); meanwhile the prefix stays locked."""
+        if req.resume_snapshot is not None:  # ended before its first step
+            req.resume_snapshot.pins -= 1
+            req.resume_snapshot = None
+        kv = torch.cat(req.kv_slots) if req.kv_slots else torch.empty(0, dtype=torch.int32)
+        total = kv.numel()
+        depth = max(0, min(total, req.num_tokens - self.lookahead))
+        snaps = {}
+        for p, s in req.pending_snapshots:
+            if p <= depth and p not in snaps:
+                snaps[p] = s
+            else:
+                self.tree.free_snapshot(s)
+        req.pending_snapshots = []
+        to_free = [kv[depth:]]
+        if depth > 0:
+            tokens = req.prompt_ids + req.output_ids
+            node, tree_slots, unused = self.tree.insert(key_elements(tokens, depth, self.lookahead), kv[:depth], snaps)
+            for s in unused:
+                self.tree.free_snapshot(s)
+            to_free.append(kv[:depth][kv[:depth] != tree_slots])
+            self.tree.lock(node)  # the allocations below may evict unlocked leaves
+            if depth == total and state_offset is not None and req.req_idx is not None and node.snapshot is None:
+                snap = self.tree.alloc_snapshot()
+                if snap is not None:
+                    self.snapshots.save(snap.slot, req.req_idx, state_offset)
+                    node.snapshot = snap
+            if held is not None and self.lookahead == 1 and depth == total == req.num_tokens - 1 and req.req_idx is not None:
+                snap = self.tree.alloc_snapshot()
+                if snap is not None:
+                    self.snapshots.save(snap.slot, req.req_idx, 0)  # queued after that verify: its row 0
+                    self.tree.lock(node)  # until that verify's token arrives
+                    req.on_verified = functools.partial(self._after_queued_verify, tokens, node, held, snap)
+                    held = None
+            self.tree.unlock(node)
+        else:
+            for s in snaps.values():
+                self.tree.free_snapshot(s)
+        if held is not None:
+            to_free.append(held)
+        if req.cache_node is not None:
+            self.tree.unlock(req.cache_node)
+            req.cache_node = None
+        self.tree.kv_pool.free(torch.cat(to_free))
+        req.kv_slots = []
+
+    def _after_queued_verify(self, tokens: list[int], node, held: torch.Tensor, snap: Snapshot,
+                             emitted: list[int] | None) -> None:  # fmt: skip
+        """The deferred end of on_finish: position node.depth (slot `held`) joins the tree with the snapshot, keyed by
+        the token that verify emitted after it."""
+        depth = node.depth
+        if emitted:
+            keys = key_elements(tokens[: depth + 1] + emitted[:1], depth + 1, 1)
+            kv = torch.cat([self.tree.path_slots(node), held])
+            _, tree_slots, unused = self.tree.insert(keys, kv, {depth + 1: snap})
+            for s in unused:
+                self.tree.free_snapshot(s)
+            if int(tree_slots[-1]) != int(held[0]):
+                self.tree.kv_pool.free(held)
+        else:
+            self.tree.free_snapshot(snap)
+            self.tree.kv_pool.free(held)
+        self.tree.unlock(node)
+
+    def stats(self) -> PrefixCacheStats:
+        return PrefixCacheStats(self._queries, self._hits, self._prompt_tokens, self._cached_tokens,
+                                self.tree.num_tokens, self.tree.num_snapshots, self.snapshots.size)  # fmt: skip

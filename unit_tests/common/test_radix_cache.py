@@ -1,0 +1,67 @@
+"""The radix tree of the prefix cache: matching, (L+1)-gram keys, node splits, locks, LRU eviction, snapshots."""
+
+import torch
+
+from lightllm_mtp.common.kv_pool import KvPool
+from lightllm_mtp.common.radix_cache import RadixCache, key_elements
+
+
+def make(size=64, snapshots=4):
+    pool = KvPool(1, size, 1, 2, torch.float32, torch.device("cpu"))
+    return pool, RadixCache(pool, snapshots)
+
+
+def insert(tree, pool, tokens, lookahead=0, snap_at=()):
+    n = len(tokens) - lookahead
+    slots = pool.alloc(n)
+    snaps = {d: tree.alloc_snapshot() for d in snap_at}
+    node, tree_slots, unused = tree.insert(key_elements(tokens, n, lookahead), slots, snaps)
+    pool.free(slots[slots != tree_slots])
+    for s in unused:
+        tree.free_snapshot(s)
+    return node, tree_slots
+
+
+def test_shared_prefix_splits_and_keeps_the_first_slots():
+    pool, tree = make()
+    _, first = insert(tree, pool, [1, 2, 3, 4, 5], snap_at=[2, 5])
+    _, second = insert(tree, pool, [1, 2, 3, 9], snap_at=[4])
+    assert torch.equal(second[:3], first[:3]) and second[3] != first[3]
+    assert tree.num_tokens == 6 and pool.num_free == 64 - 6
+    path = tree.match(key_elements([1, 2, 3, 9, 7], 5, 0))
+    assert [n.depth for n in path] == [2, 3, 4] and path[-1].snapshot is not None
+    assert path[0].snapshot is not None and path[1].snapshot is None
+
+
+def test_lookahead_keys_branch_before_the_divergence():
+    """With L = 1 a slot is keyed by its token and the next: sequences that differ at position 4 share 0..2."""
+    pool, tree = make()
+    _, first = insert(tree, pool, [1, 2, 3, 4, 5, 6], lookahead=1)
+    _, second = insert(tree, pool, [1, 2, 3, 4, 9, 9], lookahead=1)
+    assert torch.equal(second[:3], first[:3]) and second[3] != first[3]
+    assert [n.depth for n in tree.match(key_elements([1, 2, 3, 4, 9, 9], 5, 1))] == [3, 5]
+
+
+def test_locked_nodes_survive_eviction_and_lru_order():
+    pool, tree = make(size=16)
+    old, _ = insert(tree, pool, [1, 2, 3, 4], snap_at=[4])
+    new, _ = insert(tree, pool, [7, 8, 9], snap_at=[3])
+    tree.lock(old)
+    assert tree.num_locked == 4 and tree.num_evictable == 3
+    assert tree.evict(10) == 3 and tree.num_tokens == 4  # only the unlocked leaf goes
+    tree.unlock(old)
+    tree.evict_all()
+    assert tree.num_tokens == 0 and pool.num_free == 16 and tree.num_snapshots == 0
+
+
+def test_pool_reclaims_from_the_tree_and_snapshot_lru():
+    pool, tree = make(size=8, snapshots=2)
+    pool.reclaim = tree.evict
+    insert(tree, pool, [1, 2, 3, 4], snap_at=[4])
+    insert(tree, pool, [5, 6, 7, 8], snap_at=[4])
+    assert pool.num_free == 0
+    slots = pool.alloc(3)  # evicts the least recently used leaf
+    assert slots.numel() == 3 and tree.num_tokens == 4
+    insert(tree, pool, [9], snap_at=[1])
+    snap = tree.alloc_snapshot()  # both slots in use: the older snapshot goes, and its leaf with it
+    assert snap is not None and tree.num_tokens == 1
