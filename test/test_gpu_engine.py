@@ -154,7 +154,7 @@ def test_adaptive_speculation_on_graphs_stays_exact(monkeypatch, tiny_dense_mtp3
 
     plain = tokens(LLM(tiny_dense_mtp3_dir, device="cuda", dtype="float32", max_model_len=64, graph_max_batch_size=0))
     llm = LLM(tiny_dense_mtp3_dir, device="cuda", dtype="float32", max_model_len=64, graph_max_batch_size=8,
-              mtp_step=3, mtp_adaptive=True, **SPECS[mode])  # fmt: skip
+              mtp_step=3, mtp_adaptive=True, prefix_cache=False, **SPECS[mode])  # fmt: skip
     costs = llm.engine.runner.controller.costs
     assert sorted(g.q for g in llm.engine.model_runner.graphs) == [1, 2, 3, 4]
     assert costs.batch_sizes == (1, 2, 4, 8) and all(c > 0 for row in costs.cost_ms for c in row)
