@@ -1,3 +1,4 @@
+# Over 500 lines: one CLI for every static measurement (plain, MTP, tp/pp, the HF peer) sharing set-up and report.
 """Static-batch inference benchmark: prefill and decode-step timing through the engine, against the HBM floor.
 
     python benchmark/static_inference.py --model_shape qwen3.5-27b --batch_sizes 1,8,32 --input_len 1024 \
