@@ -1,4 +1,10 @@
-"""Causal conv1d + SiLU with per-request state against HF causal_conv1d_fn / causal_conv1d_update."""
+"""Causal conv1d + SiLU with per-request state against HF causal_conv1d_fn / causal_conv1d_update; the Triton
+prefill and update kernels against the PyTorch references (interpreter on CPU, and on GPU)."""
+
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -126,3 +132,66 @@ def test_update_triton_matches_reference_gpu(bsz, width):
         out = causal_conv1d_update_triton(x, weight, state, idx)
         torch.testing.assert_close(out, causal_conv1d_update_ref(x, weight, ref_state, idx), rtol=1.6e-2, atol=1e-2)
         assert torch.equal(state, ref_state)
+
+
+PREFILL_INTERPRET_SCRIPT = textwrap.dedent(
+    """
+    import torch
+    from lightllm_mtp.kernels.gdn import causal_conv1d as conv
+    torch.manual_seed(0)
+    cases = [  # (q_lens, has_initial_state): ragged, empty and < K-1 requests, rows of several requests in a tile
+        ([6, 1, 2, 13], [False, True, True, False]),
+        ([1, 0, 3, 2, 40], [True, True, False, True, True]),
+        ([2], [True]),
+        ([37], [False]),
+    ]
+    for kernel in (4, 3):
+        for channels, cu_dtype in ((12, torch.int32), (300, torch.int32), (7, torch.int64)):  # 300: 2 blocks, ragged
+            for q_lens, init in cases:
+                bsz = len(q_lens)
+                cu = torch.tensor([0] + q_lens).cumsum(0).to(cu_dtype)
+                x = torch.randn(int(cu[-1]), channels + 5)[:, 2 : 2 + channels]  # column slice, as in the layer
+                w = torch.randn(channels, kernel)
+                state = torch.randn(bsz + 3, channels, kernel + 1)  # wider slot: columns >= K-1 untouched
+                slots = torch.randperm(bsz + 3)[:bsz].to(torch.int32)
+                state2 = state.clone()
+                has = torch.tensor(init)
+                ref = conv.causal_conv1d_prefill_ref(x, w, state, slots, cu, has)
+                out = conv.causal_conv1d_prefill_triton(x, w, state2, slots, cu, has)
+                assert out.is_contiguous()
+                torch.testing.assert_close(out, ref)
+                torch.testing.assert_close(state2, state, rtol=0, atol=0)
+    print("OK")
+    """
+)
+
+
+def test_prefill_triton_matches_reference_under_the_interpreter():
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    res = subprocess.run([sys.executable, "-c", PREFILL_INTERPRET_SCRIPT], env=env, capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("q_lens,init", [([4096], [False]), ([1, 2, 700, 3, 1500, 0, 33], [1, 1, 0, 1, 1, 0, 1])])
+def test_prefill_triton_matches_reference_gpu(dtype, q_lens, init):
+    from lightllm_mtp.kernels.gdn.causal_conv1d import causal_conv1d_prefill_ref
+
+    torch.manual_seed(len(q_lens))
+    dev, c, kernel = "cuda", 10240 + 40, 4  # not a multiple of the channel block
+    bsz = len(q_lens)
+    cu = torch.tensor([0] + q_lens, device=dev).cumsum(0).to(torch.int32)
+    x = torch.randn(int(cu[-1]), c + 6144 + 96, device=dev).to(dtype)[:, :c]  # strided rows, as in the layer
+    weight = (torch.randn(c, kernel, device=dev) * 0.5).to(dtype)
+    state = torch.randn(bsz + 3, c, kernel + 2, device=dev).to(dtype)
+    ref_state = state.clone()
+    slots = torch.randperm(bsz + 3, device=dev)[:bsz].to(torch.int32)
+    has = torch.tensor(init, device=dev, dtype=torch.bool)
+    out = causal_conv1d_prefill(x, weight, state, b_state_idx=slots, b1_cu_q_len=cu, b_has_initial_state=has)
+    ref = causal_conv1d_prefill_ref(x, weight, ref_state, slots, cu, has)
+    tol = dict(rtol=1.6e-2, atol=1e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, ref, **tol)
+    assert torch.equal(state, ref_state)
