@@ -29,7 +29,9 @@ from benchmark.timing import device_info, versions
 from lightllm_mtp.spec_decode.adaptive import AcceptanceEstimate, SpecLengthController, StepCostTable, expected_tokens
 
 
-def simulate(costs: StepCostTable, batch: int, rate: float, launches: int, seed: int) -> list[int]:
+def simulate(costs: StepCostTable, batch: int, rates: list[float], launches: int, seed: int) -> list[int]:
+    """Chosen k per launch for `batch` requests whose drafts are accepted at position j with probability rates[j]
+    (given the ones before were), drawn after each choice and fed back as verify results."""
     rng, controller = random.Random(seed), SpecLengthController(costs)
     reqs = [AcceptanceEstimate() for _ in range(batch)]
     chosen = []
@@ -38,7 +40,7 @@ def simulate(costs: StepCostTable, batch: int, rate: float, launches: int, seed:
         chosen.append(k)
         for r in reqs:
             accepted = 0
-            while accepted < k and rng.random() < rate:
+            while accepted < k and rng.random() < rates[accepted]:
                 accepted += 1
             controller.observe(r, k, accepted)
     return chosen
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> dict:
             fixed = {k: b * expected_tokens(r, k) / row_costs[k] for k in range(1, args.max_k + 1)}
             no_mtp = b / decode_ms[b]
             best_name, best = max([("no_mtp", no_mtp)] + [(f"k={k}", v) for k, v in fixed.items()], key=lambda x: x[1])
-            chosen = simulate(costs, b, a, args.launches, args.seed)[args.launches // 3 :]
+            chosen = simulate(costs, b, r, args.launches, args.seed)[args.launches // 3 :]
             adaptive = sum(b * expected_tokens(r, k) for k in chosen) / sum(row_costs[k] for k in chosen)
             cell = {"batch_size": b, "acceptance": a, "tokens_per_ms": {"no_mtp": no_mtp, **{f"k={k}": v for k, v in
                     fixed.items()}, "adaptive": adaptive}, "best_fixed": best_name,

@@ -217,7 +217,8 @@ class SpecRunner:
         stage's DraftState, from which each stage builds its next verify batch (identity without PP)."""
         if self.model.is_last_stage:
             drafts = propose()  # [B, n], n <= k (adaptive speculation: fewer): padded to k for the broadcast
-            drafts = torch.nn.functional.pad(drafts, (0, self.num_draft_tokens - drafts.shape[1]))
+            if drafts.shape[1] < self.num_draft_tokens:
+                drafts = torch.nn.functional.pad(drafts, (0, self.num_draft_tokens - drafts.shape[1]))
         else:
             drafts = torch.empty(num_reqs, self.num_draft_tokens, dtype=torch.int64, device=self.device)
         return pp_broadcast_from_last(drafts) if num_reqs else drafts

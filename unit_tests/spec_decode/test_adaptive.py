@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from benchmark.adaptive_grid import simulate
 from lightllm_mtp import LLM, SamplingParams
 from lightllm_mtp.spec_decode.adaptive import AcceptanceEstimate, SpecLengthController, StepCostTable, expected_tokens
 from unit_tests.spec_decode.test_draft_kv import check_draft_kv
@@ -22,24 +23,6 @@ H100_LIKE = StepCostTable(
         tuple(25.5 + 1.6 * k + 1.9 * max(k, 1) for k in range(K + 1)),
     ),
 )
-
-
-def simulate(rates: list[float], costs: StepCostTable, batch: int, launches: int = 600, seed: int = 0) -> list[int]:
-    """Chosen k per launch for `batch` requests whose drafts are accepted at position j with probability rates[j]
-    (given the ones before were), drawn after each choice and fed back as verify results."""
-    rng = random.Random(seed)
-    controller = SpecLengthController(costs)
-    reqs = [AcceptanceEstimate() for _ in range(batch)]
-    chosen = []
-    for _ in range(launches):
-        k = controller.choose(reqs)
-        chosen.append(k)
-        for r in reqs:
-            accepted = 0
-            while accepted < k and rng.random() < rates[accepted]:
-                accepted += 1
-            controller.observe(r, k, accepted)
-    return chosen
 
 
 def throughput(rates, costs, batch, k) -> float:
@@ -69,14 +52,14 @@ def test_cost_table_is_validated():
                          ids=["a95", "decaying", "a60", "a30", "a10"])  # fmt: skip
 def test_controller_reaches_the_best_fixed_k(rates, batch):
     """After a warm-up, the throughput of the chosen k (probe launches included) is >= 0.98x the best fixed k's."""
-    chosen = simulate(rates, H100_LIKE, batch)[200:]
+    chosen = simulate(H100_LIKE, batch, rates, launches=600, seed=0)[200:]
     best = max(throughput(rates, H100_LIKE, batch, k) for k in range(K + 1))
     got = sum(throughput(rates, H100_LIKE, batch, k) for k in chosen) / len(chosen)
     assert got >= 0.98 * best, (got / best, sorted(set(chosen)))
 
 
 def test_controller_falls_back_to_plain_decoding_when_nothing_is_accepted():
-    chosen = simulate([0.0] * K, H100_LIKE, 1)[50:]
+    chosen = simulate(H100_LIKE, 1, [0.0] * K, launches=600, seed=0)[50:]
     assert chosen.count(0) >= 0.85 * len(chosen)  # the rest are probes of one draft
     assert max(chosen) <= 1
 
