@@ -18,6 +18,7 @@
 #                                       # (and MTP eagle beside them), k = 1..5 (or KS)
 #   bash benchmark/gpu_runs.sh train_drafts  # the trained tiny draft and PARD draft for tiny_qwen3_5_trained, then
 #                                       # their acceptance on the GPU; packed like train_mtp3_ptd
+#   bash benchmark/gpu_runs.sh 27b_large_batch  # 27B no-spec decode at B=64,96,128 (as memory allows)
 #   bash benchmark/gpu_runs.sh tp2_27b  # 27B on 2 GPUs (nvidia-h200-x2): tp=1, then tp=2 (+ MTP k=1), then pp=2 + MTP
 #                                       # k=1, at B=1,32; then the tp/pp CPU tests on the GPU machine's cores
 #   bash benchmark/gpu_runs.sh mixed    # 27B, MTP k=1, 32 running with arrivals: this tree, then baseline/ (an older
@@ -64,7 +65,8 @@ case "${1:-}" in
   draft_model_cost) python3 benchmark/draft_cost.py --model_shape qwen3.5-27b --draft_shape qwen3.5-0.8b \
       --device cuda --ks "${2:-1,2,3,4,5}" --modes draft_model,pard,eagle_with_att \
       --out "$out/draft_model_cost_qwen3.5-27b_0.8b_h100.json" \
-      --acceptance lightllm_mtp/fixtures/tiny_qwen3_5_draft*_trained/acceptance_*.json ;;
+      --acceptance ${DRAFTS_DIR:-lightllm_mtp/fixtures}/tiny_qwen3_5_draft*_trained/acceptance_gpu.json \
+        lightllm_mtp/fixtures/tiny_qwen3_5_trained/acceptance_gpu_eagle_k1-5.json ;;
   train_drafts)  # a draft and a PARD draft for the shipped trained target (same tokenizer), then acceptance
     target=lightllm_mtp/fixtures/tiny_qwen3_5_trained
     for name in tiny_qwen3_5_draft_trained tiny_qwen3_5_draft_pard_trained; do
@@ -75,9 +77,14 @@ case "${1:-}" in
         --seq_len 512 "${flags[@]}" | grep -v '^{"step"'
       python3 -m lightllm_mtp.tools.eval_acceptance --model_dir "$target" --draft_model_dir "$dir" --device cuda \
         --num_prompts 8 --mtp_modes "$mode" --mtp_steps 1 2 3 4 5 --heldout_windows 0 --strict \
-        --out "${OUT:-$dir}/acceptance_gpu.json"
+        --out "$dir/acceptance_gpu.json"
       if [ -n "${OUT:-}" ]; then tar cf - -C /tmp/fixtures "$name" | split -b 15M - "$OUT/$name.tar.part-"; fi
-    done ;;
+    done
+    # the target's own MTP head on the same prompts and k, for the comparison table of draft_model_cost
+    python3 -m lightllm_mtp.tools.eval_acceptance --model_dir "$target" --device cuda --num_prompts 8 \
+      --mtp_modes eagle_with_att --mtp_steps 1 2 3 4 5 --heldout_windows 0 --strict \
+      --out "$target/acceptance_gpu_eagle_k1-5.json"
+    if [ -n "${OUT:-}" ]; then cp "$target/acceptance_gpu_eagle_k1-5.json" "$OUT/"; fi ;;
   draft_vocab) python3 benchmark/draft_cost.py --model_shape qwen3.5-27b --device cuda --ks 1,3 \
       --modes eagle_with_att --draft_vocab_sizes 0,32768 --out "$out/draft_cost_qwen3.5-27b_draft_vocab_h100.json" ;;
   adaptive_grid) python3 benchmark/adaptive_grid.py --model_shape qwen3.5-27b --device cuda --max_k 3 \
@@ -112,7 +119,12 @@ case "${1:-}" in
         --server_args "--max_req_total_len 4096 --running_max_req_size 32 --prefix_cache_interval 256 --prefix_cache_state_share 0.5" \
         --out "$out/serving_prefix_${workload}_tiny_qwen3_5_trained_h100.json"
     done ;;
+  27b_large_batch)  # one engine per batch size (the engine is sized for its largest batch)
+    for bs in 64 96 128; do
+      bench --model_shape qwen3.5-27b --batch_sizes "$bs" --output_len 32 \
+        --out "$out/static_qwen3.5-27b_bs${bs}_h100.json" || echo "27B at B=$bs did not run (see above)"
+    done ;;
   peer) bench --model_shape qwen3.5-27b --batch_sizes 1,8 --output_len 32 --hf_peer --hf_batch_sizes 1,8 \
       --out "$out/static_qwen3.5-27b_hf_peer_h100.json" ;;
-  *) echo "usage: $0 tests|tests_spec|train_mtp3_ptd|draft_cost|draft_vocab|adaptive_grid|draft_model_cost|train_drafts|27b|27b_k1|35b|peer|mixed|serving_27b|serving_35b|serving_tiny|prefix_cache|prefix_serving|tp2_27b" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|tests_spec|train_mtp3_ptd|draft_cost|draft_vocab|adaptive_grid|draft_model_cost|train_drafts|27b|27b_k1|35b|peer|mixed|serving_27b|serving_35b|serving_tiny|prefix_cache|prefix_serving|tp2_27b|27b_large_batch" >&2; exit 2 ;;
 esac
