@@ -28,11 +28,12 @@
 #   bash benchmark/gpu_runs.sh prefix_serving  # trained tiny checkpoint behind the server, MTP k=1: multi-turn
 #                                       # and shared-prefix workloads with vs without the prefix cache (server extra)
 # Results go to $OUT (the device tool's folder) or benchmark/results; each JSON holds its exact command.
-# fla-core travels as a wheel in .whl/ (benchmark/README.md, "GPU runs").
+# fla-core travels as a wheel in .whl/, the server extra's wheels in .whl_server/ (benchmark/README.md, "GPU runs").
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+wheels=$(ls .whl/*.whl .whl_server/*.whl 2>/dev/null || true)  # .whl: fla-core; .whl_server: the server extra
+if [ -n "$wheels" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $wheels
   export PYTHONPATH=/tmp/site:$PWD
 fi
 export PYTHONUNBUFFERED=1 LIGHTLLM_MTP_DISABLE_PROGRESS_BARS=1
