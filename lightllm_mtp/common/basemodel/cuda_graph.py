@@ -184,8 +184,6 @@ class CudaGraphSet:
             self.b_accept_len[b:size].fill_(1)
         if self.b_state_write is not None:
             self.b_state_write[b:size].zero_()
-        for h in self.hiddens:  # padding rows read zeros, not a former batch's values
-            h[b * q : size * q].zero_()
 
 
 class GraphedForward:
