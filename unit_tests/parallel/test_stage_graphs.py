@@ -148,7 +148,14 @@ def test_host_staged_collectives_match_gloo():
     assert got == {0: "ok", 1: "ok"}, got
 
 
-def test_backend_choice():
+def test_backend_choice(monkeypatch):
+    from lightllm_mtp import env
+
+    monkeypatch.setenv("LIGHTLLM_MTP_DIST_BACKEND", "GLOO")
+    assert env._read_env().dist_backend == "gloo"
+    monkeypatch.setenv("LIGHTLLM_MTP_DIST_BACKEND", "mpi")
+    with pytest.raises(ValueError, match="LIGHTLLM_MTP_DIST_BACKEND must be one of"):
+        env._read_env()
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
     assert parallel_state.compute_backend(cpu) == ("gloo", False)
     assert parallel_state.compute_backend(cuda) == ("nccl", False)
