@@ -21,6 +21,9 @@
 #   bash benchmark/gpu_runs.sh 27b_large_batch  # 27B no-spec decode at B=64,96,128 (as memory allows)
 #   bash benchmark/gpu_runs.sh tp2_27b  # 27B on 2 GPUs (nvidia-h200-x2): tp=1, then tp=2 (+ MTP k=1), then pp=2 + MTP
 #                                       # k=1, at B=1,32; then the tp/pp CPU tests on the GPU machine's cores
+#   bash benchmark/gpu_runs.sh pp_one_gpu  # tp / pp on ONE GPU (LIGHTLLM_MTP_DIST_BACKEND=gloo, all ranks on cuda:0):
+#                                       # greedy equivalence (pp=2 with CUDA graphs per stage, tp=2 eager), then 0.8B
+#                                       # shape pp=2 + MTP k=1 at B=1,8 with graphs per stage vs eager
 #   bash benchmark/gpu_runs.sh mixed    # 27B, MTP k=1, 32 running with arrivals: this tree, then baseline/ (an older
 #                                       # commit exported with `git archive REV --prefix=baseline/`; carry baseline)
 #   bash benchmark/gpu_runs.sh prefix_cache  # 27B, MTP k=1: TTFT of an 8k shared prefix + 128-token question, cold vs
@@ -60,6 +63,14 @@ case "${1:-}" in
     bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 32 --pp 2 --mtp_mode eagle_with_att --mtp_step 1 \
       --out "$out/static_qwen3.5-27b_pp2_mtp_k1_h200.json"
     python3 -m pytest -q unit_tests/parallel ;;
+  pp_one_gpu)
+    python3 -m pytest -q -m gpu unit_tests/parallel/test_gpu_one_gpu.py
+    python3 -m pytest -q unit_tests/parallel/test_stage_graphs.py
+    for g in 64 0; do  # graph_max_batch_size 0: every forward eager (pp before this issue)
+      LIGHTLLM_MTP_DIST_BACKEND=gloo bench --model_shape qwen3.5-0.8b --batch_sizes 1,8 --output_len 32 --pp 2 \
+        --mtp_mode eagle_with_att --mtp_step 1 --graph_max_batch_size "$g" \
+        --out "$out/static_qwen3.5-0.8b_pp2_gloo_one_gpu_graphs$g.json"
+    done ;;
   draft_cost) python3 benchmark/draft_cost.py --model_shape qwen3.5-27b --device cuda --ks "${2:-1,2,3,4,5,6,7}" \
       --modes eagle_with_att,ptd,vanilla_with_att --out "$out/draft_cost_qwen3.5-27b_h100.json" \
       --acceptance lightllm_mtp/fixtures/tiny_qwen3_5_mtp3_ptd_trained/acceptance_*.json ;;
@@ -127,5 +138,5 @@ case "${1:-}" in
     done ;;
   peer) bench --model_shape qwen3.5-27b --batch_sizes 1,8 --output_len 32 --hf_peer --hf_batch_sizes 1,8 \
       --out "$out/static_qwen3.5-27b_hf_peer_h100.json" ;;
-  *) echo "usage: $0 tests|tests_spec|train_mtp3_ptd|draft_cost|draft_vocab|adaptive_grid|draft_model_cost|train_drafts|27b|27b_k1|35b|peer|mixed|serving_27b|serving_35b|serving_tiny|prefix_cache|prefix_serving|tp2_27b|27b_large_batch" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|tests_spec|train_mtp3_ptd|draft_cost|draft_vocab|adaptive_grid|draft_model_cost|train_drafts|27b|27b_k1|35b|peer|mixed|serving_27b|serving_35b|serving_tiny|prefix_cache|prefix_serving|tp2_27b|27b_large_batch|pp_one_gpu" >&2; exit 2 ;;
 esac

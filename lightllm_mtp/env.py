@@ -18,6 +18,13 @@ def _get_bool(name: str, default: bool) -> bool:
     return raw.strip().lower() in ("1", "true", "yes", "on")
 
 
+def _get_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = _get_str(name, default).strip().lower()
+    if value not in choices:
+        raise ValueError(f"LIGHTLLM_MTP_{name} must be one of {list(choices)}, got {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Env:
     # Where built-on-first-use artefacts (the tiny default checkpoint) are kept.
@@ -31,6 +38,10 @@ class Env:
     # Serving diagnostics: each model worker runs under cProfile and writes its stats to this path + ".rank<N>"
     # when it shuts down (None: off).
     worker_profile: str | None
+    # torch.distributed backend of the tp / pp forwards: "auto" (NCCL on CUDA, gloo on CPU), "nccl", or "gloo".
+    # gloo on CUDA stages every tensor through host memory and puts all ranks on the driver's GPU: tp / pp tests on
+    # one GPU (two NCCL ranks cannot share one); CUDA graphs only under pp alone there (tp collectives run eagerly).
+    dist_backend: str
 
 
 def _read_env() -> Env:
@@ -41,6 +52,7 @@ def _read_env() -> Env:
         disable_progress_bars=_get_bool("DISABLE_PROGRESS_BARS", False),
         cpu_threads=int(_get_str("CPU_THREADS", "0")) or None,
         worker_profile=_get_str("WORKER_PROFILE", "") or None,
+        dist_backend=_get_choice("DIST_BACKEND", "auto", ("auto", "nccl", "gloo")),
     )
 
 

@@ -2,7 +2,11 @@
 
 Set once per process (`init_parallel_state`, engine/parallel/); with tp = pp = 1 nothing is set and every
 collective is the identity, so single-process code paths are unchanged. Groups: `tp` (the ranks of one stage),
-`pp` (one rank per stage, same tp rank), all on the compute backend (NCCL on CUDA, gloo on CPU)."""
+`pp` (one rank per stage, same tp rank), all on the compute backend (NCCL on CUDA, gloo on CPU).
+
+gloo on CUDA (env LIGHTLLM_MTP_DIST_BACKEND=gloo: tp / pp tests on one GPU): gloo's send / recv / all-gather take
+host tensors only, so every collective here stages its tensors through host memory (`host_staged`); that syncs the
+device, so it cannot run inside a CUDA graph (graphs under pp keep send / recv outside them)."""
 
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ class ParallelState:
     tp_group: object | None = None
     pp_group: object | None = None
     pp_ranks: tuple[int, ...] = (0,)  # global ranks of this process's pp group, stage order
+    host_staged: bool = False  # collectives copy their tensors to host memory and back (gloo on CUDA)
 
     @property
     def tp_size(self) -> int:
@@ -41,11 +46,23 @@ def state() -> ParallelState:
     return _STATE
 
 
-def init_parallel_state(info: RankInfo) -> ParallelState:
+def compute_backend(device: torch.device, choice: str = "auto") -> tuple[str, bool]:
+    """(torch.distributed backend, host_staged) of the forwards' collectives for `device` and the env's choice
+    ("auto", "nccl", "gloo"); ValueError for NCCL without CUDA."""
+    if choice == "auto":
+        choice = "nccl" if device.type == "cuda" else "gloo"
+    if choice == "nccl" and device.type != "cuda":
+        raise ValueError(f"dist backend nccl needs a CUDA device, got {device}")
+    if choice not in ("nccl", "gloo"):
+        raise ValueError(f"dist backend must be 'auto', 'nccl' or 'gloo', got {choice!r}")
+    return choice, choice == "gloo" and device.type == "cuda"
+
+
+def init_parallel_state(info: RankInfo, host_staged: bool = False) -> ParallelState:
     """Creates the tp and pp groups (every rank calls this with its own info, after init_process_group)."""
     global _STATE
     tp, pp = info.parallel.tp, info.parallel.pp
-    new = ParallelState(info)
+    new = ParallelState(info, host_staged=host_staged)
     for stage in range(pp):  # new_group is collective: every rank creates every group
         ranks = list(range(stage * tp, (stage + 1) * tp))
         group = dist.new_group(ranks) if tp > 1 else None
@@ -65,11 +82,33 @@ def reset_parallel_state() -> None:
     _STATE = ParallelState(RankInfo(ParallelConfig()))
 
 
+def _wire(x: torch.Tensor) -> torch.Tensor:
+    """The tensor a collective works on: x itself, or a host copy of it when collectives are host-staged (a copy
+    even of a host tensor, so that CPU tests exercise the copy back)."""
+    return x.to("cpu", copy=True) if _STATE.host_staged else x.contiguous()
+
+
+def _in_place(op, x: torch.Tensor) -> torch.Tensor:
+    """Runs an in-place collective `op(tensor)` on x (through a host copy when staged) and returns x."""
+    wire = _wire(x)
+    op(wire)
+    if wire is not x:
+        x.copy_(wire)
+    return x
+
+
+def _all_gather(x: torch.Tensor, dim: int) -> torch.Tensor:
+    wire = _wire(x)
+    parts = [torch.empty_like(wire) for _ in range(_STATE.tp_size)]
+    dist.all_gather(parts, wire, group=_STATE.tp_group)
+    return torch.cat(parts, dim=dim).to(x.device)
+
+
 # ---- tensor parallel ---------------------------------------------------------------------------------
 def tp_all_reduce(x: torch.Tensor) -> torch.Tensor:
     """Sums the partial outputs of a row-parallel layer over the tp ranks (in place)."""
     if _STATE.tp_size > 1:
-        dist.all_reduce(x, group=_STATE.tp_group)
+        _in_place(lambda t: dist.all_reduce(t, group=_STATE.tp_group), x)
     return x
 
 
@@ -77,18 +116,14 @@ def tp_all_gather_last(x: torch.Tensor) -> torch.Tensor:
     """Concatenates each tp rank's slice of the last dimension (vocab-parallel logits)."""
     if _STATE.tp_size == 1:
         return x
-    parts = [torch.empty_like(x) for _ in range(_STATE.tp_size)]
-    dist.all_gather(parts, x.contiguous(), group=_STATE.tp_group)
-    return torch.cat(parts, dim=-1)
+    return _all_gather(x, dim=-1)
 
 
 def tp_all_gather_rows(x: torch.Tensor) -> torch.Tensor:
     """Concatenates each tp rank's rows (dim 0): a whole vocab-parallel matrix, for a one-time copy at start."""
     if _STATE.tp_size == 1:
         return x
-    parts = [torch.empty_like(x) for _ in range(_STATE.tp_size)]
-    dist.all_gather(parts, x.contiguous(), group=_STATE.tp_group)
-    return torch.cat(parts, dim=0)
+    return _all_gather(x, dim=0)
 
 
 # ---- pipeline parallel -------------------------------------------------------------------------------
@@ -96,16 +131,20 @@ def pp_send_next(tensors: list[torch.Tensor]) -> None:
     """Hands activations to the next stage (same tp rank)."""
     dst = _STATE.pp_ranks[_STATE.info.stage + 1]
     for t in tensors:
-        dist.send(t.contiguous(), dst, group=_STATE.pp_group)
+        dist.send(_wire(t), dst, group=_STATE.pp_group)
+
+
+def pp_recv_into(tensors: list[torch.Tensor]) -> None:
+    """Fills `tensors` (contiguous: e.g. the static input buffers of a stage's CUDA graph) with the previous
+    stage's activations, sent by pp_send_next in the same order."""
+    src = _STATE.pp_ranks[_STATE.info.stage - 1]
+    for t in tensors:
+        _in_place(lambda wire: dist.recv(wire, src, group=_STATE.pp_group), t)
 
 
 def pp_recv_prev(shapes: list[tuple[int, ...]], dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
-    src = _STATE.pp_ranks[_STATE.info.stage - 1]
-    out = []
-    for shape in shapes:
-        t = torch.empty(shape, dtype=dtype, device=device)
-        dist.recv(t, src, group=_STATE.pp_group)
-        out.append(t)
+    out = [torch.empty(shape, dtype=dtype, device=device) for shape in shapes]
+    pp_recv_into(out)
     return out
 
 
@@ -114,5 +153,5 @@ def pp_broadcast_from_last(x: torch.Tensor) -> torch.Tensor:
     sampled tokens, accept lengths, emitted tokens and drafts, so that no stage builds its next step from state
     the last stage has not confirmed."""
     if _STATE.pp_size > 1:
-        dist.broadcast(x, _STATE.pp_ranks[-1], group=_STATE.pp_group)
+        _in_place(lambda t: dist.broadcast(t, _STATE.pp_ranks[-1], group=_STATE.pp_group), x)
     return x

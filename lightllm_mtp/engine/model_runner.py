@@ -6,7 +6,8 @@ import torch
 
 from lightllm_mtp.common.basemodel.basemodel import TpPartBaseModel
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode, ModelOutput
-from lightllm_mtp.common.basemodel.cuda_graph import CudaGraphSet, GraphedForward
+from lightllm_mtp.common.basemodel.cuda_graph import CudaGraphSet
+from lightllm_mtp.common.basemodel.stage_graphs import graphed_model_forward, model_graph_set
 from lightllm_mtp.common.parallel_state import pp_broadcast_from_last
 from lightllm_mtp.engine.prefix_cache import PrefixCache
 from lightllm_mtp.engine.step import DecodeStep, HostCopy
@@ -36,10 +37,10 @@ class ModelRunner:
                 first = 1 if adaptive else num_draft_tokens + 1
                 layouts = [(ForwardMode.VERIFY, q) for q in range(num_draft_tokens + 1, first - 1, -1)]
             graph_sets.extend(
-                CudaGraphSet(model.forward, model.caches, mode, rows, self.graph_max_batch_size, self.graph_pool)
+                model_graph_set(model, mode, rows, self.graph_max_batch_size, self.graph_pool)
                 for mode, rows in layouts
-            )
-        self.graphed = GraphedForward(model.forward, graph_sets)
+            )  # under pp: this stage's layers, send / recv outside the graphs (common/basemodel/stage_graphs.py)
+        self.graphed = graphed_model_forward(model, graph_sets)
         self.prefix_cache: PrefixCache | None = None  # set by the engine when the prefix cache is on
 
     @property

@@ -3,10 +3,12 @@ rank of a tensor / pipeline parallel group build theirs with this same code, eac
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 
 from lightllm_mtp.common.basemodel.basemodel import TpPartBaseModel
 from lightllm_mtp.common.basemodel.cuda_graph import graph_batch_sizes
+from lightllm_mtp.common.parallel_state import state as parallel_state
 from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.config.parallel_config import RankInfo
@@ -21,6 +23,8 @@ from lightllm_mtp.spec_decode.draft_factory import create_proposer
 from lightllm_mtp.spec_decode.draft_state import DraftState
 from lightllm_mtp.spec_decode.step_builder import StepBuilder
 from lightllm_mtp.spec_decode.step_cost import measured_step_costs, row_count_step_costs
+
+logger = logging.getLogger("lightllm_mtp.engine")
 
 
 @dataclass
@@ -45,8 +49,7 @@ def build_runner(args: EngineArgs, cfg: ModelConfig, max_model_len: int, rank: R
         rank=rank,
     )
     model = create_model(args.model_dir, cfg, rt)
-    # CUDA graphs per rank under tp (the all-reduces are captured); none under pp (stage-to-stage send / recv)
-    graph_max = min(args.graph_max_batch_size, args.max_batch_size) if args.parallel.pp == 1 else 0
+    graph_max = _graph_max_batch_size(args, rank)
     model_runner = ModelRunner(
         model, graph_max, num_draft_tokens=spec.num_draft_tokens if spec else 0,
         adaptive=spec is not None and spec.adaptive,
@@ -68,6 +71,19 @@ def build_runner(args: EngineArgs, cfg: ModelConfig, max_model_len: int, rank: R
     return BuiltRunner(model, model_runner, runner)
 
 
+def _graph_max_batch_size(args: EngineArgs, rank: RankInfo) -> int:
+    """CUDA graphs per rank: under tp the all-reduces are captured; under pp each stage captures its own layers
+    (send / recv stay outside, common/basemodel/stage_graphs.py). Host-staged collectives (gloo on CUDA) cannot be
+    captured: tp > 1 there runs eagerly."""
+    graph_max = min(args.graph_max_batch_size, args.max_batch_size)
+    if graph_max and args.parallel.tp > 1 and parallel_state().host_staged and args.device.type == "cuda":
+        if rank.rank == 0:
+            logger.warning("CUDA graphs off: tp=%d all-reduces over gloo (LIGHTLLM_MTP_DIST_BACKEND=gloo) are staged "
+                           "through host memory and cannot be captured; every forward runs eagerly", args.parallel.tp)
+        return 0
+    return graph_max
+
+
 def _step_costs(runner: ModelRunner, proposer, spec) -> StepCostTable:
     """Adaptive speculation's step costs: the captured graphs timed, or rows through the forwards without graphs."""
     eagle_chain = spec.mode is MtpMode.EAGLE_WITH_ATT and not spec.parallel_drafting
@@ -82,8 +98,9 @@ def _step_costs(runner: ModelRunner, proposer, spec) -> StepCostTable:
     return row_count_step_costs(sizes, k, proposer.window_rows, len(proposer.modules), eagle_chain)
 
 
-def rank_args(args: EngineArgs, rank: int) -> EngineArgs:
-    """The driver's args as rank `rank` sees them: on CUDA, one GPU per rank after the driver's."""
-    if args.device.type != "cuda":
+def rank_args(args: EngineArgs, rank: int, shared_device: bool = False) -> EngineArgs:
+    """The driver's args as rank `rank` sees them: on CUDA, one GPU per rank after the driver's (shared_device: the
+    driver's GPU, for host-staged gloo collectives on one GPU)."""
+    if args.device.type != "cuda" or shared_device:
         return args
     return replace(args, device=f"cuda:{(args.device.index or 0) + rank}")

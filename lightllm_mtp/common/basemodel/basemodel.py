@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ModelOutput
 from lightllm_mtp.common.kv_pool import KvPool
 from lightllm_mtp.common.layers.base import Layer, ModelCaches, Weights
@@ -130,16 +132,33 @@ class TpPartBaseModel:
         """Prefill / chunked prefill / decode; logits and final-norm hidden of batch.b_logits_index rows. Under
         pipeline parallelism a stage receives the residual stream from the one before and hands it to the next;
         only the last stage returns logits and hidden (the others an empty ModelOutput)."""
+        received = []
+        if not self.is_first_stage:
+            rows = batch.positions.shape[0]
+            received = pp_recv_prev([(rows, self.cfg.hidden_size)] * 2, self.rt.dtype, self.rt.device)
+        out = self.stage_forward(batch, *received)
+        if not self.is_last_stage:
+            pp_send_next(list(out.to_next_stage))
+            return ModelOutput(logits=None, hidden=None)
+        return out
+
+    @property
+    def num_stage_inputs(self) -> int:
+        """Tensors stage_forward takes from the previous stage: none on the first, (delta, residual) after it."""
+        return 0 if self.is_first_stage else 2
+
+    def stage_forward(
+        self, batch: ForwardBatch, delta: torch.Tensor | None = None, residual: torch.Tensor | None = None
+    ) -> ModelOutput:
+        """This stage's layers without send / recv (what a stage's CUDA graph captures): from the embedding on the
+        first stage, else from the received (delta, residual); the last stage returns logits and hidden, the others
+        ModelOutput.to_next_stage."""
         if self.is_first_stage:
             delta, residual = self.embed(batch.input_ids), None
-        else:
-            rows = batch.positions.shape[0]
-            delta, residual = pp_recv_prev([(rows, self.cfg.hidden_size)] * 2, self.rt.dtype, self.rt.device)
         for layer in self.layers:
             delta, residual = layer.forward(delta, residual, batch, self.caches)
         if not self.is_last_stage:
-            pp_send_next([delta, residual])
-            return ModelOutput(logits=None, hidden=None)
+            return ModelOutput(logits=None, hidden=None, to_next_stage=(delta, residual))
         if not batch.keep_all_hidden:
             delta, residual = delta[batch.b_logits_index], residual[batch.b_logits_index]
         hidden, _ = add_rmsnorm(delta, residual, self.final_norm.weight, self.final_norm.eps)

@@ -5,7 +5,9 @@ target's verify block, (EXTEND, k+1) for a draft module's pass over the verify r
 bucket; a batch of B requests runs in the smallest bucket >= B, and requests B.. are padding that point at
 the reserved request slot (ReqManager.hold_req) and KV slot (KvPool.hold_slot), so they touch no live state.
 Ragged batches and batches above the largest bucket run eagerly. Every graph returns the logits and hidden of
-all rows. All graphs of an engine share one memory pool.
+all rows (a pipeline stage before the last: its residual stream, ModelOutput.to_next_stage). All graphs of an
+engine share one memory pool. Hidden-state inputs (an MTP draft's hidden; a later pipeline stage's received delta
+and residual) are static buffers too: copied in by `run`, or filled in place through `hidden_inputs`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode, ModelOutput
 from lightllm_mtp.common.layers.base import ModelCaches
 
-ForwardFn = Callable[..., ModelOutput]  # fn(batch) or fn(batch, hidden) for MTP drafts
+ForwardFn = Callable[..., ModelOutput]  # fn(batch), fn(batch, hidden) for MTP drafts, fn(batch, delta, residual)
 
 
 def graph_batch_sizes(max_batch_size: int) -> list[int]:
@@ -42,9 +44,11 @@ class CudaGraphSet:
         hidden_dtype: torch.dtype | None = None,
         logits: bool = True,
         state_write: bool = False,
+        num_hidden_inputs: int = 1,
     ):
-        """logits=False: a forward that computes no logits (a draft pass kept only for the KV it writes);
-        state_write: VERIFY batches that carry b_state_write (a draft model's chain steps)."""
+        """hidden_size: fn takes num_hidden_inputs [rows, hidden_size] tensors after the batch; logits=False: a
+        forward that computes no logits (a draft pass kept only for the KV it writes); state_write: VERIFY batches
+        that carry b_state_write (a draft model's chain steps)."""
         self.fn, self.caches, self.mode, self.q, self.logits = fn, caches, mode, rows_per_req, logits
         self.sizes = graph_batch_sizes(max_batch_size)
         self.pool = pool
@@ -61,9 +65,10 @@ class CudaGraphSet:
         self.logits_index = torch.arange(n * q, dtype=torch.int64, device=dev)
         self.b_accept_len = torch.ones(n, dtype=torch.int32, device=dev) if mode is ForwardMode.VERIFY else None
         self.b_state_write = torch.zeros(n, dtype=torch.int32, device=dev) if state_write else None
-        self.hidden = None
+        self.hiddens: list[torch.Tensor] = []
         if hidden_size is not None:
-            self.hidden = torch.zeros(n * q, hidden_size, dtype=hidden_dtype, device=dev)
+            self.hiddens = [torch.zeros(n * q, hidden_size, dtype=hidden_dtype, device=dev)
+                            for _ in range(num_hidden_inputs)]  # fmt: skip
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, ModelOutput]] = {}
         for size in reversed(self.sizes):  # largest first so smaller graphs reuse its pool memory
             self._capture(size)
@@ -87,9 +92,12 @@ class CudaGraphSet:
         )
 
     def _call(self, batch: ForwardBatch) -> ModelOutput:
-        if self.hidden is None:
-            return self.fn(batch)
-        return self.fn(batch, self.hidden[: batch.num_tokens])
+        return self.fn(batch, *self.hidden_inputs(batch.num_tokens))
+
+    def hidden_inputs(self, rows: int) -> list[torch.Tensor]:
+        """The first `rows` rows of the static hidden inputs (contiguous): a receive may fill them in place before
+        `run(batch)` without hidden arguments."""
+        return [h[:rows] for h in self.hiddens]
 
     @torch.inference_mode()
     def _capture(self, size: int) -> None:
@@ -119,7 +127,9 @@ class CudaGraphSet:
             and (batch.b_state_write is None) == (self.b_state_write is None)
         )
 
-    def run(self, batch: ForwardBatch, hidden: torch.Tensor | None = None) -> ModelOutput:
+    def run(self, batch: ForwardBatch, *hidden: torch.Tensor) -> ModelOutput:
+        """hidden: the forward's hidden inputs, copied into the static buffers; none when they are filled already
+        (hidden_inputs)."""
         b = batch.batch_size
         rows = b * self.q
         size = next(s for s in self.sizes if s >= b)
@@ -132,13 +142,18 @@ class CudaGraphSet:
             self.b_accept_len[:b].copy_(batch.b_accept_len)
         if self.b_state_write is not None:
             self.b_state_write[:b].copy_(batch.b_state_write)
-        if self.hidden is not None:
-            assert hidden is not None and hidden.shape[0] == rows
-            self.hidden[:rows].copy_(hidden)
+        assert len(hidden) in (0, len(self.hiddens)), "all hidden inputs, or none (filled in place)"
+        for buffer, h in zip(self.hiddens, hidden):
+            assert h.shape[0] == rows
+            buffer[:rows].copy_(h)
         self._reset_padding(b, size)
         graph, out = self.graphs[size]
         graph.replay()
-        return ModelOutput(logits=out.logits[:rows] if self.logits else out.logits, hidden=out.hidden[:rows])
+        return ModelOutput(
+            logits=out.logits[:rows] if self.logits and out.logits is not None else out.logits,
+            hidden=out.hidden[:rows] if out.hidden is not None else None,
+            to_next_stage=tuple(t[:rows] for t in out.to_next_stage) if out.to_next_stage is not None else None,
+        )
 
     def replay_ms(self, size: int, iters: int = 10) -> float:
         """Median milliseconds of one replay of the bucket of `size` requests, every row padding (the reserved

@@ -65,3 +65,5 @@ class ForwardBatch:
 class ModelOutput:
     logits: torch.Tensor  # [N, V] fp32, rows of b_logits_index
     hidden: torch.Tensor  # [N, H] final-norm hidden of the same rows ([T, H] with keep_all_hidden): MTP input
+    # pipeline stages before the last: (delta, residual) [T, H] each, the residual stream the next stage receives
+    to_next_stage: tuple[torch.Tensor, torch.Tensor] | None = None

@@ -22,13 +22,15 @@ from lightllm_mtp.engine.request import Request, RequestStatus
 from lightllm_mtp.engine.runner_factory import BuiltRunner, build_runner, rank_args
 from lightllm_mtp.engine.scheduler import ScheduledRequest
 
-def follower_main(args: EngineArgs, rank: int, port: int, num_threads: int, started) -> None:
+def follower_main(args: EngineArgs, rank: int, link: tuple[int, str, bool], num_threads: int, started) -> None:
+    """link: (rendezvous port, backend, host_staged), as the driver decided them."""
     started.set()  # the spawned process got here: the driver may rendezvous
     watch_parent()
-    args = rank_args(args, rank)
+    port, backend, host_staged = link
+    args = rank_args(args, rank, shared_device=host_staged)
     if args.device.type == "cpu":
         torch.set_num_threads(num_threads)
-    control = join_group(args, rank, port)
+    control = join_group(args, rank, port, backend, host_staged)
     status, built = "ok", None
     try:
         cfg = ModelConfig.from_model_dir(args.model_dir)

@@ -17,7 +17,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from lightllm_mtp.common.parallel_state import reset_parallel_state
+from lightllm_mtp import env
+from lightllm_mtp.common.parallel_state import compute_backend, reset_parallel_state
 from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.engine.parallel.follower import follower_main
 from lightllm_mtp.engine.parallel.membership import exchange_status, join_group, leave_group, send_ops
@@ -42,11 +43,14 @@ class ParallelGroup:
             raise RuntimeError("one tp/pp engine per process: this process already belongs to a process group")
         self.args = args
         self.world_size = args.parallel.world_size
+        # NCCL on CUDA, gloo on CPU; LIGHTLLM_MTP_DIST_BACKEND=gloo on CUDA: host-staged, every rank on this GPU
+        self.backend, self.host_staged = compute_backend(args.device, env.ENV.dist_backend)
         port = _free_port()
         ctx = multiprocessing.get_context("spawn")
         started = [ctx.Event() for _ in range(1, self.world_size)]
+        link = (port, self.backend, self.host_staged)
         self.procs = [
-            ctx.Process(target=follower_main, args=(args, rank, port, torch.get_num_threads(), started[rank - 1]),
+            ctx.Process(target=follower_main, args=(args, rank, link, torch.get_num_threads(), started[rank - 1]),
                         name=f"lightllm_mtp-rank{rank}", daemon=True)
             for rank in range(1, self.world_size)
         ]  # CPU: each rank uses as many intra-op threads as the driver
@@ -55,7 +59,7 @@ class ParallelGroup:
         self.error: ParallelGroupError | None = None
         self._wait_started(started)
         try:
-            self.control = join_group(args, 0, port)
+            self.control = join_group(args, 0, *link)
         except Exception as e:
             self.fail(e)
 

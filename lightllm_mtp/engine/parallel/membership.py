@@ -20,9 +20,9 @@ from lightllm_mtp.engine.parallel.step_ops import decode_ops, encode_ops
 _IDLE_TIMEOUT = timedelta(days=365)  # the control group: followers wait for the next step for as long as it takes
 
 
-def join_group(args: EngineArgs, rank: int, port: int) -> object:
-    """Joins the process group as `rank` and creates every group; returns the control group."""
-    backend = "nccl" if args.device.type == "cuda" else "gloo"
+def join_group(args: EngineArgs, rank: int, port: int, backend: str, host_staged: bool) -> object:
+    """Joins the process group as `rank` and creates every group; returns the control group. backend, host_staged:
+    the forwards' collectives (parallel_state.compute_backend, decided once by the driver)."""
     if args.device.type == "cuda":
         torch.cuda.set_device(args.device.index or 0)  # "cuda" without an index: the first GPU
     dist.init_process_group(
@@ -30,7 +30,7 @@ def join_group(args: EngineArgs, rank: int, port: int) -> object:
         timeout=timedelta(seconds=args.dist_timeout_s),
     )  # fmt: skip
     control = dist.new_group(backend="gloo", timeout=_IDLE_TIMEOUT)
-    init_parallel_state(RankInfo(args.parallel, rank))
+    init_parallel_state(RankInfo(args.parallel, rank), host_staged=host_staged)
     return control
 
 
