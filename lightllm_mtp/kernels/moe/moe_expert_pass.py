@@ -58,6 +58,8 @@ def expert_pass_triton(
     """Shapes checked by the callers (fused_moe wrappers). Last dims of all weights must have stride 1."""
     t, slots = topk_ids.shape
     num_experts, hidden = w_gate_up.shape[0], x.shape[1]
+    if t == 0:
+        return torch.empty_like(x)
     inter = w_down.shape[2]
     has_shared = shared_gate_up is not None
     inter_shared = shared_down.shape[1] if has_shared else inter
