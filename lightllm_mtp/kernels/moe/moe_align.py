@@ -64,7 +64,7 @@ def moe_align_triton(topk_ids: torch.Tensor, *, num_experts: int, block_m: int) 
     if n_pairs == 0:
         return sorted_pairs, block_expert
     grid = triton.cdiv(n_pairs, _CHUNK)
-    num_bins = triton.next_power_of_2(num_experts + 1)  # bin E collects the masked lanes
+    num_bins = triton.next_power_of_2(num_experts)
     scratch = torch.empty(grid, num_bins, dtype=torch.int32, device=ids.device)
     _moe_align_kernel[(grid,)](
         ids, sorted_pairs, block_expert, scratch, n_pairs, num_experts, blocks,
@@ -90,8 +90,9 @@ if triton_available():
         lanes = tl.arange(0, CHUNK)
         counts = tl.zeros([NUM_BINS], dtype=tl.int32)
         for q0 in range(0, P, CHUNK):
-            q_ids = tl.load(ids_ptr + q0 + lanes, mask=q0 + lanes < P, other=E).to(tl.int32)
-            counts += tl.histogram(q_ids, NUM_BINS)
+            q_mask = q0 + lanes < P
+            q_ids = tl.load(ids_ptr + q0 + lanes, mask=q_mask, other=0).to(tl.int32)
+            counts += tl.histogram(q_ids, NUM_BINS, mask=q_mask)
         counts = tl.where(bins < E, counts, 0)
         n_blocks = (counts + BLOCK_M - 1) // BLOCK_M
         first_block = tl.cumsum(n_blocks, axis=0) - n_blocks
