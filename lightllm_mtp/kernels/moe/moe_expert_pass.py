@@ -8,17 +8,33 @@ own intermediate size), selected by slot k of the routing (route_topk with share
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 from lightllm_mtp.kernels.moe.moe_align import moe_align_triton
 from lightllm_mtp.kernels.triton_utils import triton_available
 
-# decode tiles: 16 rows (the smallest tensor-core M); gate_up: 32 intermediate columns (x2 for gate and up) per
-# program, so an expert of I=512 spreads over 16 programs; down: 64 hidden columns per program.
-BLOCK_M = 16
-_GATE_UP_BLOCK_N, _GATE_UP_BLOCK_K = 32, 128
-_DOWN_BLOCK_N, _DOWN_BLOCK_K = 64, 128
+
+
+@dataclass(frozen=True)
+class ExpertPassTiles:
+    """Launch shape of the pass. Decode default: 16 rows per tile (the smallest tensor-core M; a 35B-A3B expert gets
+    ~1-3 rows per step at B <= 64, padding compute is free in a weight-read-bound pass); gate_up: 32 intermediate
+    columns (x2: gate and up) per program, so an expert of I=512 spreads over 16 programs; down: 64 hidden columns."""
+
+    block_m: int = 16
+    gate_up_block_n: int = 32
+    gate_up_block_k: int = 128
+    down_block_n: int = 64
+    down_block_k: int = 128
+    num_warps: int = 4
+    gate_up_stages: int = 4
+    down_stages: int = 3
+
+
+DECODE_TILES = ExpertPassTiles()
 _SUM_BLOCK_H = 512
 
 
@@ -54,6 +70,7 @@ def expert_pass_triton(
     topk_ids: torch.Tensor,
     shared_gate_up: torch.Tensor | None = None,
     shared_down: torch.Tensor | None = None,
+    tiles: ExpertPassTiles = DECODE_TILES,
 ) -> torch.Tensor:
     """Shapes checked by the callers (fused_moe wrappers). Last dims of all weights must have stride 1."""
     t, slots = topk_ids.shape
@@ -66,7 +83,7 @@ def expert_pass_triton(
     if not has_shared:  # any valid pointer; never read
         shared_gate_up, shared_down = w_gate_up[0], w_down[0]
     sorted_pairs, block_expert = moe_align_triton(topk_ids, num_experts=num_experts + int(has_shared),
-                                                  block_m=BLOCK_M)  # fmt: skip
+                                                  block_m=tiles.block_m)  # fmt: skip
     blocks = block_expert.numel()
     n_pairs = t * slots
     inter_max = max(inter, inter_shared)
@@ -75,21 +92,21 @@ def expert_pass_triton(
         weights = weights.contiguous()
     dot_precision = "ieee" if x.dtype == torch.float32 else "tf32"
 
-    act = torch.empty(blocks * BLOCK_M, inter_max, dtype=x.dtype, device=x.device)
-    _gate_up_act_kernel[(blocks, triton.cdiv(inter_max, _GATE_UP_BLOCK_N))](
+    act = torch.empty(blocks * tiles.block_m, inter_max, dtype=x.dtype, device=x.device)
+    _gate_up_act_kernel[(blocks, triton.cdiv(inter_max, tiles.gate_up_block_n))](
         x, w_gate_up, shared_gate_up, sorted_pairs, block_expert, act,
         n_pairs, hidden, inter, inter_shared, num_experts,
         x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), shared_gate_up.stride(0), act.stride(0),
-        SLOTS=slots, BLOCK_M=BLOCK_M, BLOCK_N=_GATE_UP_BLOCK_N, BLOCK_K=_GATE_UP_BLOCK_K,
-        DOT_PRECISION=dot_precision, num_warps=4, num_stages=4,
+        SLOTS=slots, BLOCK_M=tiles.block_m, BLOCK_N=tiles.gate_up_block_n, BLOCK_K=tiles.gate_up_block_k,
+        DOT_PRECISION=dot_precision, num_warps=tiles.num_warps, num_stages=tiles.gate_up_stages,
     )  # fmt: skip
     rows = torch.empty(n_pairs, hidden, dtype=torch.float32, device=x.device)
-    _down_weighted_kernel[(blocks, triton.cdiv(hidden, _DOWN_BLOCK_N))](
+    _down_weighted_kernel[(blocks, triton.cdiv(hidden, tiles.down_block_n))](
         act, w_down, shared_down, sorted_pairs, block_expert, weights, rows,
         n_pairs, hidden, inter, inter_shared, num_experts,
         act.stride(0), w_down.stride(0), w_down.stride(1), shared_down.stride(0), rows.stride(0),
-        BLOCK_M=BLOCK_M, BLOCK_N=_DOWN_BLOCK_N, BLOCK_K=_DOWN_BLOCK_K,
-        DOT_PRECISION=dot_precision, num_warps=4, num_stages=3,
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.down_block_n, BLOCK_K=tiles.down_block_k,
+        DOT_PRECISION=dot_precision, num_warps=tiles.num_warps, num_stages=tiles.down_stages,
     )  # fmt: skip
     out = torch.empty(t, hidden, dtype=x.dtype, device=x.device)
     _sum_slots_kernel[(t, triton.cdiv(hidden, _SUM_BLOCK_H))](

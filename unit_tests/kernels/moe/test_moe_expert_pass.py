@@ -67,8 +67,11 @@ PASS_INTERPRET_SCRIPT = textwrap.dedent(
         s_d = torch.randn(hidden, shared, generator=gen) * 0.2 if shared else None
         w, ids = route_topk_ref(torch.randn(t, experts + 1, generator=gen), num_experts=experts, top_k=top_k,
                                 shared_gate=shared is not None)
-        out = p.expert_pass_triton(x, w_gu, w_d, w, ids, s_gu, s_d)
-        torch.testing.assert_close(out, p.expert_pass_ref(x, w_gu, w_d, w, ids, s_gu, s_d), rtol=1e-4, atol=1e-4)
+        ref = p.expert_pass_ref(x, w_gu, w_d, w, ids, s_gu, s_d)
+        torch.testing.assert_close(p.expert_pass_triton(x, w_gu, w_d, w, ids, s_gu, s_d), ref, rtol=1e-4, atol=1e-4)
+    # another launch shape: 32-row tiles, narrow K steps
+    tiles = p.ExpertPassTiles(block_m=32, gate_up_block_n=16, gate_up_block_k=32, down_block_n=32, down_block_k=16)
+    torch.testing.assert_close(p.expert_pass_triton(x, w_gu, w_d, w, ids, s_gu, s_d, tiles), ref, rtol=1e-4, atol=1e-4)
     print("OK")
     """
 )
