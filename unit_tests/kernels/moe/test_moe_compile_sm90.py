@@ -77,3 +77,22 @@ def test_expert_pass_compiles_pipelined(tiles):
         assert re.search(r"cp\.async\.", kernel.asm["ptx"]), "weight loads not pipelined"
     _compile(moe_expert_pass._sum_slots_kernel, dict(rows_ptr="*fp32", out_ptr="*bf16", H=2048, stride_out=2048),
              dict(SLOTS=9, BLOCK_S=16, BLOCK_H=512))  # fmt: skip
+
+
+def test_expert_pass_compiles_fp32_ieee():
+    """fp32 models on the GPU (the tiny-checkpoint GPU-vs-CPU token tests) take the ieee dot; tiny dims, shared I
+    differing from the routed I as in the tiny checkpoints."""
+    tiles = moe_expert_pass.DECODE_TILES
+    common = dict(sorted_ptr="*i32", block_expert_ptr="*i32", w_ptr="*fp32", shared_w_ptr="*fp32", P=6, H=64, INTER=32,
+                  INTER_SHARED=48, E=8)  # fmt: skip
+    _compile(moe_expert_pass._gate_up_act_kernel,
+             dict(common, x_ptr="*fp32", act_ptr="*fp32", stride_x=64, stride_we=4096, stride_wn=64,
+                  stride_shared_wn=64, stride_act=48),
+             dict(SLOTS=3, BLOCK_M=tiles.block_m, BLOCK_N=tiles.gate_up_block_n, BLOCK_K=tiles.gate_up_block_k,
+                  DOT_PRECISION="ieee"),
+             num_warps=tiles.num_warps, num_stages=tiles.gate_up_stages)  # fmt: skip
+    _compile(moe_expert_pass._down_weighted_kernel,
+             dict(common, act_ptr="*fp32", weights_ptr="*fp32", rows_ptr="*fp32", stride_act=48, stride_we=2048,
+                  stride_wn=32, stride_shared_wn=48, stride_rows=64),
+             dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.down_block_n, BLOCK_K=tiles.down_block_k, DOT_PRECISION="ieee"),
+             num_warps=tiles.num_warps, num_stages=tiles.down_stages)  # fmt: skip

