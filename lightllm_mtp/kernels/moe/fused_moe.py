@@ -50,7 +50,8 @@ def fused_moe(
     -> [T, H] in x.dtype = sum_k w_k * down_e(silu(gate_e x) * up_e x), accumulated in x.dtype."""
     _check_moe_args(_OP, x, w_gate_up, w_down, topk_weights, topk_ids)
     if use_triton(x) and topk_ids.numel() <= EXPERT_PASS_MAX_ROWS:
-        return expert_pass_triton(_rows_unit_stride(x), _rows_unit_stride(w_gate_up), _rows_unit_stride(w_down), topk_weights, topk_ids)
+        x, w_gate_up, w_down = _rows_unit_stride(x), _rows_unit_stride(w_gate_up), _rows_unit_stride(w_down)
+        return expert_pass_triton(x, w_gate_up, w_down, topk_weights, topk_ids)
     if x.is_cuda and x.dtype == torch.bfloat16 and _grouped_mm_fits(x, w_gate_up, w_down):
         return fused_moe_grouped(x, w_gate_up, w_down, topk_weights, topk_ids)
     return fused_moe_ref(x, w_gate_up, w_down, topk_weights, topk_ids)
@@ -81,8 +82,9 @@ def fused_moe_shared(
         raise ValueError(f"{_SHARED_OP}: topk_ids must hold k routed slots and the shared slot, got "
                          f"{list(topk_ids.shape)}")  # fmt: skip
     if use_triton(x):
-        return expert_pass_triton(_rows_unit_stride(x), _rows_unit_stride(w_gate_up), _rows_unit_stride(w_down), topk_weights, topk_ids,
-                                  _rows_unit_stride(shared_gate_up), _rows_unit_stride(shared_down))  # fmt: skip
+        x, w_gate_up, w_down = _rows_unit_stride(x), _rows_unit_stride(w_gate_up), _rows_unit_stride(w_down)
+        shared_gate_up, shared_down = _rows_unit_stride(shared_gate_up), _rows_unit_stride(shared_down)
+        return expert_pass_triton(x, w_gate_up, w_down, topk_weights, topk_ids, shared_gate_up, shared_down)
     return expert_pass_ref(x, w_gate_up, w_down, topk_weights, topk_ids, shared_gate_up, shared_down)
 
 

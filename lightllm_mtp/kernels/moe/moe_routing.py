@@ -33,7 +33,8 @@ def select_experts(router_logits: torch.Tensor, top_k: int) -> tuple[torch.Tenso
         raise ValueError(f"{_OP}: top_k must be in [1, E={router_logits.shape[1]}], got {top_k}")
     if use_triton(router_logits):
         return route_topk_triton(router_logits, num_experts=router_logits.shape[1], top_k=top_k, renormalize=True,
-                                 shared_gate=False, weights_dtype=router_logits.dtype, ids_dtype=torch.int64)  # fmt: skip
+                                 shared_gate=False, weights_dtype=router_logits.dtype,
+                                 ids_dtype=torch.int64)  # fmt: skip
     return select_experts_ref(router_logits, top_k)
 
 

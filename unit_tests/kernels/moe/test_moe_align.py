@@ -19,13 +19,15 @@ def _ids(t, k, experts, seed, shared=False):
     return ids.to(torch.int32)
 
 
-@pytest.mark.parametrize("t,k,experts,block_m,shared", [(5, 2, 8, 4, False), (33, 3, 6, 16, True), (1, 8, 256, 16, True)])
+@pytest.mark.parametrize("t,k,experts,block_m,shared",
+                         [(5, 2, 8, 4, False), (33, 3, 6, 16, True), (1, 8, 256, 16, True)])  # fmt: skip
 def test_reference_layout(t, k, experts, block_m, shared):
     ids = _ids(t, k, experts, seed=t, shared=shared)
     total = experts + int(shared)
     sorted_pairs, block_expert = moe_align_ref(ids, num_experts=total, block_m=block_m)
     n_pairs = ids.numel()
-    assert block_expert.numel() == max_blocks(n_pairs, total, block_m) and sorted_pairs.numel() == block_expert.numel() * block_m
+    assert block_expert.numel() == max_blocks(n_pairs, total, block_m)
+    assert sorted_pairs.numel() == block_expert.numel() * block_m
     flat = ids.flatten()
     seen = []
     for b, e in enumerate(block_expert.tolist()):

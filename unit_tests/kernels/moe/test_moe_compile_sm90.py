@@ -44,10 +44,12 @@ def _compile(fn, args, constexprs, **options):
 def test_routing_and_alignment_compile():
     _compile(moe_routing._route_topk_kernel, dict(logits_ptr="*bf16", weights_ptr="*fp32", ids_ptr="*i32", E=256,
                                                   stride_l=264),
-             dict(TOP_K=8, SLOTS=9, BLOCK_E=256, BLOCK_S=16, RENORMALIZE=True, SHARED_GATE=True), num_warps=1)  # fmt: skip
+             dict(TOP_K=8, SLOTS=9, BLOCK_E=256, BLOCK_S=16, RENORMALIZE=True, SHARED_GATE=True),
+             num_warps=1)  # fmt: skip
     _compile(moe_routing._route_topk_kernel, dict(logits_ptr="*bf16", weights_ptr="*bf16", ids_ptr="*i64", E=256,
                                                   stride_l=264),
-             dict(TOP_K=8, SLOTS=8, BLOCK_E=256, BLOCK_S=8, RENORMALIZE=True, SHARED_GATE=False), num_warps=1)  # fmt: skip
+             dict(TOP_K=8, SLOTS=8, BLOCK_E=256, BLOCK_S=8, RENORMALIZE=True, SHARED_GATE=False),
+             num_warps=1)  # fmt: skip
     for pairs, blocks in ((9, 9), (576, 277), (1152, 313)):
         _compile(moe_align._moe_align_kernel, dict(ids_ptr="*i32", sorted_ptr="*i32", block_expert_ptr="*i32",
                                                    scratch_ptr="*i32", P=pairs, E=257, MAX_BLOCKS=blocks),

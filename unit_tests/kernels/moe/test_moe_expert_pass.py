@@ -58,8 +58,8 @@ PASS_INTERPRET_SCRIPT = textwrap.dedent(
     gen = torch.Generator().manual_seed(0)
     # (T, E, k, H, I, I_shared or None): one token; shared I != routed I; experts with > BLOCK_M rows (2+ blocks);
     # H and I not multiples of the tiles; routed-only
-    for t, experts, top_k, hidden, inter, shared in ((1, 8, 2, 40, 24, 40), (40, 4, 2, 48, 40, 8), (7, 16, 4, 136, 48, 16),
-                                                     (20, 6, 3, 32, 16, None)):
+    cases = ((1, 8, 2, 40, 24, 40), (40, 4, 2, 48, 40, 8), (7, 16, 4, 136, 48, 16), (20, 6, 3, 32, 16, None))
+    for t, experts, top_k, hidden, inter, shared in cases:
         x = torch.randn(t, hidden + 8, generator=gen)[:, 3 : 3 + hidden]  # strided rows
         w_gu = torch.randn(experts, 2 * inter, hidden, generator=gen) * 0.2
         w_d = torch.randn(experts, hidden, inter, generator=gen) * 0.2
