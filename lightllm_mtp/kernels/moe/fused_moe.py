@@ -47,11 +47,12 @@ def fused_moe(
 ) -> torch.Tensor:
     """x [T, H]; w_gate_up [E, 2I, H] (gate = rows [0, I), up = rows [I, 2I)); w_down [E, H, I];
     topk_weights [T, k]; topk_ids [T, k] int64 (int32 accepted), distinct per token
-    -> [T, H] in x.dtype = sum_k w_k * down_e(silu(gate_e x) * up_e x), accumulated in x.dtype."""
+    -> [T, H] in x.dtype = sum_k w_k * down_e(silu(gate_e x) * up_e x), accumulated in fp32 on CUDA (in x.dtype
+    by the reference). On CUDA the weights must have unit stride along their last dim."""
     _check_moe_args(_OP, x, w_gate_up, w_down, topk_weights, topk_ids)
     if use_triton(x) and topk_ids.numel() <= EXPERT_PASS_MAX_ROWS:
-        x, w_gate_up, w_down = _rows_unit_stride(x), _rows_unit_stride(w_gate_up), _rows_unit_stride(w_down)
-        return expert_pass_triton(x, w_gate_up, w_down, topk_weights, topk_ids)
+        _check_unit_stride(_OP, w_gate_up=w_gate_up, w_down=w_down)
+        return expert_pass_triton(_rows_unit_stride(x), w_gate_up, w_down, topk_weights, topk_ids)
     if x.is_cuda and x.dtype == torch.bfloat16 and _grouped_mm_fits(x, w_gate_up, w_down):
         return fused_moe_grouped(x, w_gate_up, w_down, topk_weights, topk_ids)
     return fused_moe_ref(x, w_gate_up, w_down, topk_weights, topk_ids)
@@ -68,8 +69,9 @@ def fused_moe_shared(
 ) -> torch.Tensor:
     """Routed experts plus the shared expert in one expert-major pass (small T). shared_gate_up [2I_s, H] (rows
     [gate; up]), shared_down [H, I_s]; topk_weights / topk_ids [T, k+1] from route_topk(shared_gate=True): slots
-    0..k-1 routed (ids < E), slot k the shared expert (id E, weight its sigmoid gate). Falls back to the reference
-    (fp32 math) off CUDA; callers use `fused_moe_shared_fits` to choose this path."""
+    0..k-1 routed (ids < E), slot k the shared expert (id E, weight its sigmoid gate); the ids are device data and
+    not checked. Falls back to the reference (fp32 math) off CUDA; callers use `fused_moe_shared_fits` to choose
+    this path."""
     _check_moe_args(_SHARED_OP, x, w_gate_up, w_down, topk_weights, topk_ids)
     check_shape(_SHARED_OP, "shared_gate_up", shared_gate_up, (None, x.shape[1]), "[2I_s, H]")
     if shared_gate_up.shape[0] % 2:
@@ -82,9 +84,10 @@ def fused_moe_shared(
         raise ValueError(f"{_SHARED_OP}: topk_ids must hold k routed slots and the shared slot, got "
                          f"{list(topk_ids.shape)}")  # fmt: skip
     if use_triton(x):
-        x, w_gate_up, w_down = _rows_unit_stride(x), _rows_unit_stride(w_gate_up), _rows_unit_stride(w_down)
-        shared_gate_up, shared_down = _rows_unit_stride(shared_gate_up), _rows_unit_stride(shared_down)
-        return expert_pass_triton(x, w_gate_up, w_down, topk_weights, topk_ids, shared_gate_up, shared_down)
+        _check_unit_stride(_SHARED_OP, w_gate_up=w_gate_up, w_down=w_down, shared_gate_up=shared_gate_up,
+                           shared_down=shared_down)  # fmt: skip
+        return expert_pass_triton(_rows_unit_stride(x), w_gate_up, w_down, topk_weights, topk_ids, shared_gate_up,
+                                  shared_down)  # fmt: skip
     return expert_pass_ref(x, w_gate_up, w_down, topk_weights, topk_ids, shared_gate_up, shared_down)
 
 
@@ -110,8 +113,15 @@ def _check_moe_args(op, x, w_gate_up, w_down, topk_weights, topk_ids) -> None:
 
 
 def _rows_unit_stride(t: torch.Tensor) -> torch.Tensor:
-    # the Triton pass indexes weights and x by row strides with unit stride along the last dim
+    # the Triton pass indexes x by its row stride with unit stride along the last dim
     return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _check_unit_stride(op: str, **weights: torch.Tensor) -> None:
+    # a weight is never copied per call (that would re-read and write it every step)
+    for name, w in weights.items():
+        if w.stride(-1) != 1:
+            raise ValueError(f"{op}: {name} must have unit stride along its last dim, got strides {list(w.stride())}")
 
 
 def _grouped_mm_fits(x, w_gate_up, w_down) -> bool:
