@@ -52,13 +52,14 @@ def moe_layer(x, layer, tiles):
 
 
 def graph_ms_per_layer(x, layers, tiles, iters=10):
-    def run():
-        y = x
-        for layer in layers:
-            y = moe_layer(y, layer, tiles) * 0.5 + x  # keep activations bounded; routing changes each layer
-        return y
+    def run():  # the layers in sequence on one stream, each on the same input (its own router: its own experts)
+        return [moe_layer(x, layer, tiles) for layer in layers]
 
-    run()
+    side = torch.cuda.Stream()  # warm-up (Triton compilation, cuBLAS workspace) off the default stream
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
