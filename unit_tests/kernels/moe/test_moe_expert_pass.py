@@ -87,14 +87,16 @@ def test_expert_pass_kernels_under_the_interpreter():
 
 def _a3b_case(t, seed):
     """Qwen3.5-35B-A3B MoE dims: 256 experts, top-8, H 2048, I 512, shared I 512; bf16 on the GPU."""
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
     experts, hidden, inter = 256, 2048, 512
-    w_gu = (torch.randn(experts, 2 * inter, hidden, generator=gen) * 0.03).bfloat16().cuda()
-    w_d = (torch.randn(experts, hidden, inter, generator=gen) * 0.03).bfloat16().cuda()
-    s_gu = (torch.randn(2 * inter, hidden, generator=gen) * 0.03).bfloat16().cuda()
-    s_d = (torch.randn(hidden, inter, generator=gen) * 0.03).bfloat16().cuda()
-    x = torch.randn(t, hidden, generator=gen).bfloat16().cuda()
-    logits = torch.randn(t, experts + 8, generator=gen).cuda()
+
+    def randn(*shape, scale=0.03):
+        return (torch.randn(*shape, generator=gen, device="cuda") * scale).bfloat16()
+
+    w_gu, w_d = randn(experts, 2 * inter, hidden), randn(experts, hidden, inter)
+    s_gu, s_d = randn(2 * inter, hidden), randn(hidden, inter)
+    x = randn(t, hidden, scale=1.0)
+    logits = torch.randn(t, experts + 8, generator=gen, device="cuda")
     return x, w_gu, w_d, s_gu, s_d, logits
 
 
