@@ -3,6 +3,11 @@
 #   bash benchmark/gpu_runs.sh tests    # GPU tests (kernels, engine, overlap vs synchronous loop)
 #   bash benchmark/gpu_runs.sh 27b      # 27B: no-spec + MTP k=1 at B=1,32, overlap on, then off (same machine)
 #   bash benchmark/gpu_runs.sh 35b      # 35B-A3B: no-spec at B=1,32
+#   bash benchmark/gpu_runs.sh 35b_k1   # 35B-A3B: MTP k=1 (eagle_with_att) at B=1,32
+#   bash benchmark/gpu_runs.sh moe_kernels  # the MoE kernel GPU tests, then the MoE decode layer per-layer timing
+#                                       # at the 35B-A3B shape with a tile sweep (check_moe_decode_gpu.py)
+#   bash benchmark/gpu_runs.sh profile_35b  # 35B-A3B eager kernel breakdown of a decode step at B=1 and an MTP k=1
+#                                       # step at B=32 (profile_step.py; kernel counts per step)
 #   bash benchmark/gpu_runs.sh peer     # 27B: our engine vs HF transformers generate at B=1,8 (ours freed first)
 #   bash benchmark/gpu_runs.sh 27b_k1   # 27B: no-spec + MTP k=1 at B=1,32, overlap on
 #   bash benchmark/gpu_runs.sh serving_27b|serving_35b|serving_tiny  # the HTTP server under load (MTP off, k=1, k=3;
@@ -131,12 +136,26 @@ case "${1:-}" in
         --server_args "--max_req_total_len 4096 --running_max_req_size 32 --prefix_cache_interval 256 --prefix_cache_state_share 0.5" \
         --out "$out/serving_prefix_${workload}_tiny_qwen3_5_trained_h100.json"
     done ;;
-  27b_large_batch)  # one engine per batch size (the engine is sized for its largest batch)
+  27b) bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 48 --out "$out/static_qwen3.5-27b_h100.json" ;;
+  27b_k1) bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 48 --mtp_mode eagle_with_att --mtp_step 1 \
+      --out "$out/static_qwen3.5-27b_mtp_k1_h100.json" ;;
+  27b_large_batch)  # one engine per batch size (the engine is sized for its largest batch), graphs up to that size
     for bs in 64 96 128; do
-      bench --model_shape qwen3.5-27b --batch_sizes "$bs" --output_len 32 \
+      bench --model_shape qwen3.5-27b --batch_sizes "$bs" --output_len 32 --graph_max_batch_size "$bs" \
         --out "$out/static_qwen3.5-27b_bs${bs}_h100.json" || echo "27B at B=$bs did not run (see above)"
     done ;;
+  35b) bench --model_shape qwen3.5-35b-a3b --batch_sizes 1,32 --output_len 48 --plot \
+      --out "$out/static_qwen3.5-35b-a3b_h100.json" ;;
+  35b_k1) bench --model_shape qwen3.5-35b-a3b --batch_sizes 1,32 --output_len 48 --mtp_mode eagle_with_att \
+      --mtp_step 1 --out "$out/static_qwen3.5-35b-a3b_mtp_k1_h100.json" ;;
+  moe_kernels) python3 -m pytest -q -m gpu unit_tests/kernels/moe
+    python3 benchmark/check_moe_decode_gpu.py ;;
+  profile_35b)
+    python3 benchmark/profile_step.py --model_shape qwen3.5-35b-a3b --batch_size 1 --steps 6 --top 25 \
+      --out "$out/profile_35b_a3b_bs1_moe_kernels.json"
+    python3 benchmark/profile_step.py --model_shape qwen3.5-35b-a3b --batch_size 32 --steps 4 --top 25 \
+      --mtp_mode eagle_with_att --mtp_step 1 --out "$out/profile_35b_a3b_bs32_mtp_k1_moe_kernels.json" ;;
   peer) bench --model_shape qwen3.5-27b --batch_sizes 1,8 --output_len 32 --hf_peer --hf_batch_sizes 1,8 \
       --out "$out/static_qwen3.5-27b_hf_peer_h100.json" ;;
-  *) echo "usage: $0 tests|tests_spec|train_mtp3_ptd|draft_cost|draft_vocab|adaptive_grid|draft_model_cost|train_drafts|27b|27b_k1|35b|peer|mixed|serving_27b|serving_35b|serving_tiny|prefix_cache|prefix_serving|tp2_27b|27b_large_batch|pp_one_gpu" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|tests_spec|train_mtp3_ptd|draft_cost|draft_vocab|adaptive_grid|draft_model_cost|train_drafts|27b|27b_k1|27b_large_batch|35b|35b_k1|moe_kernels|profile_35b|peer|mixed|serving_27b|serving_35b|serving_tiny|prefix_cache|prefix_serving|tp2_27b|pp_one_gpu" >&2; exit 2 ;;
 esac

@@ -8,21 +8,27 @@ from lightllm_mtp.common.layers.base import Layer, ModelCaches, Weights
 from lightllm_mtp.common.layers.mlp import GatedMLP, mlp_specs
 from lightllm_mtp.common.tensor_spec import TensorSpec, TpShard
 from lightllm_mtp.config.model_config import ModelConfig
-from lightllm_mtp.kernels.moe.fused_moe import fused_moe
-from lightllm_mtp.kernels.moe.moe_routing import select_experts
+from lightllm_mtp.kernels.moe.fused_moe import fused_moe, fused_moe_shared, fused_moe_shared_fits
+from lightllm_mtp.kernels.moe.moe_routing import route_topk, select_experts, stack_router
 
 
 class SparseMoE(Layer):
-    """Softmax top-k routed experts (renormalised) plus a shared expert behind a sigmoid scalar gate."""
+    """Softmax top-k routed experts (renormalised) plus a shared expert behind a sigmoid scalar gate.
+
+    One GEMM gives the router logits and the shared gate logit (rows stacked at load). Decode / verify sizes on
+    CUDA: one routing kernel, then one expert-major pass over the routed experts and the shared expert (slot k).
+    Prefill sizes and CPU: top-k routing, the grouped-GEMM (or reference) routed experts, the shared MLP."""
 
     def __init__(self, cfg: ModelConfig, prefix: str, weights: Weights):
         assert cfg.moe is not None
         self.top_k = cfg.moe.num_experts_per_tok
-        self.router = weights[f"{prefix}gate.weight"]  # [E, H]
+        self.num_experts = cfg.moe.num_experts
+        # [E + 1 + pad, H]: rows [router; shared_expert_gate; zeros]
+        router, shared_gate = weights[f"{prefix}gate.weight"], weights[f"{prefix}shared_expert_gate.weight"]
+        self.router_and_gate = stack_router(router, shared_gate)
         self.w_gate_up = weights[f"{prefix}experts.gate_up_proj"]  # [E, 2I, H], rows [gate; up]
         self.w_down = weights[f"{prefix}experts.down_proj"]  # [E, H, I]
         self.shared = GatedMLP(f"{prefix}shared_expert.", weights)
-        self.shared_gate = weights[f"{prefix}shared_expert_gate.weight"]  # [1, H]
 
     @classmethod
     def specs(cls, cfg: ModelConfig, prefix: str) -> list[TensorSpec]:
@@ -43,7 +49,12 @@ class SparseMoE(Layer):
         ]
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
-        topk_weights, topk_ids = select_experts(F.linear(x, self.router), self.top_k)
+        logits = F.linear(x, self.router_and_gate)  # [T, E + 1 + pad]
+        e = self.num_experts
+        if fused_moe_shared_fits(x, self.top_k):
+            weights, ids = route_topk(logits, num_experts=e, top_k=self.top_k, shared_gate=True)
+            return fused_moe_shared(x, self.w_gate_up, self.w_down, self.shared.gate_up, self.shared.down, weights, ids)
+        topk_weights, topk_ids = select_experts(logits[:, :e], self.top_k)
         routed = fused_moe(x, self.w_gate_up, self.w_down, topk_weights, topk_ids)
-        shared = torch.sigmoid(F.linear(x, self.shared_gate)) * self.shared(x)
+        shared = torch.sigmoid(logits[:, e : e + 1]) * self.shared(x)
         return routed + shared

@@ -1,4 +1,6 @@
-"""Routed-expert SwiGLU MLPs weighted by the router (the shared expert is not included)."""
+"""Routed-expert SwiGLU MLPs weighted by the router; `fused_moe_shared` adds the gated shared expert as one more
+expert of the same pass. Small T (decode, verify): the expert-major Triton pass (moe_expert_pass); large T
+(prefill): torch._grouped_mm over the expert-sorted rows."""
 
 from __future__ import annotations
 
@@ -7,12 +9,14 @@ import torch.nn.functional as F
 
 from lightllm_mtp.kernels._validate import check_device, check_float, check_index, check_same_dtype, check_shape
 from lightllm_mtp.kernels.activation.silu_and_mul import silu_and_mul
-from lightllm_mtp.kernels.triton_utils import triton_available, use_triton
+from lightllm_mtp.kernels.moe.moe_expert_pass import expert_pass_ref, expert_pass_triton
+from lightllm_mtp.kernels.triton_utils import use_triton
 
 _OP = "fused_moe"
-# Up to this many (token, expert) rows the Triton path runs one GEMV per row: each selected expert's weights are
-# read once per row, which is the whole cost at decode batch sizes and needs no host sync (CUDA-graph safe).
-_GEMV_MAX_ROWS = 1024
+_SHARED_OP = "fused_moe_shared"
+# Up to this many routed (token, expert) rows the expert-major Triton pass runs (each expert's weights read once
+# per 16-row tile, no host sync: CUDA-graph safe); above, the grouped GEMM (prefill sizes).
+EXPERT_PASS_MAX_ROWS = 1024
 
 
 def fused_moe_ref(
@@ -43,25 +47,81 @@ def fused_moe(
 ) -> torch.Tensor:
     """x [T, H]; w_gate_up [E, 2I, H] (gate = rows [0, I), up = rows [I, 2I)); w_down [E, H, I];
     topk_weights [T, k]; topk_ids [T, k] int64 (int32 accepted), distinct per token
-    -> [T, H] in x.dtype = sum_k w_k * down_e(silu(gate_e x) * up_e x), accumulated in x.dtype."""
-    check_shape(_OP, "x", x, (None, None), "[T, H]")
-    check_float(_OP, "x", x)
-    check_shape(_OP, "w_gate_up", w_gate_up, (None, None, x.shape[1]), "[E, 2I, H]")
-    if w_gate_up.shape[1] % 2:
-        raise ValueError(f"{_OP}: w_gate_up must be [E, 2I, H] with an even dim 1, got {list(w_gate_up.shape)}")
-    e, inter = w_gate_up.shape[0], w_gate_up.shape[1] // 2
-    check_shape(_OP, "w_down", w_down, (e, x.shape[1], inter), "[E, H, I]")
-    check_same_dtype(_OP, "x", x, w_gate_up=w_gate_up, w_down=w_down)
-    check_shape(_OP, "topk_ids", topk_ids, (x.shape[0], None), "[T, k]")
-    check_index(_OP, "topk_ids", topk_ids)
-    check_shape(_OP, "topk_weights", topk_weights, tuple(topk_ids.shape), "[T, k]")
-    check_float(_OP, "topk_weights", topk_weights)
-    check_device(_OP, x=x, w_gate_up=w_gate_up, w_down=w_down, topk_weights=topk_weights, topk_ids=topk_ids)
-    if use_triton(x) and topk_ids.numel() <= _GEMV_MAX_ROWS:
-        return fused_moe_gemv(x, w_gate_up, w_down, topk_weights, topk_ids)
+    -> [T, H] in x.dtype = sum_k w_k * down_e(silu(gate_e x) * up_e x), accumulated in fp32 on CUDA (in x.dtype
+    by the reference). On CUDA the weights must have unit stride along their last dim."""
+    _check_moe_args(_OP, x, w_gate_up, w_down, topk_weights, topk_ids)
+    if use_triton(x) and topk_ids.numel() <= EXPERT_PASS_MAX_ROWS:
+        _check_unit_stride(_OP, w_gate_up=w_gate_up, w_down=w_down)
+        return expert_pass_triton(_rows_unit_stride(x), w_gate_up, w_down, topk_weights, topk_ids)
     if x.is_cuda and x.dtype == torch.bfloat16 and _grouped_mm_fits(x, w_gate_up, w_down):
         return fused_moe_grouped(x, w_gate_up, w_down, topk_weights, topk_ids)
     return fused_moe_ref(x, w_gate_up, w_down, topk_weights, topk_ids)
+
+
+def fused_moe_shared(
+    x: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    shared_gate_up: torch.Tensor,
+    shared_down: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> torch.Tensor:
+    """Routed experts plus the shared expert in one expert-major pass (small T). shared_gate_up [2I_s, H] (rows
+    [gate; up]), shared_down [H, I_s]; topk_weights / topk_ids [T, k+1] from route_topk(shared_gate=True): slots
+    0..k-1 routed (ids < E), slot k the shared expert (id E, weight its sigmoid gate); the ids are device data and
+    not checked. Falls back to the reference (fp32 math) off CUDA; callers use `fused_moe_shared_fits` to choose
+    this path."""
+    _check_moe_args(_SHARED_OP, x, w_gate_up, w_down, topk_weights, topk_ids)
+    check_shape(_SHARED_OP, "shared_gate_up", shared_gate_up, (None, x.shape[1]), "[2I_s, H]")
+    if shared_gate_up.shape[0] % 2:
+        raise ValueError(f"{_SHARED_OP}: shared_gate_up must be [2I_s, H] with an even dim 0, got "
+                         f"{list(shared_gate_up.shape)}")  # fmt: skip
+    check_shape(_SHARED_OP, "shared_down", shared_down, (x.shape[1], shared_gate_up.shape[0] // 2), "[H, I_s]")
+    check_same_dtype(_SHARED_OP, "x", x, shared_gate_up=shared_gate_up, shared_down=shared_down)
+    check_device(_SHARED_OP, x=x, shared_gate_up=shared_gate_up, shared_down=shared_down)
+    if topk_ids.shape[1] < 2:
+        raise ValueError(f"{_SHARED_OP}: topk_ids must hold k routed slots and the shared slot, got "
+                         f"{list(topk_ids.shape)}")  # fmt: skip
+    if use_triton(x):
+        _check_unit_stride(_SHARED_OP, w_gate_up=w_gate_up, w_down=w_down, shared_gate_up=shared_gate_up,
+                           shared_down=shared_down)  # fmt: skip
+        return expert_pass_triton(_rows_unit_stride(x), w_gate_up, w_down, topk_weights, topk_ids, shared_gate_up,
+                                  shared_down)  # fmt: skip
+    return expert_pass_ref(x, w_gate_up, w_down, topk_weights, topk_ids, shared_gate_up, shared_down)
+
+
+def fused_moe_shared_fits(x: torch.Tensor, top_k: int) -> bool:
+    """Whether fused_moe_shared runs the Triton pass for x (CUDA, decode / verify sizes)."""
+    return use_triton(x) and x.shape[0] * top_k <= EXPERT_PASS_MAX_ROWS
+
+
+def _check_moe_args(op, x, w_gate_up, w_down, topk_weights, topk_ids) -> None:
+    check_shape(op, "x", x, (None, None), "[T, H]")
+    check_float(op, "x", x)
+    check_shape(op, "w_gate_up", w_gate_up, (None, None, x.shape[1]), "[E, 2I, H]")
+    if w_gate_up.shape[1] % 2:
+        raise ValueError(f"{op}: w_gate_up must be [E, 2I, H] with an even dim 1, got {list(w_gate_up.shape)}")
+    e, inter = w_gate_up.shape[0], w_gate_up.shape[1] // 2
+    check_shape(op, "w_down", w_down, (e, x.shape[1], inter), "[E, H, I]")
+    check_same_dtype(op, "x", x, w_gate_up=w_gate_up, w_down=w_down)
+    check_shape(op, "topk_ids", topk_ids, (x.shape[0], None), "[T, k]")
+    check_index(op, "topk_ids", topk_ids)
+    check_shape(op, "topk_weights", topk_weights, tuple(topk_ids.shape), "[T, k]")
+    check_float(op, "topk_weights", topk_weights)
+    check_device(op, x=x, w_gate_up=w_gate_up, w_down=w_down, topk_weights=topk_weights, topk_ids=topk_ids)
+
+
+def _rows_unit_stride(t: torch.Tensor) -> torch.Tensor:
+    # the Triton pass indexes x by its row stride with unit stride along the last dim
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _check_unit_stride(op: str, **weights: torch.Tensor) -> None:
+    # a weight is never copied per call (that would re-read and write it every step)
+    for name, w in weights.items():
+        if w.stride(-1) != 1:
+            raise ValueError(f"{op}: {name} must have unit stride along its last dim, got strides {list(w.stride())}")
 
 
 def _grouped_mm_fits(x, w_gate_up, w_down) -> bool:
@@ -85,51 +145,3 @@ def fused_moe_grouped(x, w_gate_up, w_down, topk_weights, topk_ids) -> torch.Ten
     weighted = down.float() * topk_weights.reshape(-1)[order].float()[:, None]
     out = torch.zeros(t, x.shape[1], dtype=torch.float32, device=x.device).index_add_(0, token, weighted)
     return out.to(x.dtype)
-
-
-def fused_moe_gemv(x, w_gate_up, w_down, topk_weights, topk_ids) -> torch.Tensor:
-    """Triton path: per (token, expert) row GEMVs through the expert id, no weight copies, no host sync."""
-    t, top_k = topk_ids.shape
-    inter, hidden = w_down.shape[2], x.shape[1]
-    ids = topk_ids.reshape(-1).to(torch.int32)
-    gate_up = torch.empty(t * top_k, 2 * inter, dtype=x.dtype, device=x.device)
-    _launch_gemv(x, w_gate_up, ids, gate_up, top_k, x_per_row=False)
-    act = (F.silu(gate_up[:, :inter].float()) * gate_up[:, inter:].float()).to(x.dtype)
-    down = torch.empty(t * top_k, hidden, dtype=x.dtype, device=x.device)
-    _launch_gemv(act, w_down, ids, down, top_k, x_per_row=True)
-    return (down.view(t, top_k, hidden).float() * topk_weights.float()[..., None]).sum(1).to(x.dtype)
-
-
-def _launch_gemv(x, w, ids, out, top_k: int, x_per_row: bool) -> None:
-    n, k = w.shape[1], w.shape[2]
-    block_n, block_k = 16, 256
-    grid = (ids.numel(), triton.cdiv(n, block_n))
-    _moe_gemv_kernel[grid](
-        x, w, ids, out, n, k, x.stride(0), w.stride(0), w.stride(1), out.stride(0),
-        TOP_K=top_k, X_PER_ROW=x_per_row, BLOCK_N=block_n, BLOCK_K=block_k,
-    )
-
-
-if triton_available():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def _moe_gemv_kernel(
-        x_ptr, w_ptr, ids_ptr, out_ptr, N, K, stride_x, stride_we, stride_wn, stride_out,
-        TOP_K: tl.constexpr, X_PER_ROW: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    ):
-        # out[r, n] = sum_k x[row(r), k] * w[ids[r], n, k]; row(r) = r (per-row input) or r // TOP_K (token).
-        r = tl.program_id(0)
-        nb = tl.program_id(1)
-        expert = tl.load(ids_ptr + r).to(tl.int64)
-        x_row = r if X_PER_ROW else r // TOP_K
-        offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
-        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            xk = tl.load(x_ptr + x_row * stride_x + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
-            w_ptrs = w_ptr + expert * stride_we + offs_n[:, None] * stride_wn + offs_k[None, :]
-            w = tl.load(w_ptrs, mask=(offs_n[:, None] < N) & (offs_k[None, :] < K), other=0.0)
-            acc += tl.sum(w.to(tl.float32) * xk[None, :], axis=1)
-        tl.store(out_ptr + r * stride_out + offs_n, acc.to(out_ptr.dtype.element_ty), mask=offs_n < N)

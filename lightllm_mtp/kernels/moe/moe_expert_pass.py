@@ -1,0 +1,218 @@
+"""Expert-major fused MoE for decode and verify (small T): rows grouped by expert (moe_align), one tile of up to
+BLOCK_M rows reads its expert's gate_up and down weights once.
+
+Three launches after the alignment: gate_up GEMM with SwiGLU in its epilogue, down GEMM with the routing weight
+in its epilogue writing each (token, slot) row in fp32, and a per-token sum over the slots (fixed order, no
+atomics: deterministic). An optional shared expert is the extra expert id E (weights in their own tensors, its
+own intermediate size), selected by slot k of the routing (route_topk with shared_gate)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from lightllm_mtp.kernels.moe.moe_align import moe_align_triton
+from lightllm_mtp.kernels.triton_utils import triton_available
+
+
+
+@dataclass(frozen=True)
+class ExpertPassTiles:
+    """Launch shape of the pass. Decode default: 16 rows per tile (the smallest tensor-core M; a 35B-A3B expert gets
+    ~1-3 rows per step at B <= 64, padding compute is free in a weight-read-bound pass); gate_up: 32 intermediate
+    columns (x2: gate and up) per program, so an expert of I=512 spreads over 16 programs; down: 64 hidden columns."""
+
+    block_m: int = 16
+    gate_up_block_n: int = 32
+    gate_up_block_k: int = 128
+    down_block_n: int = 64
+    down_block_k: int = 128
+    num_warps: int = 4
+    gate_up_stages: int = 4
+    down_stages: int = 3
+
+
+DECODE_TILES = ExpertPassTiles()
+_SUM_BLOCK_H = 512
+
+
+def expert_pass_ref(
+    x: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    shared_gate_up: torch.Tensor | None = None,
+    shared_down: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """fp32 math: out[t] = sum_s w[t, s] * down_e(silu(gate_e x_t) * up_e x_t), e = ids[t, s]; e == E is the
+    shared expert (shared_gate_up [2I_s, H], shared_down [H, I_s]) when given."""
+    num_experts = w_gate_up.shape[0]
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    xf = x.float()
+    for e in torch.unique(topk_ids).tolist():
+        token, slot = torch.nonzero(topk_ids == e, as_tuple=True)
+        gate_up_w, down_w = (shared_gate_up, shared_down) if e == num_experts else (w_gate_up[e], w_down[e])
+        inter = down_w.shape[1]
+        gate_up = F.linear(xf[token], gate_up_w.float())
+        h = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+        out.index_add_(0, token, F.linear(h, down_w.float()) * topk_weights[token, slot, None].float())
+    return out.to(x.dtype)
+
+
+def expert_pass_triton(
+    x: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    shared_gate_up: torch.Tensor | None = None,
+    shared_down: torch.Tensor | None = None,
+    tiles: ExpertPassTiles = DECODE_TILES,
+) -> torch.Tensor:
+    """Shapes checked by the callers (fused_moe wrappers). Last dims of all weights must have stride 1."""
+    t, slots = topk_ids.shape
+    num_experts, hidden = w_gate_up.shape[0], x.shape[1]
+    if t == 0:
+        return torch.empty_like(x)
+    inter = w_down.shape[2]
+    has_shared = shared_gate_up is not None
+    inter_shared = shared_down.shape[1] if has_shared else inter
+    if not has_shared:  # any valid pointer; never read
+        shared_gate_up, shared_down = w_gate_up[0], w_down[0]
+    sorted_pairs, block_expert = moe_align_triton(topk_ids, num_experts=num_experts + int(has_shared),
+                                                  block_m=tiles.block_m)  # fmt: skip
+    blocks = block_expert.numel()
+    n_pairs = t * slots
+    inter_max = max(inter, inter_shared)
+    weights = topk_weights.reshape(-1)
+    if not weights.is_contiguous():
+        weights = weights.contiguous()
+    dot_precision = "ieee" if x.dtype == torch.float32 else "tf32"
+
+    act = torch.empty(blocks * tiles.block_m, inter_max, dtype=x.dtype, device=x.device)
+    _gate_up_act_kernel[(blocks, triton.cdiv(inter_max, tiles.gate_up_block_n))](
+        x, w_gate_up, shared_gate_up, sorted_pairs, block_expert, act,
+        n_pairs, hidden, inter, inter_shared, num_experts,
+        x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), shared_gate_up.stride(0), act.stride(0),
+        SLOTS=slots, BLOCK_M=tiles.block_m, BLOCK_N=tiles.gate_up_block_n, BLOCK_K=tiles.gate_up_block_k,
+        DOT_PRECISION=dot_precision, num_warps=tiles.num_warps, num_stages=tiles.gate_up_stages,
+    )  # fmt: skip
+    rows = torch.empty(n_pairs, hidden, dtype=torch.float32, device=x.device)
+    _down_weighted_kernel[(blocks, triton.cdiv(hidden, tiles.down_block_n))](
+        act, w_down, shared_down, sorted_pairs, block_expert, weights, rows,
+        n_pairs, hidden, inter, inter_shared, num_experts,
+        act.stride(0), w_down.stride(0), w_down.stride(1), shared_down.stride(0), rows.stride(0),
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.down_block_n, BLOCK_K=tiles.down_block_k,
+        DOT_PRECISION=dot_precision, num_warps=tiles.num_warps, num_stages=tiles.down_stages,
+    )  # fmt: skip
+    out = torch.empty(t, hidden, dtype=x.dtype, device=x.device)
+    _sum_slots_kernel[(t, triton.cdiv(hidden, _SUM_BLOCK_H))](
+        rows, out, hidden, out.stride(0), SLOTS=slots, BLOCK_S=triton.next_power_of_2(slots), BLOCK_H=_SUM_BLOCK_H,
+    )  # fmt: skip
+    return out
+
+
+if triton_available():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _gate_up_act_kernel(
+        x_ptr, w_ptr, shared_w_ptr, sorted_ptr, block_expert_ptr, act_ptr,
+        P, H, INTER, INTER_SHARED, E,
+        stride_x, stride_we, stride_wn, stride_shared_wn, stride_act,
+        SLOTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+    ):  # fmt: skip
+        # act[row, n] = silu(x_tok . gate_e[n]) * (x_tok . up_e[n]) for the BLOCK_M rows of block b (expert e)
+        b = tl.program_id(0)
+        n0 = tl.program_id(1) * BLOCK_N
+        expert = tl.load(block_expert_ptr + b)
+        if expert < 0:
+            return
+        w_base = w_ptr + expert.to(tl.int64) * stride_we
+        stride_n = stride_wn
+        inter = INTER
+        if expert == E:
+            w_base = shared_w_ptr
+            stride_n = stride_shared_wn
+            inter = INTER_SHARED
+        if n0 >= inter:
+            return
+        offs_m = tl.arange(0, BLOCK_M)
+        pair = tl.load(sorted_ptr + b * BLOCK_M + offs_m)
+        valid = pair < P
+        token = tl.where(valid, pair // SLOTS, 0).to(tl.int64)
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < inter
+        offs_k = tl.arange(0, BLOCK_K)
+        x_ptrs = x_ptr + token[:, None] * stride_x + offs_k[None, :]
+        gate_ptrs = w_base + offs_n[None, :].to(tl.int64) * stride_n + offs_k[:, None]
+        up_ptrs = gate_ptrs + inter * stride_n
+        acc_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            k_mask = offs_k + k0 < H
+            xa = tl.load(x_ptrs + k0, mask=valid[:, None] & k_mask[None, :], other=0.0)
+            w_mask = k_mask[:, None] & n_mask[None, :]
+            acc_gate = tl.dot(xa, tl.load(gate_ptrs + k0, mask=w_mask, other=0.0), acc_gate,
+                              input_precision=DOT_PRECISION)  # fmt: skip
+            acc_up = tl.dot(xa, tl.load(up_ptrs + k0, mask=w_mask, other=0.0), acc_up, input_precision=DOT_PRECISION)
+        act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up
+        rows = b * BLOCK_M + offs_m
+        out_ptrs = act_ptr + rows[:, None].to(tl.int64) * stride_act + offs_n[None, :]
+        tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=valid[:, None] & n_mask[None, :])
+
+    @triton.jit
+    def _down_weighted_kernel(
+        act_ptr, w_ptr, shared_w_ptr, sorted_ptr, block_expert_ptr, weights_ptr, rows_ptr,
+        P, H, INTER, INTER_SHARED, E,
+        stride_act, stride_we, stride_wn, stride_shared_wn, stride_rows,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ):  # fmt: skip
+        # rows[pair, n] = weight[pair] * (act[row] . down_e[n]) for the BLOCK_M rows of block b, fp32
+        b = tl.program_id(0)
+        n0 = tl.program_id(1) * BLOCK_N
+        expert = tl.load(block_expert_ptr + b)
+        if expert < 0:
+            return
+        w_base = w_ptr + expert.to(tl.int64) * stride_we
+        stride_n = stride_wn
+        inter = INTER
+        if expert == E:
+            w_base = shared_w_ptr
+            stride_n = stride_shared_wn
+            inter = INTER_SHARED
+        offs_m = tl.arange(0, BLOCK_M)
+        pair = tl.load(sorted_ptr + b * BLOCK_M + offs_m)
+        valid = pair < P
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < H
+        offs_k = tl.arange(0, BLOCK_K)
+        a_ptrs = act_ptr + (b * BLOCK_M + offs_m)[:, None].to(tl.int64) * stride_act + offs_k[None, :]
+        w_ptrs = w_base + offs_n[None, :].to(tl.int64) * stride_n + offs_k[:, None]
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, inter, BLOCK_K):
+            k_mask = offs_k + k0 < inter
+            a = tl.load(a_ptrs + k0, mask=valid[:, None] & k_mask[None, :], other=0.0)
+            w = tl.load(w_ptrs + k0, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+            acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
+        weight = tl.load(weights_ptr + pair, mask=valid, other=0.0).to(tl.float32)
+        acc = acc * weight[:, None]
+        out_ptrs = rows_ptr + pair[:, None].to(tl.int64) * stride_rows + offs_n[None, :]
+        tl.store(out_ptrs, acc, mask=valid[:, None] & n_mask[None, :])
+
+    @triton.jit
+    def _sum_slots_kernel(rows_ptr, out_ptr, H, stride_out, SLOTS: tl.constexpr, BLOCK_S: tl.constexpr,
+                          BLOCK_H: tl.constexpr):  # fmt: skip
+        # out[t, :] = sum over the token's SLOTS rows (contiguous, fp32), in a fixed order
+        t = tl.program_id(0).to(tl.int64)
+        offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+        offs_s = tl.arange(0, BLOCK_S)
+        mask = (offs_s[:, None] < SLOTS) & (offs_h[None, :] < H)
+        vals = tl.load(rows_ptr + (t * SLOTS + offs_s)[:, None] * H + offs_h[None, :], mask=mask, other=0.0)
+        tl.store(out_ptr + t * stride_out + offs_h, tl.sum(vals, axis=0).to(out_ptr.dtype.element_ty),
+                 mask=offs_h < H)  # fmt: skip

@@ -1,0 +1,100 @@
+"""The MoE Triton kernels compile for the H100 (sm_90) on a CPU machine, with the arguments' 16-divisibility hints the
+launcher derives at the 35B-A3B decode shapes: catches what the interpreter does not (types merged across the
+shared-expert branch, histogram lowering, dot shapes, shared memory over the SM's 227 KB), and checks that the
+expert GEMMs' weight loads are software-pipelined (cp.async), which a bandwidth-bound pass needs."""
+
+import re
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+from lightllm_mtp.kernels.moe import moe_align, moe_expert_pass, moe_routing  # noqa: E402
+
+SMEM_LIMIT = 227 * 1024
+
+
+def _compile(fn, args, constexprs, **options):
+    """args: pointer args as their type string ("*bf16"), ints as values (divisible by 16 -> the launcher's hint)."""
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+    except ImportError:
+        pytest.skip("this triton has no ASTSource / GPUTarget")
+    signature, attrs = {}, {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+            continue
+        value, idx = args[name], (fn.arg_names.index(name),)
+        signature[name] = value if isinstance(value, str) else "i32"
+        if isinstance(value, str) or value % 16 == 0:
+            attrs[idx] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    try:
+        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    except RuntimeError as err:  # no ptxas on this machine (not a kernel error)
+        if "ptxas" in str(err).lower() and "not found" in str(err).lower():
+            pytest.skip(str(err))
+        raise
+    assert kernel.metadata.shared <= SMEM_LIMIT, (fn.__name__, kernel.metadata.shared)
+    return kernel
+
+
+def test_routing_and_alignment_compile():
+    _compile(moe_routing._route_topk_kernel, dict(logits_ptr="*bf16", weights_ptr="*fp32", ids_ptr="*i32", E=256,
+                                                  stride_l=264),
+             dict(TOP_K=8, SLOTS=9, BLOCK_E=256, BLOCK_S=16, RENORMALIZE=True, SHARED_GATE=True),
+             num_warps=1)  # fmt: skip
+    _compile(moe_routing._route_topk_kernel, dict(logits_ptr="*bf16", weights_ptr="*bf16", ids_ptr="*i64", E=256,
+                                                  stride_l=264),
+             dict(TOP_K=8, SLOTS=8, BLOCK_E=256, BLOCK_S=8, RENORMALIZE=True, SHARED_GATE=False),
+             num_warps=1)  # fmt: skip
+    for pairs, blocks in ((9, 9), (576, 277), (1152, 313)):
+        _compile(moe_align._moe_align_kernel, dict(ids_ptr="*i32", sorted_ptr="*i32", block_expert_ptr="*i32",
+                                                   scratch_ptr="*i32", P=pairs, E=257, MAX_BLOCKS=blocks),
+                 dict(BLOCK_M=16, NUM_BINS=512, CHUNK=128, BLOCK_B=triton.next_power_of_2(blocks)))  # fmt: skip
+
+
+@pytest.mark.parametrize("tiles", [moe_expert_pass.DECODE_TILES, moe_expert_pass.ExpertPassTiles(block_m=32)])
+def test_expert_pass_compiles_pipelined(tiles):
+    common = dict(sorted_ptr="*i32", block_expert_ptr="*i32", P=9, H=2048, INTER=512, INTER_SHARED=512, E=256,
+                  stride_we=2 * 512 * 2048)  # fmt: skip
+    gate_up = _compile(
+        moe_expert_pass._gate_up_act_kernel,
+        dict(common, x_ptr="*bf16", w_ptr="*bf16", shared_w_ptr="*bf16", act_ptr="*bf16", stride_x=2048,
+             stride_wn=2048, stride_shared_wn=2048, stride_act=512),
+        dict(SLOTS=9, BLOCK_M=tiles.block_m, BLOCK_N=tiles.gate_up_block_n, BLOCK_K=tiles.gate_up_block_k,
+             DOT_PRECISION="tf32"),
+        num_warps=tiles.num_warps, num_stages=tiles.gate_up_stages,
+    )  # fmt: skip
+    down = _compile(
+        moe_expert_pass._down_weighted_kernel,
+        dict(common, act_ptr="*bf16", w_ptr="*bf16", shared_w_ptr="*bf16", weights_ptr="*fp32", rows_ptr="*fp32",
+             stride_act=512, stride_wn=512, stride_shared_wn=512, stride_rows=2048, stride_we=2048 * 512),
+        dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.down_block_n, BLOCK_K=tiles.down_block_k, DOT_PRECISION="tf32"),
+        num_warps=tiles.num_warps, num_stages=tiles.down_stages,
+    )  # fmt: skip
+    for kernel in (gate_up, down):
+        assert re.search(r"cp\.async\.", kernel.asm["ptx"]), "weight loads not pipelined"
+    _compile(moe_expert_pass._sum_slots_kernel, dict(rows_ptr="*fp32", out_ptr="*bf16", H=2048, stride_out=2048),
+             dict(SLOTS=9, BLOCK_S=16, BLOCK_H=512))  # fmt: skip
+
+
+def test_expert_pass_compiles_fp32_ieee():
+    """fp32 models on the GPU (the tiny-checkpoint GPU-vs-CPU token tests) take the ieee dot; tiny dims, shared I
+    differing from the routed I as in the tiny checkpoints."""
+    tiles = moe_expert_pass.DECODE_TILES
+    common = dict(sorted_ptr="*i32", block_expert_ptr="*i32", w_ptr="*fp32", shared_w_ptr="*fp32", P=6, H=64, INTER=32,
+                  INTER_SHARED=48, E=8)  # fmt: skip
+    _compile(moe_expert_pass._gate_up_act_kernel,
+             dict(common, x_ptr="*fp32", act_ptr="*fp32", stride_x=64, stride_we=4096, stride_wn=64,
+                  stride_shared_wn=64, stride_act=48),
+             dict(SLOTS=3, BLOCK_M=tiles.block_m, BLOCK_N=tiles.gate_up_block_n, BLOCK_K=tiles.gate_up_block_k,
+                  DOT_PRECISION="ieee"),
+             num_warps=tiles.num_warps, num_stages=tiles.gate_up_stages)  # fmt: skip
+    _compile(moe_expert_pass._down_weighted_kernel,
+             dict(common, act_ptr="*fp32", weights_ptr="*fp32", rows_ptr="*fp32", stride_act=48, stride_we=2048,
+                  stride_wn=32, stride_shared_wn=48, stride_rows=64),
+             dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.down_block_n, BLOCK_K=tiles.down_block_k, DOT_PRECISION="ieee"),
+             num_warps=tiles.num_warps, num_stages=tiles.down_stages)  # fmt: skip
