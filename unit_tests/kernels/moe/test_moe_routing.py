@@ -1,12 +1,17 @@
 """select_experts against HF Qwen3_5MoeTopKRouter."""
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 import torch.nn.functional as F
 from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeTextConfig
 from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeTopKRouter
 
-from lightllm_mtp.kernels.moe.moe_routing import select_experts
+from lightllm_mtp.kernels.moe.moe_routing import route_topk, route_topk_ref, select_experts, select_experts_ref, stack_router
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -37,12 +42,7 @@ def test_validation():
 
 # ---- route_topk: the one-kernel routing with the shared gate slot ----
 
-import os  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import textwrap  # noqa: E402
 
-from lightllm_mtp.kernels.moe.moe_routing import route_topk, route_topk_ref, stack_router  # noqa: E402
 
 
 def test_route_topk_ref_matches_hf_router_and_shared_gate():
