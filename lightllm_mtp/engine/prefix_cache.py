@@ -26,6 +26,7 @@ from lightllm_mtp.common.radix_cache import RadixCache, Snapshot, key_elements
 from lightllm_mtp.common.req_manager import ReqManager
 from lightllm_mtp.common.state_snapshots import SnapshotPlan, StateSnapshotPool, build_snapshot_plan
 from lightllm_mtp.engine.request import Request
+from lightllm_mtp.kernels.gdn.gated_delta_rule_states import state_save_alignment
 
 
 @dataclass(frozen=True)
@@ -103,8 +104,8 @@ class PrefixCache:
     # ---- prompt chunks ------------------------------------------------------------------------------------------
     def plan(self, chunks: list[tuple[Request, int, int]], num_rows: int, device: torch.device) -> SnapshotPlan | None:
         """Snapshot slots for the boundaries of the step's prompt chunks (req, start, rows): every multiple of the
-        interval and the prompt's end, deepest first while slots can be had (a chunk's recurrence is split only where
-        a snapshot is taken). Rows of decode requests take none."""
+        interval and the prompt's end, deepest first while slots can be had (the GDN layers save the states in the
+        chunk's prefill call: common/state_snapshots.py). Rows of decode requests take none."""
         cuts = []
         for req, start, n in chunks:
             c = []
@@ -125,6 +126,7 @@ class PrefixCache:
         return build_snapshot_plan(
             [(s, n) for _, s, n in chunks], [s > 0 for _, s, _ in chunks],
             [[(p, snap.slot) for p, snap in c] for c in cuts], self.snapshots.conv_cols, num_rows, device,
+            state_save_alignment(device),
         )  # fmt: skip
 
     def after_launch(self) -> None:
