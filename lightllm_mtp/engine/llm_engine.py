@@ -19,6 +19,7 @@ from lightllm_mtp.engine.runner_factory import BuiltRunner, build_runner
 from lightllm_mtp.engine.step import LaunchedStep
 from lightllm_mtp.common.radix_cache import RadixCache
 from lightllm_mtp.common.state_snapshots import StateSnapshotPool
+from lightllm_mtp.engine.cache_budget import cache_budget_of
 from lightllm_mtp.engine.prefix_cache import PrefixCache, PrefixCacheStats
 from lightllm_mtp.engine.request import FinishReason, Request, RequestStatus
 from lightllm_mtp.engine.scheduler import Scheduler
@@ -56,7 +57,8 @@ class LLMEngine:
             torch.set_num_threads(ENV.cpu_threads)
         self.model_config = cfg = ModelConfig.from_model_dir(args.model_dir)
         self.max_model_len = args.resolved_max_model_len(cfg.max_position_embeddings)
-        kv_pool_size = args.resolved_kv_pool_size(self.max_model_len)
+        self.cache_budget = budget = cache_budget_of(args, cfg, self.max_model_len)
+        kv_pool_size = budget.kv_tokens
         self.spec = args.spec
         self.parallel_group = None
         if args.parallel.world_size > 1:  # tp x pp: this process is rank 0, the driver (engine/parallel/)
@@ -85,7 +87,7 @@ class LLMEngine:
 
     def _build(self, args: EngineArgs, cfg: ModelConfig) -> BuiltRunner:
         if self.parallel_group is None:
-            return build_runner(args, cfg, self.max_model_len)
+            return build_runner(args, cfg, self.max_model_len, kv_pool_size=self.cache_budget.kv_tokens)
         try:
             built = build_runner(args, cfg, self.max_model_len)
         except Exception as e:
@@ -111,13 +113,10 @@ class LLMEngine:
             self.parallel_group.shutdown()
 
     def _make_prefix_cache(self, args: EngineArgs, spec) -> PrefixCache:
-        """The tree over the KV pool and a snapshot pool sized by prefix_cache_state_share of one budget: the KV pool's
-        bytes are the rest (at least 2 snapshots)."""
+        """The tree over the KV pool and the snapshot pool, the two parts of one budget (engine/cache_budget.py)."""
         caches = self.model.caches
         state, kv = caches.req_manager.linear_state, caches.kv_pool
-        kv_bytes = kv.size * 2 * kv.k_buffer[:, 0].numel() * kv.k_buffer.element_size()
-        share = args.prefix_cache_state_share
-        num = max(2, int(kv_bytes / (1 - share) * share) // StateSnapshotPool.bytes_per_snapshot(state))
+        num = self.cache_budget.num_snapshots
         caches.snapshots = StateSnapshotPool(state, num)
         tree = RadixCache(kv, num)
         kv.reclaim = tree.evict

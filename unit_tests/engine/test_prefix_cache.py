@@ -8,6 +8,7 @@ from lightllm_mtp import LLM, SamplingParams
 from lightllm_mtp.common.radix_cache import key_elements
 from lightllm_mtp.engine.llm_engine import LLMEngine
 from lightllm_mtp.config.engine_args import EngineArgs
+from lightllm_mtp.engine.cache_budget import MIN_SNAPSHOTS
 
 INTERVAL = 8  # snapshot interval of these tests
 SYSTEM = [(37 * i) % 700 + 3 for i in range(21)]  # a shared "system prompt"
@@ -27,7 +28,9 @@ def greedy(n=NEW):
 def build(model_dir, cache, **kw):
     kw.setdefault("max_model_len", 96)
     kw.setdefault("chunked_prefill_size", 16)
-    return LLM(model_dir, prefix_cache=cache, prefix_cache_interval=INTERVAL, prefix_cache_state_share=0.9, **kw)
+    kw.setdefault("max_total_token_num", 4 * 8 * 96)  # one budget: a quarter KV (8 x 96 slots), the rest ~70 snapshots
+    kw.setdefault("prefix_cache_state_share", 0.75)
+    return LLM(model_dir, prefix_cache=cache, prefix_cache_interval=INTERVAL, **kw)
 
 
 def check_accounting(llm):
@@ -101,7 +104,9 @@ def test_small_pool_forces_evictions(tiny_dense_mtp3_dir, mode):
     """A pool for about one request at a time: admission waits for locked slots, every allocation evicts."""
     batches = [[SYSTEM + [50 + i, 51, 52 + i] for i in range(6)], [SYSTEM[:9] + [70, 71]] * 2]
     ref = run(build(tiny_dense_mtp3_dir, False, max_batch_size=2, **MODES[mode]), batches)
-    llm = build(tiny_dense_mtp3_dir, True, max_batch_size=2, max_total_token_num=48, **MODES[mode])
+    llm = build(tiny_dense_mtp3_dir, True, max_batch_size=2, max_total_token_num=480, prefix_cache_state_share=0.9,
+                **MODES[mode])  # fmt: skip
+    assert llm.engine.model.caches.kv_pool.size <= 64
     pool, evicted = llm.engine.model.caches.kv_pool, []
     reclaim = pool.reclaim
     pool.reclaim = lambda n: evicted.append(reclaim(n)) or evicted[-1]
@@ -113,7 +118,7 @@ def test_small_pool_forces_evictions(tiny_dense_mtp3_dir, mode):
 
 def test_abort_mid_prefill_of_a_request_on_cached_slots(tiny_dense_mtp3_dir):
     args = EngineArgs(tiny_dense_mtp3_dir, max_model_len=96, chunked_prefill_size=4, prefix_cache_interval=INTERVAL,
-                      prefix_cache_state_share=0.9, mtp_mode="eagle_with_att", mtp_step=2)  # fmt: skip
+                      prefix_cache_state_share=0.5, mtp_mode="eagle_with_att", mtp_step=2)  # fmt: skip
     engine = LLMEngine(args)
     plain = build(tiny_dense_mtp3_dir, False)
     first = engine.add_request(SYSTEM + [1, 2], greedy())
@@ -208,10 +213,10 @@ def test_few_snapshot_slots_go_to_the_deepest_boundaries(tiny_dense_mtp3_dir):
     llm = LLM(tiny_dense_mtp3_dir, max_model_len=96, chunked_prefill_size=64, prefix_cache_interval=INTERVAL,
               prefix_cache_state_share=0.001)  # fmt: skip
     cache = llm.engine.prefix_cache
-    assert cache.snapshots.size == 2  # the floor
+    assert cache.snapshots.size == MIN_SNAPSHOTS == 4  # the floor
     prompt = list(range(3, 48))
     llm.generate([prompt], greedy(1))
-    assert sorted(n.depth for n in cache.tree._nodes() if n.snapshot is not None) == [40, 45]
+    assert sorted(n.depth for n in cache.tree._nodes() if n.snapshot is not None) == [24, 32, 40, 45]
     out = llm.generate([prompt[:44] + [5, 6]], greedy())[0]
     assert out.num_cached_tokens == 40
     check_accounting(llm)
