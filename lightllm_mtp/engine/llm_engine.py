@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 from dataclasses import dataclass
@@ -254,7 +255,8 @@ class LLMEngine:
     def _finish(self, req: Request, reason: FinishReason) -> None:
         req.finish_reason = reason
         if self.prefix_cache is not None:  # its committed KV and state join the tree before its slots go back
-            self.prefix_cache.on_finish(req, self.runner.committed_state_offset(req), self.runner.hold_queued_row(req))
+            state_at = functools.partial(self.runner.committed_state_offset, req)
+            self.prefix_cache.on_finish(req, state_at, self.runner.hold_queued_row(req))
         self.runner.release(req)
         self.scheduler.finish(req)
 

@@ -11,7 +11,9 @@ provisional draft rows never do), snapshots of prompt-chunk boundaries and of a 
 state (under MTP its conv window / SSM row at accept_len - 1, never verify rows). Under MTP with overlap a request
 may end while its next verify is queued: its state then moves past what the host knows, so the state after that
 verify's first row (the newest token, committed) is snapshotted and enters the tree once the verify's first emitted
-token, the last key's lookahead, reaches the host (eagle / PTD; multi-layer MTP leaves no end snapshot).
+token, the last key's lookahead, reaches the host (eagle / PTD). Under multi-layer MTP (L modules) the tree's end lags
+the committed state by L - 1 positions: its snapshot is the last verify's SSM row / conv window L - 1 before the
+committed one, when that verify accepted at least L rows (else the request leaves no end snapshot).
 """
 
 from __future__ import annotations
@@ -163,10 +165,12 @@ class PrefixCache:
         req.cached_len = depth
 
     # ---- end of a request ---------------------------------------------------------------------------------------
-    def on_finish(self, req: Request, state_offset: torch.Tensor | int | None, held: torch.Tensor | None = None) -> None:
-        """Before the request's slots are released: its committed KV (and a snapshot of its committed GDN state, at
-        `state_offset`; None: no usable state) go into the tree; its lock is dropped; what the tree does not take is
-        freed. req.kv_slots is empty afterwards.
+    def on_finish(self, req: Request, state_at: Callable[[int], torch.Tensor | int | None],
+                  held: torch.Tensor | None = None) -> None:  # fmt: skip
+        """Before the request's slots are released: its committed KV (and a snapshot of its GDN state at the tree's
+        end, found by `state_at(back)`: the slot offset of the state `back` positions before its committed one, None:
+        not kept) go into the tree; its lock is dropped; what the tree does not take is freed. req.kv_slots is empty
+        afterwards.
 
         held: under MTP, the KV slot of its newest token's row in a verify already queued (overlap; the runner kept
         it out of release). That verify commits the row, so the state after it (conv columns / SSM row 0) is
@@ -193,7 +197,10 @@ class PrefixCache:
                 self.tree.free_snapshot(s)
             to_free.append(kv[:depth][kv[:depth] != tree_slots])
             self.tree.lock(node)  # the allocations below may evict unlocked leaves
-            if depth == total and state_offset is not None and req.req_idx is not None and node.snapshot is None:
+            # the state after position depth - 1: the committed one (plain, eagle: depth == total), or under
+            # multi-layer MTP (depth = total + 1 - L) a verify row L - 1 before it, if that verify kept it
+            state_offset = state_at(total - depth) if req.req_idx is not None and node.snapshot is None else None
+            if state_offset is not None:
                 snap = self.tree.alloc_snapshot()
                 if snap is not None:
                     self.snapshots.save(snap.slot, req.req_idx, state_offset)
