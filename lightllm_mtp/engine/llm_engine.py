@@ -19,6 +19,7 @@ from lightllm_mtp.engine.parallel.membership import describe
 from lightllm_mtp.engine.runner_factory import BuiltRunner, build_runner
 from lightllm_mtp.engine.step import LaunchedStep
 from lightllm_mtp.common.radix_cache import RadixCache
+from lightllm_mtp.common.host_snapshots import HostSnapshotTier
 from lightllm_mtp.common.state_snapshots import StateSnapshotPool
 from lightllm_mtp.engine.cache_budget import cache_budget_of
 from lightllm_mtp.engine.prefix_cache import PrefixCache, PrefixCacheStats
@@ -119,7 +120,11 @@ class LLMEngine:
         state, kv = caches.req_manager.linear_state, caches.kv_pool
         num = self.cache_budget.num_snapshots
         caches.snapshots = StateSnapshotPool(state, num)
-        tree = RadixCache(kv, num)
+        host = None
+        if args.prefix_cache_host_gb > 0:
+            per = StateSnapshotPool.bytes_per_snapshot(state)
+            host = HostSnapshotTier(caches.snapshots, HostSnapshotTier.slots_for(per, args.prefix_cache_host_gb))
+        tree = RadixCache(kv, num, host)
         kv.reclaim = tree.evict
         lookahead = self._built.runner.proposer.lookahead if spec is not None else 0
         return PrefixCache(tree, caches.snapshots, caches.req_manager, args.prefix_cache_interval, lookahead)

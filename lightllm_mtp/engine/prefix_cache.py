@@ -40,6 +40,8 @@ class PrefixCacheStats:
     tree_tokens: int  # KV slots owned by the tree
     snapshots: int  # snapshot slots in use
     snapshot_capacity: int
+    host_snapshots: int = 0  # offloaded snapshots in the pinned host tier
+    host_fetches: int = 0  # offloaded snapshots brought back for a hit
 
     @property
     def hit_rate(self) -> float:
@@ -56,7 +58,7 @@ class PrefixCache:
         self.lookahead = lookahead  # L: draft-KV lookahead of the MTP proposer (0 without MTP)
         self.release_reservation: Callable[[Request, int], None] = lambda req, n: None  # the scheduler's
         self._pending: list[tuple[Request, list[tuple[int, Snapshot]]]] = []
-        self._queries = self._hits = self._prompt_tokens = self._cached_tokens = 0
+        self._queries = self._hits = self._prompt_tokens = self._cached_tokens = self._host_hits = 0
 
     # ---- admission ----------------------------------------------------------------------------------------------
     def match(self, req: Request) -> int:
@@ -66,7 +68,9 @@ class PrefixCache:
         if n <= 0:
             return 0
         path = self.tree.match(key_elements(prompt, n, self.lookahead))
-        node = next((x for x in reversed(path) if x.snapshot is not None), None)
+        # the deepest snapshot; an offloaded one comes back to the device first (if a device slot can be had)
+        node = next((x for x in reversed(path) if x.snapshot is not None and (not x.snapshot.on_host or self._fetch(x))),
+                    None)  # fmt: skip
         if node is None:
             return 0
         self.tree.lock(node)
@@ -75,6 +79,11 @@ class PrefixCache:
         req.kv_slots = [self.tree.path_slots(node)]
         req.num_computed = node.depth
         return node.depth
+
+    def _fetch(self, node) -> bool:
+        fetched = self.tree.fetch(node)
+        self._host_hits += fetched  # counted at the match (an unadmitted request's fetch stays on the device)
+        return fetched
 
     def unmatch(self, req: Request) -> None:
         """Undoes `match` (the request was not admitted after all)."""
@@ -244,4 +253,5 @@ class PrefixCache:
 
     def stats(self) -> PrefixCacheStats:
         return PrefixCacheStats(self._queries, self._hits, self._prompt_tokens, self._cached_tokens,
-                                self.tree.num_tokens, self.tree.num_snapshots, self.snapshots.size)  # fmt: skip
+                                self.tree.num_tokens, self.tree.num_snapshots, self.snapshots.size,
+                                self.tree.num_host_snapshots, self._host_hits)  # fmt: skip
