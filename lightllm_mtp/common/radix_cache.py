@@ -169,13 +169,13 @@ class RadixCache:
     def _evict_one_snapshot(self) -> bool:
         """Frees a device snapshot slot: the least recently used unpinned one moves to the host tier (making room
         there by dropping its least recently used one) or, without a tier, is dropped."""
-        candidates = [n for n in self._nodes() if n.snapshot is not None and not n.snapshot.on_host and n.snapshot.pins == 0]
+        candidates = [n for n in self._snapshot_nodes(on_host=False) if n.snapshot.pins == 0]
         if not candidates:
             return False
         node = min(candidates, key=lambda n: n.snapshot.last_access)
         snap = node.snapshot
         if self.host is not None and self.host.allocator.num_free == 0:
-            on_host = [n for n in self._nodes() if n.snapshot is not None and n.snapshot.on_host and n.snapshot.pins == 0]
+            on_host = [n for n in self._snapshot_nodes(on_host=True) if n.snapshot.pins == 0]
             if on_host:
                 self._drop_snapshot(min(on_host, key=lambda n: n.snapshot.last_access))
         if self.host is not None and self.host.allocator.num_free > 0:
@@ -186,6 +186,9 @@ class RadixCache:
             return True
         self._drop_snapshot(node)
         return True
+
+    def _snapshot_nodes(self, on_host: bool) -> list[Node]:
+        return [n for n in self._nodes() if n.snapshot is not None and n.snapshot.on_host == on_host]
 
     def _drop_snapshot(self, node: Node) -> None:
         self.free_snapshot(node.snapshot)

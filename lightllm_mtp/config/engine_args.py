@@ -66,7 +66,7 @@ class EngineArgs:
     dist_timeout_s: float = 120.0  # a collective that waits longer ends the whole tp x pp group with an error
     prefix_cache: bool = True  # share cached prompt prefixes between requests (radix tree + GDN state snapshots)
     prefix_cache_interval: int = 256  # tokens between GDN state snapshots taken during prefill
-    # share of the memory budget (max_total_token_num KV slots' bytes) held by GDN state snapshots (engine/cache_budget.py)
+    # share of the memory budget (max_total_token_num KV slots' bytes) held by GDN snapshots (engine/cache_budget.py)
     prefix_cache_state_share: float = 0.1
     prefix_cache_host_gb: float = 0.0  # pinned host memory for evicted GDN snapshots (0: none)
     spec: SpecConfig | None = field(init=False)  # the speculative settings, None without MTP

@@ -41,7 +41,8 @@ def kv_bytes_per_token(cfg: ModelConfig, dtype_bytes: int, draft_kv_layers: int)
 def snapshot_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
     """One snapshot: per GDN layer the K-1 conv columns (model dtype) and one fp32 SSM state (StateSnapshotPool)."""
     layers = sum(1 for t in cfg.layer_types if t is LayerType.LINEAR_ATTENTION)
-    conv_dim = 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim + cfg.linear_num_value_heads * cfg.linear_value_head_dim
+    key_dim = cfg.linear_num_key_heads * cfg.linear_key_head_dim
+    conv_dim = 2 * key_dim + cfg.linear_num_value_heads * cfg.linear_value_head_dim
     conv = conv_dim * (cfg.linear_conv_kernel_dim - 1) * dtype_bytes
     ssm = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
     return layers * (conv + ssm)

@@ -69,8 +69,8 @@ class PrefixCache:
             return 0
         path = self.tree.match(key_elements(prompt, n, self.lookahead))
         # the deepest snapshot; an offloaded one comes back to the device first (if a device slot can be had)
-        node = next((x for x in reversed(path) if x.snapshot is not None and (not x.snapshot.on_host or self._fetch(x))),
-                    None)  # fmt: skip
+        resumable = (x for x in reversed(path) if x.snapshot is not None and (not x.snapshot.on_host or self._fetch(x)))
+        node = next(resumable, None)
         if node is None:
             return 0
         self.tree.lock(node)

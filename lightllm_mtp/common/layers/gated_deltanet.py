@@ -122,8 +122,10 @@ class GatedDeltaNet(Layer):
         cols = snaps.conv_cols
         history = conv_state[batch.b_req_idx.to(torch.int64), :, :cols]  # [B, C, K-1]
         history = torch.where(batch.b_has_initial_state[:, None, None], history, torch.zeros_like(history))
-        source = torch.cat([x, history.transpose(1, 2).reshape(-1, x.shape[1])])
-        windows = source[plan.conv_index]  # [N, K-1, C]
+        history = history.transpose(1, 2).reshape(-1, x.shape[1])
+        index, rows = plan.conv_index, x.shape[0]  # gathers of N x (K-1) rows, no copy of the chunk
+        in_chunk = (index < rows)[..., None]
+        windows = torch.where(in_chunk, x[index.clamp(max=rows - 1)], history[(index - rows).clamp(min=0)])
         snaps.conv[self.state_layer, plan.conv_slots] = windows.transpose(1, 2).to(snaps.conv.dtype)
 
     def _prefill_with_snapshots(self, q, k, v, g, beta, ssm_state, b_ssm_row, batch, caches) -> torch.Tensor:
