@@ -20,6 +20,7 @@ from lightllm_mtp.kernels._validate import check_dtype, check_shape
 from lightllm_mtp.kernels.gdn.gated_delta_rule import (
     _check_common,
     fla_chunk_kernel,
+    gated_delta_rule_prefill,
     gated_delta_rule_prefill_ref,
 )
 
@@ -71,8 +72,14 @@ def make_state_saves(q_lens: list[int], saves: list[tuple[int, int, int]], devic
 
 
 def state_save_alignment(device: torch.device) -> int:
-    """Saved token counts (other than a request's whole chunk) must be multiples of this on `device`."""
-    return CHUNK if device.type == "cuda" and fla_chunk_kernel() is not None else 1
+    """Saved token counts (other than a request's whole chunk) must be multiples of this on `device` (without fla's
+    forward steps, e.g. another fla version, only whole chunks: the caller splits at every boundary)."""
+    if device.type != "cuda" or fla_chunk_kernel() is None:
+        return 1
+    return CHUNK if _fla_parts() is not None else _WHOLE_ONLY
+
+
+_WHOLE_ONLY = 1 << 62
 
 
 def gated_delta_rule_prefill_states(
@@ -107,8 +114,13 @@ def gated_delta_rule_prefill_states(
     bad = [(b, t) for b, t, _ in saves.saves if t != saves.q_lens[b] and t % align]
     if bad:
         raise ValueError(f"{op}: saved counts {bad} are not multiples of {align} nor whole lengths")
-    if align > 1 and _fla_parts() is not None:
+    if align == CHUNK:
         return _prefill_states_fla(q, k, v, g, beta, ssm_state, states_out, b_state_idx, b_has_initial_state, saves)
+    if align == _WHOLE_ONLY:  # final states only: the plain prefill, then copies
+        o = gated_delta_rule_prefill(q, k, v, g, beta, ssm_state, b_state_idx=b_state_idx, b1_cu_q_len=saves.cu_seqlens,
+                                     b_has_initial_state=b_has_initial_state)  # fmt: skip
+        states_out[saves.final_dest] = ssm_state[b_state_idx.long()[saves.final_b]]
+        return o
     return gated_delta_rule_prefill_ref(
         q, k, v, g, beta, ssm_state, b_state_idx, b1_cu_q_len, b_has_initial_state,
         saves=[(b, t, d) for b, t, d in saves.saves], states_out=states_out,

@@ -72,6 +72,8 @@ def test_segments_split_only_off_the_alignment():
     cuts = [(128, 0), (192, 1), (256, 2), (400, 3)]
     assert _segments(100, 300, cuts, 64) == [(100, 128, [(28, 0)]), (128, 400, [(64, 1), (128, 2), (272, 3)])]
     assert _segments(100, 300, cuts, 1) == [(100, 400, [(28, 0), (92, 1), (156, 2), (300, 3)])]
+    whole_only = [(100, 128, [(28, 0)]), (128, 192, [(64, 1)]), (192, 256, [(64, 2)]), (256, 400, [(144, 3)])]
+    assert _segments(100, 300, cuts, 1 << 62) == whole_only  # without fla's forward steps: split at every boundary
     plan = build_snapshot_plan([(0, 256), (100, 300)], [False, True], [[(256, 5)], cuts], 3, 556,
                                torch.device("cpu"), 64)  # fmt: skip
     assert len(plan.pieces) == 2
