@@ -1,7 +1,8 @@
 """One memory budget for the full-attention KV pool and the prefix cache's GDN state snapshots.
 
 The budget is the bytes of `max_total_token_num` KV token slots (default max_batch_size * max_model_len). With the
-prefix cache on, the KV pool gets (1 - prefix_cache_state_share) of it and snapshots the rest, at least MIN_SNAPSHOTS:
+prefix cache on, the KV pool gets (1 - prefix_cache_state_share) of it, never less than one max_model_len request
+where the budget holds one, and snapshots the rest, at least MIN_SNAPSHOTS:
 a few cached prefixes stay resumable where one snapshot outweighs many KV slots (small models, small budgets); only
 that floor's excess comes on top of the budget. Eviction (common/radix_cache.py) runs across both: KV pressure drops
 least recently used leaves with their snapshots, snapshot pressure the least recently used snapshot and the leaves
@@ -48,13 +49,15 @@ def snapshot_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
     return layers * (conv + ssm)
 
 
-def split_budget(budget_tokens: int, kv_per_token: int, snap_bytes: int, share: float | None) -> CacheBudget:
+def split_budget(budget_tokens: int, kv_per_token: int, snap_bytes: int, share: float | None,
+                 min_kv_tokens: int = 1) -> CacheBudget:  # fmt: skip
     """share None (no prefix cache): the whole budget is KV. Otherwise the KV pool gets (1 - share) of the budget's
-    bytes and the snapshots `share`, at least MIN_SNAPSHOTS (the floor's excess comes on top of the budget)."""
+    bytes, but at least min_kv_tokens (one max-length request) where the budget has them, and the snapshots the
+    rest, at least MIN_SNAPSHOTS (the floor's excess comes on top of the budget)."""
     if share is None or snap_bytes == 0:
         return CacheBudget(budget_tokens, 0, kv_per_token, snap_bytes)
     total = budget_tokens * kv_per_token
-    kv_tokens = max(1, int(budget_tokens * (1 - share)))
+    kv_tokens = max(1, int(budget_tokens * (1 - share)), min(min_kv_tokens, budget_tokens))
     num = max(MIN_SNAPSHOTS, (total - kv_tokens * kv_per_token) // snap_bytes)
     return CacheBudget(kv_tokens, num, kv_per_token, snap_bytes)
 
@@ -65,4 +68,5 @@ def cache_budget_of(args: EngineArgs, cfg: ModelConfig, max_model_len: int) -> C
     spec = args.spec
     kv = kv_bytes_per_token(cfg, dtype_bytes, spec.num_draft_modules if spec else 0)
     share = args.prefix_cache_state_share if args.prefix_cache else None
-    return split_budget(args.resolved_kv_pool_size(max_model_len), kv, snapshot_bytes(cfg, dtype_bytes), share)
+    budget = args.resolved_kv_pool_size(max_model_len)
+    return split_budget(budget, kv, snapshot_bytes(cfg, dtype_bytes), share, min_kv_tokens=max_model_len)

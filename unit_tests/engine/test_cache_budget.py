@@ -12,6 +12,9 @@ def test_split_follows_the_share_with_a_floor():
     b = split_budget(1000, 100, 1000, 0.5)  # 100 kB: 50 snapshots, 500 slots
     assert (b.kv_tokens, b.num_snapshots, b.total_bytes) == (500, 50, 100_000)
     assert split_budget(1000, 100, 1000, None).num_snapshots == 0
+    one_request = split_budget(1000, 100, 1000, 0.5, min_kv_tokens=800)  # KV keeps one max-length request
+    assert (one_request.kv_tokens, one_request.num_snapshots) == (800, 20)
+    assert split_budget(600, 100, 1000, 0.5, min_kv_tokens=800).kv_tokens == 600  # the budget is below one request
     small = split_budget(1000, 100, 1000, 0.001)  # KV keeps its part; the snapshot floor comes on top
     assert (small.num_snapshots, small.kv_tokens) == (MIN_SNAPSHOTS, 999)
 

@@ -105,9 +105,9 @@ def test_small_pool_forces_evictions(tiny_dense_mtp3_dir, mode):
     """A pool for about one request at a time: admission waits for locked slots, every allocation evicts."""
     batches = [[SYSTEM + [50 + i, 51, 52 + i] for i in range(6)], [SYSTEM[:9] + [70, 71]] * 2]
     ref = run(build(tiny_dense_mtp3_dir, False, max_batch_size=2, **MODES[mode]), batches)
-    llm = build(tiny_dense_mtp3_dir, True, max_batch_size=2, max_total_token_num=480, prefix_cache_state_share=0.9,
-                **MODES[mode])  # fmt: skip
-    assert llm.engine.model.caches.kv_pool.size <= 64
+    llm = build(tiny_dense_mtp3_dir, True, max_batch_size=2, max_model_len=48, max_total_token_num=480,
+                prefix_cache_state_share=0.9, **MODES[mode])  # fmt: skip
+    assert llm.engine.model.caches.kv_pool.size == 48
     pool, evicted = llm.engine.model.caches.kv_pool, []
     reclaim = pool.reclaim
     pool.reclaim = lambda n: evicted.append(reclaim(n)) or evicted[-1]
