@@ -5,7 +5,8 @@ an 8k prefix + 128-token question, warm at least 10x faster than cold on an H100
         --question_len 128 --mtp_mode eagle_with_att --mtp_step 1 --out benchmark/results/prefix_cache_ttft.json
 
 Per repeat: a cold request (a fresh prefix), then warm requests (the same prefix, new questions), each alone with
-max_new_tokens=1, so its wall time is its TTFT; and the same warm prompts on an engine without the cache. Under MTP
+max_new_tokens=1, so its wall time is its TTFT; and the same warm prompts on an engine without the cache. Each engine
+first runs a cold prefix and a hit on it, unmeasured (compilation and autotuning of both paths' shapes). Under MTP
 (draft lookahead L = 1) a warm request resumes at the deepest snapshot at most prefix_len - 1 (the draft KV of the
 prefix's last position depends on the question's first token): with interval I it recomputes up to I + question_len.
 """
@@ -40,6 +41,51 @@ def ttft_ms(engine, prompt: list[int]) -> tuple[float, int]:
     return (time.perf_counter() - start) * 1e3, req.num_cached_tokens
 
 
+def warm_breakdown(engine, prompt: list[int]) -> dict:
+    """One warm request under torch.profiler: engine steps (host wall per step), host time in the prefix cache's
+    methods, and the top device kernels / host ops, to say where a warm TTFT goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cache, host = engine.prefix_cache, {}
+    originals = {}
+    for name in ("match", "admitted", "restore", "plan", "after_launch", "on_finish"):
+        originals[name] = fn = getattr(cache, name)
+
+        def timed(*a, _fn=fn, _name=name, **kw):
+            t = time.perf_counter()
+            try:
+                return _fn(*a, **kw)
+            finally:
+                host[_name] = host.get(_name, 0.0) + (time.perf_counter() - t) * 1e3
+
+        setattr(cache, name, timed)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if engine.args.device.type == "cuda" else [])
+    sync = torch.cuda.synchronize if engine.args.device.type == "cuda" else (lambda: None)
+    steps = []
+    sync()
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        engine.add_request(prompt, SamplingParams(temperature=0.0, max_new_tokens=1, ignore_eos=True))
+        while engine.has_unfinished():
+            t = time.perf_counter()
+            engine.step()
+            steps.append((time.perf_counter() - t) * 1e3)
+        sync()
+        total = (time.perf_counter() - start) * 1e3
+    for name, fn in originals.items():
+        setattr(cache, name, fn)
+    events = prof.key_averages()
+    device_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
+    return {
+        "ttft_ms_profiled": total,
+        "step_host_ms": steps,
+        "prefix_cache_host_ms": host,
+        "device_kernel_ms": device_us / 1e3,
+        "top_device": events.table(sort_by="self_cuda_time_total", row_limit=15) if len(activities) > 1 else "",
+        "top_host": events.table(sort_by="self_cpu_time_total", row_limit=15),
+    }
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model_shape", default=None)
@@ -53,9 +99,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--chunked_prefill_size", type=int, default=8192)
     p.add_argument("--prefix_cache_interval", type=int, default=256)
     p.add_argument("--prefix_cache_state_share", type=float, default=0.5)
+    p.add_argument("--max_total_token_num", type=int, default=None,
+                   help="the KV + snapshot budget in KV tokens (default 2 x max_model_len: two requests' KV)")
     p.add_argument("--mtp_mode", default=None)
     p.add_argument("--mtp_step", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--breakdown", action="store_true", help="profile one more warm request (results: warm_breakdown)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     ns = argparse.Namespace(model_dir=args.model_dir, model_shape=args.model_shape, seed=args.seed, device=args.device,
@@ -78,8 +127,16 @@ def main(argv: list[str] | None = None) -> dict:
     for label, cache in (("cache", True), ("no_cache", False)):
         ns.engine_extra = dict(prefix_cache=cache, prefix_cache_interval=args.prefix_cache_interval,
                                prefix_cache_state_share=args.prefix_cache_state_share)  # fmt: skip
+        if args.max_total_token_num:
+            ns.engine_extra["max_total_token_num"] = args.max_total_token_num
         engine = build_engine(source, ns, max_model_len, mtp=args.mtp_mode is not None)
-        ttft_ms(engine, tokens(args.question_len))  # warm-up: kernels, allocator
+        budget = engine.cache_budget
+        print(label, f"KV pool {budget.kv_tokens} tokens, {budget.num_snapshots} snapshots of "
+              f"{budget.snapshot_bytes / 2**20:.0f} MiB", flush=True)  # fmt: skip
+        # warm-up of both paths' shapes (compilation, autotuning, allocator): a cold prefix, then a hit on it
+        warm_up = tokens(args.prefix_len)
+        for _ in range(2):
+            ttft_ms(engine, warm_up + tokens(args.question_len))
         cold, warm, cached = [], [], []
         for batch in prompts:
             t, _ = ttft_ms(engine, batch[0])
@@ -88,8 +145,13 @@ def main(argv: list[str] | None = None) -> dict:
                 t, c = ttft_ms(engine, prompt)
                 warm.append(t)
                 cached.append(c)
-        rows[label] = {"cold_ms": cold, "warm_ms": warm, "warm_cached_tokens": cached,
-                       "cold_median_ms": statistics.median(cold), "warm_median_ms": statistics.median(warm)}  # fmt: skip
+        rows[label] = {"kv_tokens": budget.kv_tokens, "snapshots": budget.num_snapshots, "cold_ms": cold,
+                       "warm_ms": warm, "warm_cached_tokens": cached, "cold_median_ms": statistics.median(cold),
+                       "warm_median_ms": statistics.median(warm)}  # fmt: skip
+        if cache and args.breakdown:  # the last cold prefix again, a new question
+            again = prompts[-1][0][: args.prefix_len] + tokens(args.question_len)
+            b = rows[label]["warm_breakdown"] = warm_breakdown(engine, again)
+            print(b["top_device"], b["top_host"], {k: v for k, v in b.items() if not k.startswith("top")}, sep="\n")
         print(label, json.dumps({k: v for k, v in rows[label].items() if "median" in k}), flush=True)
         del engine
         free_device_memory(torch.device(args.device))

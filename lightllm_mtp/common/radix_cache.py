@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from lightllm_mtp.common.host_snapshots import HostSnapshotTier
 from lightllm_mtp.common.kv_pool import KvPool
 from lightllm_mtp.common.slot_allocator import SlotAllocator
 
@@ -38,6 +39,7 @@ class Snapshot:
     slot: int
     pins: int = 0  # admitted requests that still have to restore it
     last_access: int = 0
+    on_host: bool = False  # slot is a HostSnapshotTier slot (offloaded; fetched back on a hit)
 
 
 @dataclass(eq=False)
@@ -53,8 +55,9 @@ class Node:
 
 
 class RadixCache:
-    def __init__(self, kv_pool: KvPool, num_snapshots: int):
+    def __init__(self, kv_pool: KvPool, num_snapshots: int, host: HostSnapshotTier | None = None):
         self.kv_pool = kv_pool
+        self.host = host  # where evicted snapshots go (None: they are dropped)
         self.root = Node([], torch.empty(0, dtype=torch.int32), None, 0, lock_ref=1)
         self.snapshot_allocator = SlotAllocator(num_snapshots, "state snapshots")
         self.num_tokens = 0  # KV slots owned by the tree
@@ -160,16 +163,50 @@ class RadixCache:
         return Snapshot(int(self.snapshot_allocator.alloc(1)[0]), last_access=next(self._clock))
 
     def free_snapshot(self, snapshot: Snapshot) -> None:
-        self.snapshot_allocator.free(torch.tensor([snapshot.slot], dtype=torch.int32))
+        allocator = self.host.allocator if snapshot.on_host else self.snapshot_allocator
+        allocator.free(torch.tensor([snapshot.slot], dtype=torch.int32))
 
     def _evict_one_snapshot(self) -> bool:
-        candidates = [n for n in self._nodes() if n.snapshot is not None and n.snapshot.pins == 0]
+        """Frees a device snapshot slot: the least recently used unpinned one moves to the host tier (making room
+        there by dropping its least recently used one) or, without a tier, is dropped."""
+        candidates = [n for n in self._snapshot_nodes(on_host=False) if n.snapshot.pins == 0]
         if not candidates:
             return False
         node = min(candidates, key=lambda n: n.snapshot.last_access)
+        snap = node.snapshot
+        if self.host is not None and self.host.allocator.num_free == 0:
+            on_host = [n for n in self._snapshot_nodes(on_host=True) if n.snapshot.pins == 0]
+            if on_host:
+                self._drop_snapshot(min(on_host, key=lambda n: n.snapshot.last_access))
+        if self.host is not None and self.host.allocator.num_free > 0:
+            host_slot = int(self.host.allocator.alloc(1)[0])
+            self.host.offload(snap.slot, host_slot)
+            self.free_snapshot(snap)
+            node.snapshot = Snapshot(host_slot, last_access=snap.last_access, on_host=True)
+            return True
+        self._drop_snapshot(node)
+        return True
+
+    def _snapshot_nodes(self, on_host: bool) -> list[Node]:
+        return [n for n in self._nodes() if n.snapshot is not None and n.snapshot.on_host == on_host]
+
+    def _drop_snapshot(self, node: Node) -> None:
         self.free_snapshot(node.snapshot)
         node.snapshot = None
         self._drop_useless(node)
+
+    def fetch(self, node: Node) -> bool:
+        """Brings node's offloaded snapshot back into a device slot; False (it stays on the host) when every device
+        snapshot is pinned."""
+        snap = node.snapshot
+        snap.pins += 1  # not dropped by the host-tier room the allocation below may make
+        device = self.alloc_snapshot()
+        snap.pins -= 1
+        if device is None:
+            return False
+        self.host.fetch(snap.slot, device.slot)
+        self.free_snapshot(snap)
+        node.snapshot = device
         return True
 
     def _drop_useless(self, node: Node) -> None:
@@ -222,15 +259,20 @@ class RadixCache:
         assert slots.unique().numel() == slots.numel() == self.num_tokens, "tree slots repeated or miscounted"
         assert bool(self.kv_pool.allocator._in_use[slots.long()].all()), "a tree slot is on the free list"
         assert self.num_locked == sum(len(n.key) for n in nodes if n.lock_ref > 0), "locked count drifted"
-        snaps = [n.snapshot.slot for n in nodes if n.snapshot is not None]
-        assert len(set(snaps)) == len(snaps), "a snapshot slot on two nodes"
-        assert all(bool(self.snapshot_allocator._in_use[s]) for s in snaps), "a tree snapshot is free"
+        for on_host, allocator in ((False, self.snapshot_allocator), (True, self.host and self.host.allocator)):
+            snaps = [n.snapshot.slot for n in nodes if n.snapshot is not None and n.snapshot.on_host == on_host]
+            assert len(set(snaps)) == len(snaps), "a snapshot slot on two nodes"
+            assert all(bool(allocator._in_use[s]) for s in snaps), "a tree snapshot is free"
         for n in nodes:
             assert n.parent.children[n.key[0]] is n and n.depth == n.parent.depth + len(n.key)
 
     @property
     def num_snapshots(self) -> int:
         return self.snapshot_allocator.size - self.snapshot_allocator.num_free
+
+    @property
+    def num_host_snapshots(self) -> int:
+        return self.host.allocator.size - self.host.allocator.num_free if self.host is not None else 0
 
 
 def _common_prefix(a: list, b: list) -> int:

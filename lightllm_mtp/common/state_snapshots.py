@@ -2,9 +2,11 @@
 
 A snapshot slot holds, for every GDN layer, the K-1 most recent conv inputs and one SSM state row: what a request
 slot holds after prefill (LinearAttState columns [0, K-1), SSM row 0). Prompt chunks fill snapshots inside the GDN
-layers (SnapshotPlan: the layer splits a chunk at the boundaries); a finished request's state is copied from its
+layers (SnapshotPlan); a finished request's state is copied from its
 committed conv window and SSM row (under MTP at offset accept_len - 1: kernels/gdn/*_verify.py); a request that
-resumes from a snapshot gets it copied into its own slot.
+resumes from a snapshot gets it copied into its own slot. The SSM states at the boundaries come out of the chunk's
+one prefill call (kernels/gdn/gated_delta_rule_states.py), split only where a boundary is off the kernel's
+alignment.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from lightllm_mtp.common.linear_att_state import LinearAttState
+from lightllm_mtp.kernels.gdn.gated_delta_rule_states import StateSaves, make_state_saves
 
 
 class StateSnapshotPool:
@@ -57,58 +60,75 @@ class StateSnapshotPool:
 
 @dataclass(frozen=True)
 class SnapshotPiece:
-    """One pass of the GDN recurrence over some requests' consecutive rows; after it, the state rows of `save_b`
-    are copied into snapshot slots `save_slots`."""
+    """One prefill call of the GDN recurrence over some requests' consecutive rows, saving the states `saves` names
+    (destination rows: snapshot slots). rows / b_index None: the whole forward, in order."""
 
-    rows: torch.Tensor  # [Tp] int64 rows of the forward
-    b_index: torch.Tensor  # [Bp] int64 batch requests of the piece
+    rows: torch.Tensor | None  # [Tp] int64 rows of the forward
+    b_index: torch.Tensor | None  # [Bp] int64 batch requests of the piece
     b1_cu_q_len: torch.Tensor  # [Bp+1] int32
-    b_has_initial_state: torch.Tensor  # [Bp] bool
-    save_b: torch.Tensor  # [Ns] int64 batch requests whose state is saved after this piece
-    save_slots: torch.Tensor  # [Ns] int64
+    b_has_initial_state: torch.Tensor | None  # [Bp] bool (None: the batch's)
+    saves: StateSaves
 
 
 @dataclass(frozen=True)
 class SnapshotPlan:
-    """Snapshots an EXTEND forward fills: the SSM state through `pieces` (each request's chunk split at its
-    boundaries), the conv window by gathering K-1 pre-conv inputs per snapshot (`conv_index` into [the forward's
-    rows; then K-1 history rows per request, its conv state before the forward])."""
+    """Snapshots an EXTEND forward fills: the SSM state through `pieces` (one, unless a boundary falls off the
+    kernel's save alignment: the chunk is split there), the conv window by gathering K-1 pre-conv inputs per
+    snapshot (`conv_index` into [the forward's rows; then K-1 history rows per request, its conv state before the
+    forward])."""
 
     pieces: list[SnapshotPiece]
     conv_index: torch.Tensor  # [N, K-1] int64
     conv_slots: torch.Tensor  # [N] int64
 
 
+def _segments(start: int, rows: int, cuts: list[tuple[int, int]], align: int) -> list[tuple[int, int, list]]:
+    """A request's chunk as (lo, hi, [(rows consumed, slot)]) segments: cut only at a boundary that is neither a
+    multiple of `align` rows from its segment's start nor the chunk's end."""
+    segments, lo, saves = [], start, []
+    for p, slot in cuts:
+        saves.append((p - lo, slot))
+        if p != start + rows and (p - lo) % align:
+            segments.append((lo, p, saves))
+            lo, saves = p, []
+    segments.append((lo, start + rows, saves))
+    return segments
+
+
 def build_snapshot_plan(
     chunks: list[tuple[int, int]], has_state: list[bool], cuts: list[list[tuple[int, int]]], conv_cols: int,
-    num_rows: int, device: torch.device,
+    num_rows: int, device: torch.device, align: int = 1,
 ) -> SnapshotPlan | None:  # fmt: skip
     """chunks: per batch request (start position, rows) of its chunk; cuts: per request the (position, snapshot
-    slot) of each boundary in (start, start + rows], increasing. None when no snapshot is taken."""
+    slot) of each boundary in (start, start + rows], increasing; align: state_save_alignment of the device. None
+    when no snapshot is taken."""
     if not any(cuts):
         return None
+    assert sum(n for _, n in chunks) == num_rows
     row0 = [0]
     for _, n in chunks:
         row0.append(row0[-1] + n)
-    bounds = [[s] + [p for p, _ in c] + ([] if c and c[-1][0] == s + n else [s + n]) for (s, n), c in zip(chunks, cuts)]
-    slot_at = [dict(c) for c in cuts]
+    segs = [_segments(s, n, c, align) for (s, n), c in zip(chunks, cuts)]
     pieces = []
-    for i in range(max(len(b) - 1 for b in bounds)):
-        rows, b_index, cu, init, save_b, save_slots = [], [], [0], [], [], []
-        for b, ((s, _), bd) in enumerate(zip(chunks, bounds)):
-            if i + 1 >= len(bd):
+    if all(len(x) == 1 for x in segs):
+        saves = [(b, t, slot) for b, x in enumerate(segs) for t, slot in x[0][2]]
+        pieces.append(SnapshotPiece(None, None, torch.empty(0), None,
+                                    make_state_saves([n for _, n in chunks], saves, device)))  # fmt: skip
+    for i in range(max(len(x) for x in segs) if not pieces else 0):
+        rows, b_index, cu, init, lens, saves = [], [], [0], [], [], []
+        for b, ((s, _), x) in enumerate(zip(chunks, segs)):
+            if i >= len(x):
                 continue
-            lo, hi = bd[i], bd[i + 1]
+            lo, hi, seg_saves = x[i]
             rows += range(row0[b] + lo - s, row0[b] + hi - s)
+            saves += [(len(b_index), t, slot) for t, slot in seg_saves]
             b_index.append(b)
             cu.append(cu[-1] + hi - lo)
+            lens.append(hi - lo)
             init.append(has_state[b] or i > 0)
-            if hi in slot_at[b]:
-                save_b.append(b)
-                save_slots.append(slot_at[b][hi])
         pieces.append(SnapshotPiece(*(torch.tensor(v, dtype=t).to(device) for v, t in (
-            (rows, torch.int64), (b_index, torch.int64), (cu, torch.int32), (init, torch.bool), (save_b, torch.int64),
-            (save_slots, torch.int64)))))  # fmt: skip
+            (rows, torch.int64), (b_index, torch.int64), (cu, torch.int32), (init, torch.bool))),
+            make_state_saves(lens, saves, device)))  # fmt: skip
     conv_index, conv_slots = [], []
     for b, ((s, _), c) in enumerate(zip(chunks, cuts)):
         for pos, slot in c:

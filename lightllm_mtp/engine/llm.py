@@ -54,6 +54,7 @@ class LLM:
         prefix_cache: bool = True,
         prefix_cache_interval: int = 256,
         prefix_cache_state_share: float = 0.1,
+        prefix_cache_host_gb: float = 0.0,
     ):
         """tp / pp > 1: this process drives tp x pp - 1 follower processes (engine/parallel/); `shutdown()` ends
         them (they also end with this process)."""
@@ -81,6 +82,7 @@ class LLM:
             prefix_cache=prefix_cache,
             prefix_cache_interval=prefix_cache_interval,
             prefix_cache_state_share=prefix_cache_state_share,
+            prefix_cache_host_gb=prefix_cache_host_gb,
         )
         self.engine = LLMEngine(args)
         self.tokenizer = _load_tokenizer(model_dir)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 from dataclasses import dataclass
@@ -18,7 +19,9 @@ from lightllm_mtp.engine.parallel.membership import describe
 from lightllm_mtp.engine.runner_factory import BuiltRunner, build_runner
 from lightllm_mtp.engine.step import LaunchedStep
 from lightllm_mtp.common.radix_cache import RadixCache
+from lightllm_mtp.common.host_snapshots import HostSnapshotTier
 from lightllm_mtp.common.state_snapshots import StateSnapshotPool
+from lightllm_mtp.engine.cache_budget import cache_budget_of
 from lightllm_mtp.engine.prefix_cache import PrefixCache, PrefixCacheStats
 from lightllm_mtp.engine.request import FinishReason, Request, RequestStatus
 from lightllm_mtp.engine.scheduler import Scheduler
@@ -56,7 +59,8 @@ class LLMEngine:
             torch.set_num_threads(ENV.cpu_threads)
         self.model_config = cfg = ModelConfig.from_model_dir(args.model_dir)
         self.max_model_len = args.resolved_max_model_len(cfg.max_position_embeddings)
-        kv_pool_size = args.resolved_kv_pool_size(self.max_model_len)
+        self.cache_budget = budget = cache_budget_of(args, cfg, self.max_model_len)
+        kv_pool_size = budget.kv_tokens
         self.spec = args.spec
         self.parallel_group = None
         if args.parallel.world_size > 1:  # tp x pp: this process is rank 0, the driver (engine/parallel/)
@@ -85,7 +89,7 @@ class LLMEngine:
 
     def _build(self, args: EngineArgs, cfg: ModelConfig) -> BuiltRunner:
         if self.parallel_group is None:
-            return build_runner(args, cfg, self.max_model_len)
+            return build_runner(args, cfg, self.max_model_len, kv_pool_size=self.cache_budget.kv_tokens)
         try:
             built = build_runner(args, cfg, self.max_model_len)
         except Exception as e:
@@ -111,15 +115,16 @@ class LLMEngine:
             self.parallel_group.shutdown()
 
     def _make_prefix_cache(self, args: EngineArgs, spec) -> PrefixCache:
-        """The tree over the KV pool and a snapshot pool sized by prefix_cache_state_share of one budget: the KV pool's
-        bytes are the rest (at least 2 snapshots)."""
+        """The tree over the KV pool and the snapshot pool, the two parts of one budget (engine/cache_budget.py)."""
         caches = self.model.caches
         state, kv = caches.req_manager.linear_state, caches.kv_pool
-        kv_bytes = kv.size * 2 * kv.k_buffer[:, 0].numel() * kv.k_buffer.element_size()
-        share = args.prefix_cache_state_share
-        num = max(2, int(kv_bytes / (1 - share) * share) // StateSnapshotPool.bytes_per_snapshot(state))
+        num = self.cache_budget.num_snapshots
         caches.snapshots = StateSnapshotPool(state, num)
-        tree = RadixCache(kv, num)
+        host = None
+        if args.prefix_cache_host_gb > 0:
+            per = StateSnapshotPool.bytes_per_snapshot(state)
+            host = HostSnapshotTier(caches.snapshots, HostSnapshotTier.slots_for(per, args.prefix_cache_host_gb))
+        tree = RadixCache(kv, num, host)
         kv.reclaim = tree.evict
         lookahead = self._built.runner.proposer.lookahead if spec is not None else 0
         return PrefixCache(tree, caches.snapshots, caches.req_manager, args.prefix_cache_interval, lookahead)
@@ -255,7 +260,8 @@ class LLMEngine:
     def _finish(self, req: Request, reason: FinishReason) -> None:
         req.finish_reason = reason
         if self.prefix_cache is not None:  # its committed KV and state join the tree before its slots go back
-            self.prefix_cache.on_finish(req, self.runner.committed_state_offset(req), self.runner.hold_queued_row(req))
+            state_at = functools.partial(self.runner.committed_state_offset, req)
+            self.prefix_cache.on_finish(req, state_at, self.runner.hold_queued_row(req))
         self.runner.release(req)
         self.scheduler.finish(req)
 

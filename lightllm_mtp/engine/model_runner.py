@@ -200,10 +200,10 @@ class ModelRunner:
     def settle(self, step: DecodeStep) -> None:
         pass
 
-    def committed_state_offset(self, req: Request) -> int | None:
+    def committed_state_offset(self, req: Request, back: int = 0) -> int | None:
         """Where the request's committed GDN state sits in its slot (plain decoding: column / row 0, covering its
-        num_computed tokens)."""
-        return 0
+        num_computed tokens); earlier states are not kept."""
+        return 0 if back == 0 else None
 
     def release(self, req: Request) -> None:
         """Returns the request's KV slots and request slot (its linear state slot goes with it)."""

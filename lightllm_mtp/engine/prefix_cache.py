@@ -11,7 +11,9 @@ provisional draft rows never do), snapshots of prompt-chunk boundaries and of a 
 state (under MTP its conv window / SSM row at accept_len - 1, never verify rows). Under MTP with overlap a request
 may end while its next verify is queued: its state then moves past what the host knows, so the state after that
 verify's first row (the newest token, committed) is snapshotted and enters the tree once the verify's first emitted
-token, the last key's lookahead, reaches the host (eagle / PTD; multi-layer MTP leaves no end snapshot).
+token, the last key's lookahead, reaches the host (eagle / PTD). Under multi-layer MTP (L modules) the tree's end lags
+the committed state by L - 1 positions: its snapshot is the last verify's SSM row / conv window L - 1 before the
+committed one, when that verify accepted at least L rows (else the request leaves no end snapshot).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from lightllm_mtp.common.radix_cache import RadixCache, Snapshot, key_elements
 from lightllm_mtp.common.req_manager import ReqManager
 from lightllm_mtp.common.state_snapshots import SnapshotPlan, StateSnapshotPool, build_snapshot_plan
 from lightllm_mtp.engine.request import Request
+from lightllm_mtp.kernels.gdn.gated_delta_rule_states import state_save_alignment
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,8 @@ class PrefixCacheStats:
     tree_tokens: int  # KV slots owned by the tree
     snapshots: int  # snapshot slots in use
     snapshot_capacity: int
+    host_snapshots: int = 0  # offloaded snapshots in the pinned host tier
+    host_fetches: int = 0  # offloaded snapshots brought back for a hit
 
     @property
     def hit_rate(self) -> float:
@@ -53,7 +58,7 @@ class PrefixCache:
         self.lookahead = lookahead  # L: draft-KV lookahead of the MTP proposer (0 without MTP)
         self.release_reservation: Callable[[Request, int], None] = lambda req, n: None  # the scheduler's
         self._pending: list[tuple[Request, list[tuple[int, Snapshot]]]] = []
-        self._queries = self._hits = self._prompt_tokens = self._cached_tokens = 0
+        self._queries = self._hits = self._prompt_tokens = self._cached_tokens = self._host_hits = 0
 
     # ---- admission ----------------------------------------------------------------------------------------------
     def match(self, req: Request) -> int:
@@ -63,7 +68,9 @@ class PrefixCache:
         if n <= 0:
             return 0
         path = self.tree.match(key_elements(prompt, n, self.lookahead))
-        node = next((x for x in reversed(path) if x.snapshot is not None), None)
+        # the deepest snapshot; an offloaded one comes back to the device first (if a device slot can be had)
+        resumable = (x for x in reversed(path) if x.snapshot is not None and (not x.snapshot.on_host or self._fetch(x)))
+        node = next(resumable, None)
         if node is None:
             return 0
         self.tree.lock(node)
@@ -72,6 +79,11 @@ class PrefixCache:
         req.kv_slots = [self.tree.path_slots(node)]
         req.num_computed = node.depth
         return node.depth
+
+    def _fetch(self, node) -> bool:
+        fetched = self.tree.fetch(node)
+        self._host_hits += fetched  # counted at the match (an unadmitted request's fetch stays on the device)
+        return fetched
 
     def unmatch(self, req: Request) -> None:
         """Undoes `match` (the request was not admitted after all)."""
@@ -103,8 +115,8 @@ class PrefixCache:
     # ---- prompt chunks ------------------------------------------------------------------------------------------
     def plan(self, chunks: list[tuple[Request, int, int]], num_rows: int, device: torch.device) -> SnapshotPlan | None:
         """Snapshot slots for the boundaries of the step's prompt chunks (req, start, rows): every multiple of the
-        interval and the prompt's end, deepest first while slots can be had (a chunk's recurrence is split only where
-        a snapshot is taken). Rows of decode requests take none."""
+        interval and the prompt's end, deepest first while slots can be had (the GDN layers save the states in the
+        chunk's prefill call: common/state_snapshots.py). Rows of decode requests take none."""
         cuts = []
         for req, start, n in chunks:
             c = []
@@ -125,6 +137,7 @@ class PrefixCache:
         return build_snapshot_plan(
             [(s, n) for _, s, n in chunks], [s > 0 for _, s, _ in chunks],
             [[(p, snap.slot) for p, snap in c] for c in cuts], self.snapshots.conv_cols, num_rows, device,
+            state_save_alignment(device),
         )  # fmt: skip
 
     def after_launch(self) -> None:
@@ -161,10 +174,12 @@ class PrefixCache:
         req.cached_len = depth
 
     # ---- end of a request ---------------------------------------------------------------------------------------
-    def on_finish(self, req: Request, state_offset: torch.Tensor | int | None, held: torch.Tensor | None = None) -> None:
-        """Before the request's slots are released: its committed KV (and a snapshot of its committed GDN state, at
-        `state_offset`; None: no usable state) go into the tree; its lock is dropped; what the tree does not take is
-        freed. req.kv_slots is empty afterwards.
+    def on_finish(self, req: Request, state_at: Callable[[int], torch.Tensor | int | None],
+                  held: torch.Tensor | None = None) -> None:  # fmt: skip
+        """Before the request's slots are released: its committed KV (and a snapshot of its GDN state at the tree's
+        end, found by `state_at(back)`: the slot offset of the state `back` positions before its committed one, None:
+        not kept) go into the tree; its lock is dropped; what the tree does not take is freed. req.kv_slots is empty
+        afterwards.
 
         held: under MTP, the KV slot of its newest token's row in a verify already queued (overlap; the runner kept
         it out of release). That verify commits the row, so the state after it (conv columns / SSM row 0) is
@@ -191,7 +206,10 @@ class PrefixCache:
                 self.tree.free_snapshot(s)
             to_free.append(kv[:depth][kv[:depth] != tree_slots])
             self.tree.lock(node)  # the allocations below may evict unlocked leaves
-            if depth == total and state_offset is not None and req.req_idx is not None and node.snapshot is None:
+            # the state after position depth - 1: the committed one (plain, eagle: depth == total), or under
+            # multi-layer MTP (depth = total + 1 - L) a verify row L - 1 before it, if that verify kept it
+            state_offset = state_at(total - depth) if req.req_idx is not None and node.snapshot is None else None
+            if state_offset is not None:
                 snap = self.tree.alloc_snapshot()
                 if snap is not None:
                     self.snapshots.save(snap.slot, req.req_idx, state_offset)
@@ -235,4 +253,5 @@ class PrefixCache:
 
     def stats(self) -> PrefixCacheStats:
         return PrefixCacheStats(self._queries, self._hits, self._prompt_tokens, self._cached_tokens,
-                                self.tree.num_tokens, self.tree.num_snapshots, self.snapshots.size)  # fmt: skip
+                                self.tree.num_tokens, self.tree.num_snapshots, self.snapshots.size,
+                                self.tree.num_host_snapshots, self._host_hits)  # fmt: skip

@@ -48,6 +48,7 @@ class Request:
     pending_snapshots: list = field(default_factory=list)  # (position, Snapshot) that enter the tree at its end
     # ended while a verify of it was queued (overlap): called with that verify's emitted tokens (None: never read)
     on_verified: Any = None
+    last_accept: int = 0  # MTP: rows its last collected verify committed (the prefix cache's end snapshot)
 
     @property
     def num_tokens(self) -> int:

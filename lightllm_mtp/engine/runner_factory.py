@@ -34,7 +34,9 @@ class BuiltRunner:
     runner: StepRunner  # model_runner, or the SpecRunner over it
 
 
-def build_runner(args: EngineArgs, cfg: ModelConfig, max_model_len: int, rank: RankInfo | None = None) -> BuiltRunner:
+def build_runner(args: EngineArgs, cfg: ModelConfig, max_model_len: int, rank: RankInfo | None = None,
+                 kv_pool_size: int | None = None) -> BuiltRunner:  # fmt: skip
+    """kv_pool_size: None for args' (engine/cache_budget.py gives the prefix cache's engine a smaller one)."""
     rank = rank or RankInfo(args.parallel)
     spec = args.spec
     rt = RuntimeShape(
@@ -42,7 +44,7 @@ def build_runner(args: EngineArgs, cfg: ModelConfig, max_model_len: int, rank: R
         device=args.device,
         max_reqs=args.max_batch_size,
         max_model_len=max_model_len,
-        kv_pool_size=args.resolved_kv_pool_size(max_model_len),
+        kv_pool_size=kv_pool_size or args.resolved_kv_pool_size(max_model_len),
         num_draft_tokens=spec.num_draft_tokens if spec else 0,
         draft_kv_layers=spec.num_draft_modules if spec else 0,
         load_format=args.load_format,

@@ -98,15 +98,19 @@ class SpecRunner:
                 r.on_verified(row[1 : 1 + row[0]])
                 r.on_verified = None
 
-    def committed_state_offset(self, req: Request) -> torch.Tensor | int | None:
+    def committed_state_offset(self, req: Request, back: int = 0) -> torch.Tensor | int | None:
         """The committed conv window / SSM row of the request's slot: 0 during its prompt, accept_len - 1 after a
         verify (a device scalar); None when a verify of it is queued (overlap): its state is then past what the host
-        knows."""
+        knows. back > 0 (multi-layer MTP: the tree's end lags the committed state by modules - 1 positions): the
+        verify row `back` before the committed one, kept when the last verify accepted more than `back` rows."""
         if not req.blocks:
-            return 0
+            return 0 if back == 0 else None
         if len(req.blocks) > 1:
             return None
-        return self.state.accept_len[req.req_idx] - 1
+        if back == 0:
+            return self.state.accept_len[req.req_idx] - 1
+        row = req.last_accept - 1 - back
+        return row if row >= 0 else None
 
     def _device(self, values: list[int], dtype=torch.int32) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
@@ -290,6 +294,7 @@ class SpecRunner:
             r.kv_slots.append(block[:accept])
             rejected.append(block[accept:])
             r.num_computed += accept
+            r.last_accept = accept
             r.spec_stats = r.spec_stats.after_step(row[-1], accept - 1, len(block) - 1)
             if self.controller is not None:
                 self.controller.observe(r.acceptance, row[-1], accept - 1)

@@ -88,8 +88,9 @@ class StepRunner(Protocol):
 
     def release(self, req: Request) -> None: ...
 
-    def committed_state_offset(self, req: Request):
-        """Where a request's committed GDN state sits in its slot (int or device scalar); None: not known."""
+    def committed_state_offset(self, req: Request, back: int = 0):
+        """Where a request's committed GDN state, or the state `back` positions before it, sits in its slot (int or
+        device scalar); None: not known / not kept."""
 
     def hold_queued_row(self, req: Request):
         """MTP: the KV slot of the newest token's row in a queued verify, kept out of release (prefix cache)."""

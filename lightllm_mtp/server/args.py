@@ -115,8 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--prefix_cache_interval", type=int, default=d["prefix_cache_interval"].default,
                    help="tokens between GDN state snapshots taken during prefill (default: %(default)s)")
     c.add_argument("--prefix_cache_state_share", type=float, default=d["prefix_cache_state_share"].default,
-                   help="share of the memory budget (KV pool + snapshots) held by GDN state snapshots; the KV pool "
-                   "keeps --max_total_token_num tokens (default: %(default)s)")
+                   help="share of the memory budget (the bytes of --max_total_token_num KV slots) held by GDN state "
+                   "snapshots, the KV pool gets the rest; at least 4 snapshots (default: %(default)s)")
+    c.add_argument("--prefix_cache_host_gb", type=float, default=d["prefix_cache_host_gb"].default,
+                   help="pinned host memory (GiB) that evicted GDN state snapshots move to, brought back on a hit "
+                   "(default: %(default)s, off)")
     s = p.add_argument_group("MTP speculative decoding")
     s.add_argument("--mtp_mode", default=None, choices=[mode.value for mode in MtpMode],
                    help="draft with the checkpoint's MTP head: eagle_with_att runs mtp.layers.0 mtp_step times; "
@@ -198,6 +201,7 @@ def server_args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
         prefix_cache=not ns.disable_prefix_cache,
         prefix_cache_interval=ns.prefix_cache_interval,
         prefix_cache_state_share=ns.prefix_cache_state_share,
+        prefix_cache_host_gb=ns.prefix_cache_host_gb,
         mtp_mode=ns.mtp_mode,
         mtp_step=ns.mtp_step,
         mtp_draft_model_dir=ns.mtp_draft_model_dir,

@@ -47,7 +47,7 @@ def test_multi_turn_workload_hits_the_prefix_cache(tmp_path, tiny_dense_dir):
     out = tmp_path / "multi_turn.json"
     argv = ["--launch", "--model_dir", str(tiny_dense_dir), "--device", "cpu", "--mtp_configs",
             "eagle_with_att:2,eagle_with_att:2/nocache", "--server_args",
-            "--max_req_total_len 256 --running_max_req_size 4 --prefix_cache_interval 16 --prefix_cache_state_share 0.9",
+            "--max_req_total_len 256 --running_max_req_size 4 --prefix_cache_interval 16 --prefix_cache_state_share 0.5",
             "--concurrency", "2", "--num_prompts", "2", "--input_len", "40", "--output_len", "6", "--workload",
             "multi_turn", "--turns", "3", "--question_len", "8", "--out", str(out)]  # fmt: skip
     report = serving.main(argv)

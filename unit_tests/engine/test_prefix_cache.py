@@ -8,6 +8,7 @@ from lightllm_mtp import LLM, SamplingParams
 from lightllm_mtp.common.radix_cache import key_elements
 from lightllm_mtp.engine.llm_engine import LLMEngine
 from lightllm_mtp.config.engine_args import EngineArgs
+from lightllm_mtp.engine.cache_budget import MIN_SNAPSHOTS
 
 INTERVAL = 8  # snapshot interval of these tests
 SYSTEM = [(37 * i) % 700 + 3 for i in range(21)]  # a shared "system prompt"
@@ -27,7 +28,9 @@ def greedy(n=NEW):
 def build(model_dir, cache, **kw):
     kw.setdefault("max_model_len", 96)
     kw.setdefault("chunked_prefill_size", 16)
-    return LLM(model_dir, prefix_cache=cache, prefix_cache_interval=INTERVAL, prefix_cache_state_share=0.9, **kw)
+    kw.setdefault("max_total_token_num", 4 * 8 * 96)  # one budget: a quarter KV (8 x 96 slots), the rest ~70 snapshots
+    kw.setdefault("prefix_cache_state_share", 0.75)
+    return LLM(model_dir, prefix_cache=cache, prefix_cache_interval=INTERVAL, **kw)
 
 
 def check_accounting(llm):
@@ -89,7 +92,8 @@ def test_outputs_and_acceptance_identical_with_the_cache(model_dir, mode):
     assert cached[0] == 0 and min(cached[1:3]) >= 2 * INTERVAL
     assert all(c > 0 for c in cached[3:])
     assert all(len(o.prompt_token_ids) - c >= max(1, lookahead) for o, c in zip(outs, cached))
-    if mode == "vanilla":  # its last modules - 1 draft rows stay provisional: no snapshot at a request's end
+    if mode == "vanilla":  # the tree's end lags the committed state by modules - 1 rows: the last verifies of this
+        # random model keep no state there (see test_multi_layer_mtp_end_snapshot_from_its_last_verify)
         assert min(cached[-4:]) == len(batches[0][0])  # the resend resumes at the first chat's prompt end
     else:  # the resend resumes at the first chat's end: exactly 1..4 uncached tokens (1..k+2 under MTP k=2)
         assert [len(o.prompt_token_ids) - c for o, c in zip(outs[-4:], cached[-4:])] == [1, 2, 3, 4]
@@ -101,7 +105,9 @@ def test_small_pool_forces_evictions(tiny_dense_mtp3_dir, mode):
     """A pool for about one request at a time: admission waits for locked slots, every allocation evicts."""
     batches = [[SYSTEM + [50 + i, 51, 52 + i] for i in range(6)], [SYSTEM[:9] + [70, 71]] * 2]
     ref = run(build(tiny_dense_mtp3_dir, False, max_batch_size=2, **MODES[mode]), batches)
-    llm = build(tiny_dense_mtp3_dir, True, max_batch_size=2, max_total_token_num=48, **MODES[mode])
+    llm = build(tiny_dense_mtp3_dir, True, max_batch_size=2, max_model_len=48, max_total_token_num=480,
+                prefix_cache_state_share=0.9, **MODES[mode])  # fmt: skip
+    assert llm.engine.model.caches.kv_pool.size == 48
     pool, evicted = llm.engine.model.caches.kv_pool, []
     reclaim = pool.reclaim
     pool.reclaim = lambda n: evicted.append(reclaim(n)) or evicted[-1]
@@ -113,7 +119,7 @@ def test_small_pool_forces_evictions(tiny_dense_mtp3_dir, mode):
 
 def test_abort_mid_prefill_of_a_request_on_cached_slots(tiny_dense_mtp3_dir):
     args = EngineArgs(tiny_dense_mtp3_dir, max_model_len=96, chunked_prefill_size=4, prefix_cache_interval=INTERVAL,
-                      prefix_cache_state_share=0.9, mtp_mode="eagle_with_att", mtp_step=2)  # fmt: skip
+                      prefix_cache_state_share=0.5, mtp_mode="eagle_with_att", mtp_step=2)  # fmt: skip
     engine = LLMEngine(args)
     plain = build(tiny_dense_mtp3_dir, False)
     first = engine.add_request(SYSTEM + [1, 2], greedy())
@@ -208,10 +214,41 @@ def test_few_snapshot_slots_go_to_the_deepest_boundaries(tiny_dense_mtp3_dir):
     llm = LLM(tiny_dense_mtp3_dir, max_model_len=96, chunked_prefill_size=64, prefix_cache_interval=INTERVAL,
               prefix_cache_state_share=0.001)  # fmt: skip
     cache = llm.engine.prefix_cache
-    assert cache.snapshots.size == 2  # the floor
+    assert cache.snapshots.size == MIN_SNAPSHOTS == 4  # the floor
     prompt = list(range(3, 48))
     llm.generate([prompt], greedy(1))
-    assert sorted(n.depth for n in cache.tree._nodes() if n.snapshot is not None) == [40, 45]
+    assert sorted(n.depth for n in cache.tree._nodes() if n.snapshot is not None) == [24, 32, 40, 45]
     out = llm.generate([prompt[:44] + [5, 6]], greedy())[0]
     assert out.num_cached_tokens == 40
+    check_accounting(llm)
+
+
+def test_multi_layer_mtp_end_snapshot_from_its_last_verify():
+    """Multi-layer MTP (3 modules): the tree's end lags the committed state by 2 positions; when the last verify
+    accepted enough rows its SSM row / conv window there is the end snapshot: equal to a from-scratch prefill's
+    state, and a resend resumes at it with the output it has without the cache."""
+    from lightllm_mtp.tools.default_checkpoint import FIXTURES_DIR
+
+    model_dir = FIXTURES_DIR / "tiny_qwen3_5_mtp3_ptd_trained"  # trained: its drafts get accepted
+    mtp = dict(mtp_mode="vanilla_with_att", mtp_step=3)
+    llm = LLM(model_dir, max_model_len=128, prefix_cache_interval=INTERVAL, max_total_token_num=4096,
+              prefix_cache_state_share=0.75, disable_overlap=True, **mtp)  # fmt: skip
+    prompt = [(13 * i) % 500 + 7 for i in range(21)]
+    out = llm.generate([prompt], greedy(10))[0]  # its last verify commits 4 rows, 1 past the output
+    tokens = prompt + out.token_ids
+    depth = len(tokens) - 3
+    cache, state = llm.engine.prefix_cache, llm.engine.model.caches.req_manager.linear_state
+    node = cache.tree.match(key_elements(tokens, depth, 3))[-1]
+    assert node.depth == depth > len(prompt) and node.snapshot is not None
+    scratch = LLMEngine(EngineArgs(model_dir, max_model_len=128, prefix_cache=False, disable_overlap=True))
+    req = scratch.add_request(tokens[:depth], greedy(2))
+    scratch.step()
+    live, slot, k1 = scratch.model.caches.req_manager.linear_state, node.snapshot.slot, state.conv_cols
+    # verify rows vs a prefill: the same arithmetic up to fp32 rounding of differently shaped GEMMs
+    torch.testing.assert_close(cache.snapshots.conv[:, slot], live.conv[:, req.req_idx, :, :k1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cache.snapshots.ssm[:, slot], live.ssm[:, req.req_idx], rtol=1e-5, atol=1e-5)
+    resend = tokens + [5, 6]
+    got = llm.generate([resend], greedy(6))[0]
+    want = LLM(model_dir, max_model_len=128, prefix_cache=False, **mtp).generate([resend], greedy(6))[0]
+    assert got.num_cached_tokens == depth and got.token_ids == want.token_ids
     check_accounting(llm)

@@ -13,6 +13,7 @@ from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.kernels.gdn.causal_conv1d import causal_conv1d_prefill
 from lightllm_mtp.kernels.gdn.causal_conv1d_verify import causal_conv1d_verify
 from lightllm_mtp.kernels.gdn.gated_delta_rule import gated_delta_rule_decode_fused, gated_delta_rule_prefill
+from lightllm_mtp.kernels.gdn.gated_delta_rule_states import gated_delta_rule_prefill_states
 from lightllm_mtp.kernels.gdn.gated_delta_rule_verify import gated_delta_rule_verify_fused_gates
 from lightllm_mtp.kernels.norm.gated_rmsnorm import gated_rmsnorm
 from lightllm_mtp.kernels.gdn.gdn_gating import gdn_gating
@@ -102,8 +103,10 @@ class GatedDeltaNet(Layer):
         else:
             g, beta = gdn_gating(a, b, self.A_log, self.dt_bias)
             if batch.snapshot_plan is None:
+                # int64 once per forward: fla caches its chunk indices (a device->host read) by this tensor's identity
+                cu = batch.derived("b1_cu_q_len_i64", lambda: batch.b1_cu_q_len.long())
                 o = gated_delta_rule_prefill(
-                    q, k, v, g, beta, ssm_state, b_state_idx=b_ssm_row, b1_cu_q_len=batch.b1_cu_q_len,
+                    q, k, v, g, beta, ssm_state, b_state_idx=b_ssm_row, b1_cu_q_len=cu,
                     b_has_initial_state=batch.b_has_initial_state,
                 )
             else:
@@ -119,22 +122,27 @@ class GatedDeltaNet(Layer):
         cols = snaps.conv_cols
         history = conv_state[batch.b_req_idx.to(torch.int64), :, :cols]  # [B, C, K-1]
         history = torch.where(batch.b_has_initial_state[:, None, None], history, torch.zeros_like(history))
-        source = torch.cat([x, history.transpose(1, 2).reshape(-1, x.shape[1])])
-        windows = source[plan.conv_index]  # [N, K-1, C]
+        history = history.transpose(1, 2).reshape(-1, x.shape[1])
+        index, rows = plan.conv_index, x.shape[0]  # gathers of N x (K-1) rows, no copy of the chunk
+        in_chunk = (index < rows)[..., None]
+        windows = torch.where(in_chunk, x[index.clamp(max=rows - 1)], history[(index - rows).clamp(min=0)])
         snaps.conv[self.state_layer, plan.conv_slots] = windows.transpose(1, 2).to(snaps.conv.dtype)
 
     def _prefill_with_snapshots(self, q, k, v, g, beta, ssm_state, b_ssm_row, batch, caches) -> torch.Tensor:
-        """The chunk's recurrence in pieces split at the snapshot boundaries (same arithmetic, one state update per
-        piece); the state after a boundary's piece is copied into its snapshot slot."""
+        """The chunk's recurrence in the plan's pieces (one unless a boundary is off the kernel's alignment), each
+        call writing the states at its boundaries into their snapshot slots."""
         snaps = caches.snapshots.ssm[self.state_layer]
-        out = torch.empty_like(v)
-        rows_of = b_ssm_row.to(torch.int64)
-        for piece in batch.snapshot_plan.pieces:
-            r = piece.rows
-            out[r] = gated_delta_rule_prefill(
-                q[r], k[r], v[r], g[r], beta[r], ssm_state, b_state_idx=b_ssm_row[piece.b_index],
-                b1_cu_q_len=piece.b1_cu_q_len, b_has_initial_state=piece.b_has_initial_state,
+        pieces = batch.snapshot_plan.pieces
+        if pieces[0].rows is None:
+            return gated_delta_rule_prefill_states(
+                q, k, v, g, beta, ssm_state, snaps, b_state_idx=b_ssm_row, b1_cu_q_len=batch.b1_cu_q_len,
+                b_has_initial_state=batch.b_has_initial_state, saves=pieces[0].saves,
             )
-            if piece.save_b.numel():
-                snaps[piece.save_slots] = ssm_state[rows_of[piece.save_b]]
+        out = torch.empty_like(v)
+        for piece in pieces:
+            r = piece.rows
+            out[r] = gated_delta_rule_prefill_states(
+                q[r], k[r], v[r], g[r], beta[r], ssm_state, snaps, b_state_idx=b_ssm_row[piece.b_index],
+                b1_cu_q_len=piece.b1_cu_q_len, b_has_initial_state=piece.b_has_initial_state, saves=piece.saves,
+            )
         return out

@@ -64,7 +64,10 @@ def gated_delta_rule_prefill_ref(
     b_state_idx: torch.Tensor,
     b1_cu_q_len: torch.Tensor,
     b_has_initial_state: torch.Tensor,
+    saves: list[tuple[int, int, int]] | None = None,
+    states_out: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    """saves: (request, rows consumed, row d): the state after that many of the request's rows -> states_out[d]."""
     nv = v.shape[1]
     out = torch.empty_like(v)
     bsz = b_state_idx.shape[0]
@@ -82,6 +85,11 @@ def gated_delta_rule_prefill_ref(
     state = ssm_state[slots].float()
     state = torch.where(b_has_initial_state[order][:, None, None, None], state, torch.zeros_like(state))
     sorted_lens = lens[order].tolist()
+    at_step: dict[int, list[tuple[int, int]]] = {}
+    if saves:
+        position = {b: j for j, b in enumerate(order.tolist())}
+        for b, t, dest in saves:
+            at_step.setdefault(t - 1, []).append((position[b], dest))
     live = bsz
     for i in range(sorted_lens[0]):
         while sorted_lens[live - 1] <= i:
@@ -89,6 +97,8 @@ def gated_delta_rule_prefill_ref(
         rows = starts[:live] + i
         o = _step(state[:live], qf[rows], kf[rows], vf[rows], gf[rows], bf[rows])
         out[rows] = o.to(out.dtype)
+        for j, dest in at_step.get(i, ()):
+            states_out[dest] = state[j]
     ssm_state[slots] = state.to(ssm_state.dtype)
     return out
 

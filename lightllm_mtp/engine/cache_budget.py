@@ -1,0 +1,72 @@
+"""One memory budget for the full-attention KV pool and the prefix cache's GDN state snapshots.
+
+The budget is the bytes of `max_total_token_num` KV token slots (default max_batch_size * max_model_len). With the
+prefix cache on, the KV pool gets (1 - prefix_cache_state_share) of it, never less than one max_model_len request
+where the budget holds one, and snapshots the rest, at least MIN_SNAPSHOTS:
+a few cached prefixes stay resumable where one snapshot outweighs many KV slots (small models, small budgets); only
+that floor's excess comes on top of the budget. Eviction (common/radix_cache.py) runs across both: KV pressure drops
+least recently used leaves with their snapshots, snapshot pressure the least recently used snapshot and the leaves
+nothing can resume in any more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lightllm_mtp.config.engine_args import EngineArgs
+from lightllm_mtp.config.model_config import LayerType, ModelConfig
+
+MIN_SNAPSHOTS = 4
+
+
+@dataclass(frozen=True)
+class CacheBudget:
+    kv_tokens: int  # KV pool token slots
+    num_snapshots: int  # GDN state snapshot slots (0: no prefix cache)
+    kv_bytes_per_token: int
+    snapshot_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.kv_tokens * self.kv_bytes_per_token + self.num_snapshots * self.snapshot_bytes
+
+
+def kv_bytes_per_token(cfg: ModelConfig, dtype_bytes: int, draft_kv_layers: int) -> int:
+    """K and V of one token in every full-attention layer and every MTP draft module's layer (one process)."""
+    layers = sum(1 for t in cfg.layer_types if t is LayerType.FULL_ATTENTION) + draft_kv_layers
+    return layers * 2 * cfg.num_key_value_heads * cfg.head_dim * dtype_bytes
+
+
+def snapshot_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
+    """One snapshot: per GDN layer the K-1 conv columns (model dtype) and one fp32 SSM state (StateSnapshotPool)."""
+    layers = sum(1 for t in cfg.layer_types if t is LayerType.LINEAR_ATTENTION)
+    key_dim = cfg.linear_num_key_heads * cfg.linear_key_head_dim
+    conv_dim = 2 * key_dim + cfg.linear_num_value_heads * cfg.linear_value_head_dim
+    conv = conv_dim * (cfg.linear_conv_kernel_dim - 1) * dtype_bytes
+    ssm = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
+    return layers * (conv + ssm)
+
+
+def split_budget(budget_tokens: int, kv_per_token: int, snap_bytes: int, share: float | None,
+                 min_kv_tokens: int = 1) -> CacheBudget:  # fmt: skip
+    """share None (no prefix cache): the whole budget is KV. Otherwise the KV pool gets (1 - share) of the budget's
+    bytes, but at least min_kv_tokens (one max-length request) where the budget has them, and the snapshots the
+    rest, at least MIN_SNAPSHOTS (the floor's excess comes on top of the budget)."""
+    if share is None or snap_bytes == 0:
+        return CacheBudget(budget_tokens, 0, kv_per_token, snap_bytes)
+    total = budget_tokens * kv_per_token
+    kv_tokens = max(1, int(budget_tokens * (1 - share)), min(min_kv_tokens, budget_tokens))
+    num = max(MIN_SNAPSHOTS, (total - kv_tokens * kv_per_token) // snap_bytes)
+    return CacheBudget(kv_tokens, num, kv_per_token, snap_bytes)
+
+
+def cache_budget_of(args: EngineArgs, cfg: ModelConfig, max_model_len: int) -> CacheBudget:
+    """The engine's split of its KV budget (single process: the prefix cache is off under tp / pp)."""
+    dtype_bytes = torch.empty(0, dtype=args.dtype).element_size()
+    spec = args.spec
+    kv = kv_bytes_per_token(cfg, dtype_bytes, spec.num_draft_modules if spec else 0)
+    share = args.prefix_cache_state_share if args.prefix_cache else None
+    budget = args.resolved_kv_pool_size(max_model_len)
+    return split_budget(budget, kv, snapshot_bytes(cfg, dtype_bytes), share, min_kv_tokens=max_model_len)
