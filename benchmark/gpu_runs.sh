@@ -23,6 +23,8 @@
 #                                       # (and MTP eagle beside them), k = 1..5 (or KS)
 #   bash benchmark/gpu_runs.sh train_drafts  # the trained tiny draft and PARD draft for tiny_qwen3_5_trained, then
 #                                       # their acceptance on the GPU; packed like train_mtp3_ptd
+#   bash benchmark/gpu_runs.sh prefix_serving_27b  # 27B shape behind the server, MTP k=1: multi-turn with vs without
+#                                       # the prefix cache (server extra: carry .whl_server too)
 #   bash benchmark/gpu_runs.sh 27b_large_batch  # 27B no-spec decode at B=64,96,128 (as memory allows)
 #   bash benchmark/gpu_runs.sh tp2_27b  # 27B on 2 GPUs (nvidia-h200-x2): tp=1, then tp=2 (+ MTP k=1), then pp=2 + MTP
 #                                       # k=1, at B=1,32; then the tp/pp CPU tests on the GPU machine's cores
@@ -140,6 +142,12 @@ case "${1:-}" in
   27b) bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 48 --out "$out/static_qwen3.5-27b_h100.json" ;;
   27b_k1) bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 48 --mtp_mode eagle_with_att --mtp_step 1 \
       --out "$out/static_qwen3.5-27b_mtp_k1_h100.json" ;;
+  prefix_serving_27b)  # the multi-turn trace at the 27B shape, MTP k=1, with vs without the prefix cache
+    python3 benchmark/serving.py --launch --device cuda --model_shape qwen3.5-27b \
+      --mtp_configs eagle_with_att:1,eagle_with_att:1/nocache --workload multi_turn --turns 4 --input_len 1024 \
+      --question_len 128 --output_len 64 --num_prompts 16 --concurrency 8 \
+      --server_args "--max_req_total_len 8192 --running_max_req_size 16 --prefix_cache_interval 256" \
+      --out "$out/serving_prefix_multi_turn_qwen3.5-27b_h100.json" ;;
   27b_large_batch)  # one engine per batch size (the engine is sized for its largest batch), graphs up to that size
     for bs in 64 96 128; do
       bench --model_shape qwen3.5-27b --batch_sizes "$bs" --output_len 32 --graph_max_batch_size "$bs" \
@@ -158,5 +166,5 @@ case "${1:-}" in
       --mtp_mode eagle_with_att --mtp_step 1 --out "$out/profile_35b_a3b_bs32_mtp_k1_moe_kernels.json" ;;
   peer) bench --model_shape qwen3.5-27b --batch_sizes 1,8 --output_len 32 --hf_peer --hf_batch_sizes 1,8 \
       --out "$out/static_qwen3.5-27b_hf_peer_h100.json" ;;
-  *) echo "usage: $0 tests|tests_spec|train_mtp3_ptd|draft_cost|draft_vocab|adaptive_grid|draft_model_cost|train_drafts|27b|27b_k1|27b_large_batch|35b|35b_k1|moe_kernels|profile_35b|peer|mixed|serving_27b|serving_35b|serving_tiny|prefix_cache|prefix_serving|tp2_27b|pp_one_gpu" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|tests_spec|train_mtp3_ptd|draft_cost|draft_vocab|adaptive_grid|draft_model_cost|train_drafts|27b|27b_k1|27b_large_batch|35b|35b_k1|moe_kernels|profile_35b|peer|mixed|serving_27b|serving_35b|serving_tiny|prefix_cache|prefix_serving|prefix_serving_27b|tp2_27b|pp_one_gpu" >&2; exit 2 ;;
 esac
