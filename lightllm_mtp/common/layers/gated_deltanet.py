@@ -10,9 +10,13 @@ from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMod
 from lightllm_mtp.common.layers.base import Layer, ModelCaches, Weights
 from lightllm_mtp.common.tensor_spec import TensorSpec, TpShard
 from lightllm_mtp.config.model_config import ModelConfig
-from lightllm_mtp.kernels.gdn.causal_conv1d import causal_conv1d_prefill
+from lightllm_mtp.kernels.gdn.causal_conv1d import causal_conv1d_prefill_qkv
 from lightllm_mtp.kernels.gdn.causal_conv1d_verify import causal_conv1d_verify
-from lightllm_mtp.kernels.gdn.gated_delta_rule import gated_delta_rule_decode_fused, gated_delta_rule_prefill
+from lightllm_mtp.kernels.gdn.gated_delta_rule import (
+    gated_delta_rule_decode_fused,
+    gated_delta_rule_prefill,
+    prefill_chunks,
+)
 from lightllm_mtp.kernels.gdn.gated_delta_rule_verify import gated_delta_rule_verify_fused_gates
 from lightllm_mtp.kernels.norm.gated_rmsnorm import gated_rmsnorm
 from lightllm_mtp.kernels.gdn.gdn_gating import gdn_gating
@@ -78,15 +82,14 @@ class GatedDeltaNet(Layer):
                 qkv, self.conv_weight, conv_state, b_state_idx=batch.b_req_idx, b1_cu_q_len=batch.b1_cu_q_len,
                 b_accept_len=batch.b_accept_len, max_q_len=batch.max_q_len, b_write_col=batch.b_state_write,
             )
-        else:
-            plan = batch.snapshot_plan
-            if plan is not None:
+            q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        else:  # EXTEND: contiguous q | k | v planes, q and k L2-normalised (one pass, what the chunk kernel wants)
+            if batch.snapshot_plan is not None:
                 self._snapshot_conv(qkv, conv_state, batch, caches)
-            qkv = causal_conv1d_prefill(
+            q, k, v = causal_conv1d_prefill_qkv(
                 qkv, self.conv_weight, conv_state, b_state_idx=batch.b_req_idx, b1_cu_q_len=batch.b1_cu_q_len,
-                b_has_initial_state=batch.b_has_initial_state,
+                b_has_initial_state=batch.b_has_initial_state, key_dim=self.key_dim, head_dim=self.dk,
             )
-        q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(t, self.nk, self.dk)
         k = k.reshape(t, self.nk, self.dk)
         v = v.reshape(t, self.nv, self.dv)
@@ -102,9 +105,12 @@ class GatedDeltaNet(Layer):
         else:
             g, beta = gdn_gating(a, b, self.A_log, self.dt_bias)
             if batch.snapshot_plan is None:
+                chunks = batch.derived(
+                    "gdn_prefill_chunks", lambda: prefill_chunks(batch.b1_cu_q_len, batch.host_q_lens)
+                )
                 o = gated_delta_rule_prefill(
                     q, k, v, g, beta, ssm_state, b_state_idx=b_ssm_row, b1_cu_q_len=batch.b1_cu_q_len,
-                    b_has_initial_state=batch.b_has_initial_state,
+                    b_has_initial_state=batch.b_has_initial_state, qk_normalized=True, chunks=chunks,
                 )
             else:
                 o = self._prefill_with_snapshots(q, k, v, g, beta, ssm_state, b_ssm_row, batch, caches)
@@ -133,7 +139,7 @@ class GatedDeltaNet(Layer):
             r = piece.rows
             out[r] = gated_delta_rule_prefill(
                 q[r], k[r], v[r], g[r], beta[r], ssm_state, b_state_idx=b_ssm_row[piece.b_index],
-                b1_cu_q_len=piece.b1_cu_q_len, b_has_initial_state=piece.b_has_initial_state,
+                b1_cu_q_len=piece.b1_cu_q_len, b_has_initial_state=piece.b_has_initial_state, qk_normalized=True,
             )
             if piece.save_b.numel():
                 snaps[piece.save_slots] = ssm_state[rows_of[piece.save_b]]

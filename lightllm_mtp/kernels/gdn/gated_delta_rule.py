@@ -11,6 +11,8 @@ in_proj output: conv update + SiLU, gates, q/k l2norm, recurrence) adds the conv
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -29,12 +31,17 @@ from lightllm_mtp.kernels.gdn.gdn_gating import gdn_gating_ref
 from lightllm_mtp.kernels.triton_utils import num_sms, triton_available, use_triton
 
 
-def _prepare_qk(q: torch.Tensor, k: torch.Tensor, nv: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> fp32 q, k [N, nv, dk]: l2-normalised, q scaled, key heads repeated over their value heads."""
+def _prepare_qk(
+    q: torch.Tensor, k: torch.Tensor, nv: int, normalized: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> fp32 q, k [N, nv, dk]: l2-normalised (unless already), q scaled, key heads repeated over their value
+    heads."""
     q = q.float()
     k = k.float()
-    q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6) * (q.shape[-1] ** -0.5)
-    k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    if not normalized:
+        q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+        k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    q = q * (q.shape[-1] ** -0.5)
     rep = nv // q.shape[1]
     if rep > 1:
         q = q.repeat_interleave(rep, dim=1)
@@ -64,13 +71,14 @@ def gated_delta_rule_prefill_ref(
     b_state_idx: torch.Tensor,
     b1_cu_q_len: torch.Tensor,
     b_has_initial_state: torch.Tensor,
+    qk_normalized: bool = False,
 ) -> torch.Tensor:
     nv = v.shape[1]
     out = torch.empty_like(v)
     bsz = b_state_idx.shape[0]
     if bsz == 0:
         return out
-    qf, kf = _prepare_qk(q, k, nv)
+    qf, kf = _prepare_qk(q, k, nv, qk_normalized)
     vf, gf, bf = v.float(), g.float(), beta.float()
     cu = b1_cu_q_len.long()
     lens = cu[1:] - cu[:-1]
@@ -141,12 +149,16 @@ def gated_delta_rule_prefill(
     b_state_idx: torch.Tensor,
     b1_cu_q_len: torch.Tensor,
     b_has_initial_state: torch.Tensor,
+    qk_normalized: bool = False,
+    chunks: PrefillChunks | None = None,
 ) -> torch.Tensor:
     """Ragged prefill -> o [T, nv, dv] in v.dtype; writes each request's final state to ssm_state[slot].
 
-    q, k [T, nk, dk] (raw, normalised inside); v [T, nv, dv]; g, beta [T, nv] fp32 (from gdn_gating);
-    ssm_state [S, nv, dk, dv] fp32; b_state_idx [B] state rows; b1_cu_q_len [B+1]; b_has_initial_state [B]
-    bool (False: start from a zero state, whatever the row holds)."""
+    q, k [T, nk, dk] (raw, normalised inside; qk_normalized: already L2-normalised, e.g. by
+    causal_conv1d_prefill_qkv); v [T, nv, dv]; g, beta [T, nv] fp32 (from gdn_gating); ssm_state [S, nv, dk, dv]
+    fp32; b_state_idx [B] state rows; b1_cu_q_len [B+1]; b_has_initial_state [B] bool (False: start from a zero
+    state, whatever the row holds). chunks: this batch's PrefillChunks (prefill_chunks), shared by the layers of
+    one forward; None: the GPU kernel derives them, with a host sync."""
     op = "gated_delta_rule_prefill"
     _check_common(op, q, k, v, g, beta, ssm_state, b_state_idx)
     bsz = b_state_idx.shape[0]
@@ -158,9 +170,14 @@ def gated_delta_rule_prefill(
         op, q=q, k=k, v=v, g=g, beta=beta, ssm_state=ssm_state, b_state_idx=b_state_idx, b1_cu_q_len=b1_cu_q_len,
         b_has_initial_state=b_has_initial_state,
     )
+    if chunks is not None and chunks.cu_seqlens.shape != b1_cu_q_len.shape:
+        raise ValueError(f"{op}: chunks were made for {chunks.cu_seqlens.shape[0] - 1} requests, the batch has {bsz}")
     if q.is_cuda and fla_chunk_kernel() is not None:
-        return _prefill_fla(q, k, v, g, beta, ssm_state, b_state_idx, b1_cu_q_len, b_has_initial_state)
-    return gated_delta_rule_prefill_ref(q, k, v, g, beta, ssm_state, b_state_idx, b1_cu_q_len, b_has_initial_state)
+        return _prefill_fla(q, k, v, g, beta, ssm_state, b_state_idx, b1_cu_q_len, b_has_initial_state, qk_normalized,
+                            chunks)  # fmt: skip
+    return gated_delta_rule_prefill_ref(
+        q, k, v, g, beta, ssm_state, b_state_idx, b1_cu_q_len, b_has_initial_state, qk_normalized
+    )
 
 
 @functools.cache
@@ -175,14 +192,42 @@ def fla_chunk_kernel():
     return chunk_gated_delta_rule
 
 
-def _prefill_fla(q, k, v, g, beta, ssm_state, b_state_idx, b1_cu_q_len, b_has_initial_state) -> torch.Tensor:
-    """Varlen fla chunk kernel; GVA by repeating key heads (fla wants q/k heads == v heads)."""
-    rep = v.shape[1] // q.shape[1]
-    if rep > 1:
-        q = q.repeat_interleave(rep, dim=1)
-        k = k.repeat_interleave(rep, dim=1)
+FLA_CHUNK_SIZE = 64  # tokens per chunk of fla's kernel (passed to it explicitly)
+
+
+@dataclass(frozen=True)
+class PrefillChunks:
+    """fla's varlen chunk table of one batch, made once per forward so that no layer's call reads the device:
+    cu_seqlens [B+1] int64 (the same tensor object for every layer, so fla's per-tensor caches hit) and
+    chunk_indices [NT, 2] int64 (request, chunk within it) of every FLA_CHUNK_SIZE-token chunk, or None when the
+    host does not know the request lengths (fla then derives it, with a host sync)."""
+
+    cu_seqlens: torch.Tensor
+    chunk_indices: torch.Tensor | None
+
+
+def prefill_chunks(b1_cu_q_len: torch.Tensor, host_q_lens: Sequence[int] | None) -> PrefillChunks:
+    """PrefillChunks of a batch: b1_cu_q_len [B+1] (device), host_q_lens the B request lengths as the host knows
+    them (the same values; not checked: that would read the device)."""
+    if host_q_lens is not None and len(host_q_lens) + 1 != b1_cu_q_len.shape[0]:
+        raise ValueError(f"prefill_chunks: {len(host_q_lens)} host lengths for b1_cu_q_len of shape "
+                         f"{list(b1_cu_q_len.shape)}")  # fmt: skip
+    indices = None
+    if host_q_lens is not None:
+        rows = [(b, i) for b, n in enumerate(host_q_lens) for i in range(-(-n // FLA_CHUNK_SIZE))]
+        indices = torch.tensor(rows, dtype=torch.int64).view(-1, 2).to(b1_cu_q_len.device, non_blocking=True)
+    return PrefillChunks(b1_cu_q_len.to(torch.int64), indices)
+
+
+def _prefill_fla(
+    q, k, v, g, beta, ssm_state, b_state_idx, b1_cu_q_len, b_has_initial_state, qk_normalized, chunks
+) -> torch.Tensor:
+    """Varlen fla chunk kernel. GVA natively (value head h reads key head h // (nv // nk), as the reference), q, k, v
+    passed as they are (fla copies non-contiguous inputs: causal_conv1d_prefill_qkv's planes are contiguous)."""
     slots = b_state_idx.long()
     init = torch.where(b_has_initial_state[:, None, None, None], ssm_state[slots], torch.zeros_like(ssm_state[slots]))
+    if chunks is None:
+        chunks = PrefillChunks(b1_cu_q_len.to(torch.int64), None)
     o, final = fla_chunk_kernel()(
         q=q.unsqueeze(0),
         k=k.unsqueeze(0),
@@ -192,8 +237,10 @@ def _prefill_fla(q, k, v, g, beta, ssm_state, b_state_idx, b1_cu_q_len, b_has_in
         scale=q.shape[-1] ** -0.5,
         initial_state=init,
         output_final_state=True,
-        cu_seqlens=b1_cu_q_len.long(),
-        use_qk_l2norm_in_kernel=True,
+        cu_seqlens=chunks.cu_seqlens,
+        chunk_indices=chunks.chunk_indices,
+        use_qk_l2norm_in_kernel=not qk_normalized,
+        chunk_size=FLA_CHUNK_SIZE,
     )
     ssm_state[slots] = final.float()
     return o.squeeze(0).to(v.dtype)
