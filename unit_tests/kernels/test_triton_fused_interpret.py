@@ -92,6 +92,35 @@ def check_sigmoid_gate_mul():
     both = torch.randn(6, 2, 40, generator=gen) * 4
     x, gate = both[:, 0], both[:, 1]
     _close(sigmoid_gate_mul_triton(x, gate), sigmoid_gate_mul_ref(x, gate))
+    # [T, H, D] gate heads interleaved with query heads in one projection (read in place), o contiguous
+    proj = torch.randn(5, 3, 2 * 24, generator=gen) * 4
+    o, gate = torch.randn(5, 3, 24, generator=gen), proj[..., 24:]
+    out = sigmoid_gate_mul_triton(o, gate)
+    assert out.shape == o.shape and out.is_contiguous()
+    _close(out, sigmoid_gate_mul_ref(o, gate))
+
+
+def check_qk_norm_rope():
+    import torch
+
+    from lightllm_mtp.kernels.attention.qk_norm_rope import qk_norm_rope_ref, qk_norm_rope_triton
+    from lightllm_mtp.kernels.attention.rotary import build_rope_cache
+
+    gen = torch.Generator().manual_seed(8)
+    t, hq, hk, d = 5, 3, 2, 24
+    proj = torch.randn(t, hq * 2 * d + 2 * hk * d, generator=gen) * 3  # [q|gate per head | k | v], as the layer's
+    q = proj[:, : hq * 2 * d].view(t, hq, 2 * d)[..., :d]
+    k = proj[:, hq * 2 * d : hq * 2 * d + hk * d].view(t, hk, d)
+    qw, kw = torch.randn(d, generator=gen) * 0.3, torch.randn(d, generator=gen) * 0.3
+    positions = torch.tensor([0, 3, 63, 7, 1])
+    for rotary_dim in (8, d):
+        cos, sin = build_rope_cache(rotary_dim, 64, 10000.0)
+        for pos in (positions, positions.to(torch.int32)):
+            q_out, k_out = qk_norm_rope_triton(q, k, qw, kw, 1e-6, pos, cos, sin)
+            q_ref, k_ref = qk_norm_rope_ref(q, k, qw, kw, 1e-6, positions, cos, sin)
+            assert q_out.is_contiguous() and k_out.is_contiguous()
+            _close(q_out, q_ref)
+            _close(k_out, k_ref)
 
 
 def check_gdn_gating():
