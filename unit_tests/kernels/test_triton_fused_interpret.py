@@ -67,7 +67,11 @@ def check_gated_rmsnorm():
     proj = torch.randn(5, 4 * 24 + 9, generator=gen)
     z = proj[:, : 4 * 24].view(5, 4, 24)  # gate sliced out of a wider projection
     w = 1 + 0.3 * torch.randn(24, generator=gen)
-    _close(gated_rmsnorm_triton(x, z, w, 1e-6), gated_rmsnorm_ref(x, z, w, 1e-6))
+    for block_h in (None, 1, 2, 8):  # heads per program: one, several with a ragged last tile, all
+        _close(gated_rmsnorm_triton(x, z, w, 1e-6, block_h=block_h), gated_rmsnorm_ref(x, z, w, 1e-6))
+    x3 = torch.randn(3, 40, generator=gen)  # 2-D input: one row per program tile of 1
+    _close(gated_rmsnorm_triton(x3, x3.flip(0), w[:1].expand(40).contiguous(), 1e-6),
+           gated_rmsnorm_ref(x3, x3.flip(0), w[:1].expand(40).contiguous(), 1e-6))
 
 
 def check_silu_and_mul():

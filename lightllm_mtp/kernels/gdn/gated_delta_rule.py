@@ -225,7 +225,7 @@ def _prefill_fla(
     """Varlen fla chunk kernel. GVA natively (value head h reads key head h // (nv // nk), as the reference), q, k, v
     passed as they are (fla copies non-contiguous inputs: causal_conv1d_prefill_qkv's planes are contiguous)."""
     slots = b_state_idx.long()
-    init = torch.where(b_has_initial_state[:, None, None, None], ssm_state[slots], torch.zeros_like(ssm_state[slots]))
+    init = ssm_state[slots].masked_fill_(~b_has_initial_state[:, None, None, None], 0.0)  # one gather, no zeros
     if chunks is None:
         chunks = PrefillChunks(b1_cu_q_len.to(torch.int64), None)
     o, final = fla_chunk_kernel()(
