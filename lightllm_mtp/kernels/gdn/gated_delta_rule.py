@@ -215,7 +215,10 @@ def prefill_chunks(b1_cu_q_len: torch.Tensor, host_q_lens: Sequence[int] | None)
     indices = None
     if host_q_lens is not None:
         rows = [(b, i) for b, n in enumerate(host_q_lens) for i in range(-(-n // FLA_CHUNK_SIZE))]
-        indices = torch.tensor(rows, dtype=torch.int64).view(-1, 2).to(b1_cu_q_len.device, non_blocking=True)
+        indices = torch.tensor(rows, dtype=torch.int64).view(-1, 2)
+        if b1_cu_q_len.is_cuda:  # pinned: the copy is queued behind the running work instead of waiting for it
+            indices = indices.pin_memory()
+        indices = indices.to(b1_cu_q_len.device, non_blocking=True)
     return PrefillChunks(b1_cu_q_len.to(torch.int64), indices)
 
 
