@@ -98,10 +98,12 @@ def qk_norm_rope_triton(
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     if t == 0 or hq + hk == 0 or d == 0:
         return q_out, k_out
+    q = q if q.stride(2) == 1 else q.contiguous()
+    k = k if k.stride(2) == 1 else k.contiguous()
     block_d = triton.next_power_of_2(d)
     _qk_norm_rope_kernel[(t, hq + hk)](
         q, k, q_out, k_out, q_weight, k_weight, positions, cos, sin,
-        *q.stride(), *k.stride(), cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
         hq, hk, d, cos.shape[1], eps, BLOCK_D=block_d, num_warps=1 if block_d <= 128 else 2,
     )  # fmt: skip
     return q_out, k_out
@@ -114,7 +116,7 @@ if triton_available():
     @triton.jit
     def _qk_norm_rope_kernel(
         q_ptr, k_ptr, qo_ptr, ko_ptr, qw_ptr, kw_ptr, pos_ptr, cos_ptr, sin_ptr,
-        sq0, sq1, sq2, sk0, sk1, sk2, sc0, sc1, ss0, ss1, HQ, HK, D, HALF, eps,
+        sq0, sq1, sk0, sk1, sc0, sc1, ss0, ss1, HQ, HK, D, HALF, eps,
         BLOCK_D: tl.constexpr,
     ):
         t = tl.program_id(0).to(tl.int64)
@@ -125,21 +127,19 @@ if triton_available():
         rotated = offs < 2 * HALF
         first_half = offs < HALF
         partner = tl.where(first_half, offs + HALF, offs - HALF)
-        if h < HQ:
+        if h < HQ:  # heads have a unit last stride (the wrapper sees to it)
             src = q_ptr + t * sq0 + h * sq1
-            s2 = sq2
             w_ptr = qw_ptr
             dst = qo_ptr + (t * HQ + h) * D
         else:
             src = k_ptr + t * sk0 + (h - HQ) * sk1
-            s2 = sk2
             w_ptr = kw_ptr
             dst = ko_ptr + (t * HK + h - HQ) * D
-        x = tl.load(src + offs * s2, mask=mask_d, other=0.0).to(tl.float32)
+        x = tl.load(src + offs, mask=mask_d, other=0.0).to(tl.float32)
         rstd = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
         w = tl.load(w_ptr + offs, mask=mask_d, other=0.0).to(tl.float32)
         y = (x * rstd * (1.0 + w)).to(dt).to(tl.float32)  # the normed value, as rmsnorm stores it
-        xp = tl.load(src + partner * s2, mask=rotated, other=0.0).to(tl.float32)
+        xp = tl.load(src + partner, mask=rotated, other=0.0).to(tl.float32)
         wp = tl.load(w_ptr + partner, mask=rotated, other=0.0).to(tl.float32)
         yp = (xp * rstd * (1.0 + wp)).to(dt).to(tl.float32)
         pos = tl.load(pos_ptr + t).to(tl.int64)
