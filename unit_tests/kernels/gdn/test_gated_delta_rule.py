@@ -318,5 +318,9 @@ def test_prefill_fla_native_gva_with_chunks_matches_reference_gpu(q_lens, init):
     derived = gated_delta_rule_prefill(qn, kn, v, g, beta, states[1], **meta, qk_normalized=True)
     ref = gated_delta_rule_prefill_ref(qn, kn, v, g, beta, states[2], slots, cu, meta["b_has_initial_state"], True)
     assert torch.equal(out, derived) and torch.equal(states[0], states[1])
-    torch.testing.assert_close(out, ref, **GDN_OUT_TOL)
-    torch.testing.assert_close(states[0], states[2], rtol=2e-2, atol=2e-2)
+
+    def rel_err(a, b):  # bf16 chunked vs fp32 recurrent: a relative error, not elementwise (errors accumulate)
+        return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+    assert rel_err(out, ref) < 2e-2, rel_err(out, ref)
+    assert rel_err(states[0], states[2]) < 2e-2, rel_err(states[0], states[2])
