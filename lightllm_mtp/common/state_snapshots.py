@@ -66,6 +66,7 @@ class SnapshotPiece:
     b_has_initial_state: torch.Tensor  # [Bp] bool
     save_b: torch.Tensor  # [Ns] int64 batch requests whose state is saved after this piece
     save_slots: torch.Tensor  # [Ns] int64
+    host_q_lens: tuple[int, ...] = ()  # [Bp] the piece's per-request row counts, on the host (b1_cu_q_len's steps)
 
 
 @dataclass(frozen=True)
@@ -106,14 +107,14 @@ def build_snapshot_plan(
             if hi in slot_at[b]:
                 save_b.append(b)
                 save_slots.append(slot_at[b][hi])
-        pieces.append(SnapshotPiece(*(torch.tensor(v, dtype=t).to(device) for v, t in (
+        pieces.append(SnapshotPiece(*(torch.tensor(v, dtype=t).to(device, non_blocking=True) for v, t in (
             (rows, torch.int64), (b_index, torch.int64), (cu, torch.int32), (init, torch.bool), (save_b, torch.int64),
-            (save_slots, torch.int64)))))  # fmt: skip
+            (save_slots, torch.int64))), host_q_lens=tuple(b - a for a, b in zip(cu, cu[1:]))))  # fmt: skip
     conv_index, conv_slots = [], []
     for b, ((s, _), c) in enumerate(zip(chunks, cuts)):
         for pos, slot in c:
             conv_index.append([row0[b] + q - s if q >= s else num_rows + b * conv_cols + (q - s + conv_cols)
                                for q in range(pos - conv_cols, pos)])  # fmt: skip
             conv_slots.append(slot)
-    return SnapshotPlan(pieces, torch.tensor(conv_index, dtype=torch.int64).to(device),
-                        torch.tensor(conv_slots, dtype=torch.int64).to(device))  # fmt: skip
+    return SnapshotPlan(pieces, torch.tensor(conv_index, dtype=torch.int64).to(device, non_blocking=True),
+                        torch.tensor(conv_slots, dtype=torch.int64).to(device, non_blocking=True))  # fmt: skip

@@ -135,11 +135,15 @@ class GatedDeltaNet(Layer):
         snaps = caches.snapshots.ssm[self.state_layer]
         out = torch.empty_like(v)
         rows_of = b_ssm_row.to(torch.int64)
-        for piece in batch.snapshot_plan.pieces:
+        for i, piece in enumerate(batch.snapshot_plan.pieces):
             r = piece.rows
+            chunks = batch.derived(  # made once per forward, shared by the layers: no layer reads the device
+                f"gdn_piece_chunks_{i}", lambda: prefill_chunks(piece.b1_cu_q_len, piece.host_q_lens or None)
+            )
             out[r] = gated_delta_rule_prefill(
                 q[r], k[r], v[r], g[r], beta[r], ssm_state, b_state_idx=b_ssm_row[piece.b_index],
                 b1_cu_q_len=piece.b1_cu_q_len, b_has_initial_state=piece.b_has_initial_state, qk_normalized=True,
+                chunks=chunks,
             )
             if piece.save_b.numel():
                 snaps[piece.save_slots] = ssm_state[rows_of[piece.save_b]]
