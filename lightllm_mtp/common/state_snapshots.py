@@ -67,6 +67,7 @@ class SnapshotPiece:
     save_b: torch.Tensor  # [Ns] int64 batch requests whose state is saved after this piece
     save_slots: torch.Tensor  # [Ns] int64
     host_q_lens: tuple[int, ...] = ()  # [Bp] the piece's per-request row counts, on the host (b1_cu_q_len's steps)
+    row_span: tuple[int, int] | None = None  # (first, end) when `rows` is one run: slices instead of gathers
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,8 @@ def build_snapshot_plan(
                 save_slots.append(slot_at[b][hi])
         pieces.append(SnapshotPiece(*(torch.tensor(v, dtype=t).to(device, non_blocking=True) for v, t in (
             (rows, torch.int64), (b_index, torch.int64), (cu, torch.int32), (init, torch.bool), (save_b, torch.int64),
-            (save_slots, torch.int64))), host_q_lens=tuple(b - a for a, b in zip(cu, cu[1:]))))  # fmt: skip
+            (save_slots, torch.int64))), host_q_lens=tuple(b - a for a, b in zip(cu, cu[1:])),
+            row_span=(rows[0], rows[-1] + 1) if rows and rows[-1] - rows[0] == len(rows) - 1 else None))  # fmt: skip
     conv_index, conv_slots = [], []
     for b, ((s, _), c) in enumerate(zip(chunks, cuts)):
         for pos, slot in c:

@@ -136,7 +136,7 @@ class GatedDeltaNet(Layer):
         out = torch.empty_like(v)
         rows_of = b_ssm_row.to(torch.int64)
         for i, piece in enumerate(batch.snapshot_plan.pieces):
-            r = piece.rows
+            r = piece.rows if piece.row_span is None else slice(*piece.row_span)  # one request's run: views
             chunks = batch.derived(  # made once per forward, shared by the layers: no layer reads the device
                 f"gdn_piece_chunks_{i}", lambda: prefill_chunks(piece.b1_cu_q_len, piece.host_q_lens or None)
             )
