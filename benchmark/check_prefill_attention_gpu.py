@@ -27,6 +27,8 @@ CONFIGS = [  # (block_m, block_n, num_warps, num_stages); the first is the defau
 
 def _time_ms(fn, iters=10):
     fn()
+    if not torch.cuda.is_available():  # the interpreter smoke run (TRITON_INTERPRET=1 on a CPU): no timing
+        return float("nan")
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -42,10 +44,11 @@ def main(argv=None) -> dict:
     p.add_argument("--chunk", type=int, default=4096)
     p.add_argument("--prompt", type=int, default=16384)
     p.add_argument("--layers", type=int, default=16, help="full-attention layers of the model (27B: 16)")
+    p.add_argument("--device", default="cuda", help="cpu: a smoke run under TRITON_INTERPRET=1 (tiny --chunk)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     torch.manual_seed(0)
-    dev, dt, hq, hkv, d = "cuda", torch.bfloat16, 24, 4, 256
+    dev, dt, hq, hkv, d = args.device, torch.bfloat16, 24, 4, 256
     pool = args.prompt + 8
     k_buf = torch.randn(pool, hkv, d, device=dev, dtype=dt)
     v_buf = torch.randn(pool, hkv, d, device=dev, dtype=dt)
@@ -89,7 +92,7 @@ def main(argv=None) -> dict:
     report = {
         "command": "python "
         + " ".join(sys.argv if argv is None else ["benchmark/check_prefill_attention_gpu.py", *argv]),
-        "device": torch.cuda.get_device_name(),
+        "device": torch.cuda.get_device_name() if dev != "cpu" else "cpu (interpreter)",
         "shape": {"hq": hq, "hkv": hkv, "head_dim": d, "chunk": args.chunk, "prompt": args.prompt},
         "results": results,
     }
