@@ -12,11 +12,8 @@ from lightllm_mtp.common.tensor_spec import TensorSpec, TpShard
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.kernels.gdn.causal_conv1d import causal_conv1d_prefill_qkv
 from lightllm_mtp.kernels.gdn.causal_conv1d_verify import causal_conv1d_verify
-from lightllm_mtp.kernels.gdn.gated_delta_rule import (
-    gated_delta_rule_decode_fused,
-    gated_delta_rule_prefill,
-    prefill_chunks,
-)
+from lightllm_mtp.kernels.gdn.fla_prefill import prefill_chunks
+from lightllm_mtp.kernels.gdn.gated_delta_rule import gated_delta_rule_decode_fused, gated_delta_rule_prefill
 from lightllm_mtp.kernels.gdn.gated_delta_rule_verify import gated_delta_rule_verify_fused_gates
 from lightllm_mtp.kernels.norm.gated_rmsnorm import gated_rmsnorm
 from lightllm_mtp.kernels.gdn.gdn_gating import gdn_gating

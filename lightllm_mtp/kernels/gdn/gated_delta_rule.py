@@ -10,13 +10,7 @@ in_proj output: conv update + SiLU, gates, q/k l2norm, recurrence) adds the conv
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Sequence
-from dataclasses import dataclass
-
 import torch
-
-from lightllm_mtp.env import ENV
 
 from lightllm_mtp.kernels._validate import (
     check_device,
@@ -27,6 +21,7 @@ from lightllm_mtp.kernels._validate import (
     check_shape,
 )
 from lightllm_mtp.kernels.gdn.causal_conv1d import causal_conv1d_update_ref, causal_conv1d_update_triton
+from lightllm_mtp.kernels.gdn.fla_prefill import PrefillChunks, fla_chunk_kernel, prefill_fla
 from lightllm_mtp.kernels.gdn.gdn_gating import gdn_gating_ref
 from lightllm_mtp.kernels.triton_utils import num_sms, triton_available, use_triton
 
@@ -173,80 +168,11 @@ def gated_delta_rule_prefill(
     if chunks is not None and chunks.cu_seqlens.shape != b1_cu_q_len.shape:
         raise ValueError(f"{op}: chunks were made for {chunks.cu_seqlens.shape[0] - 1} requests, the batch has {bsz}")
     if q.is_cuda and fla_chunk_kernel() is not None:
-        return _prefill_fla(q, k, v, g, beta, ssm_state, b_state_idx, b1_cu_q_len, b_has_initial_state, qk_normalized,
-                            chunks)  # fmt: skip
+        return prefill_fla(q, k, v, g, beta, ssm_state, b_state_idx, b1_cu_q_len, b_has_initial_state, qk_normalized,
+                           chunks)  # fmt: skip
     return gated_delta_rule_prefill_ref(
         q, k, v, g, beta, ssm_state, b_state_idx, b1_cu_q_len, b_has_initial_state, qk_normalized
     )
-
-
-@functools.cache
-def fla_chunk_kernel():
-    """fla-core's chunked gated-delta-rule kernel (the field's GPU kernel for this prefill), or None."""
-    if ENV.force_reference_kernels:
-        return None
-    try:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-    except ImportError:
-        return None
-    return chunk_gated_delta_rule
-
-
-FLA_CHUNK_SIZE = 64  # tokens per chunk of fla's kernel (passed to it explicitly)
-
-
-@dataclass(frozen=True)
-class PrefillChunks:
-    """fla's varlen chunk table of one batch, made once per forward so that no layer's call reads the device:
-    cu_seqlens [B+1] int64 (the same tensor object for every layer, so fla's per-tensor caches hit) and
-    chunk_indices [NT, 2] int64 (request, chunk within it) of every FLA_CHUNK_SIZE-token chunk, or None when the
-    host does not know the request lengths (fla then derives it, with a host sync)."""
-
-    cu_seqlens: torch.Tensor
-    chunk_indices: torch.Tensor | None
-
-
-def prefill_chunks(b1_cu_q_len: torch.Tensor, host_q_lens: Sequence[int] | None) -> PrefillChunks:
-    """PrefillChunks of a batch: b1_cu_q_len [B+1] (device), host_q_lens the B request lengths as the host knows
-    them (the same values; not checked: that would read the device)."""
-    if host_q_lens is not None and len(host_q_lens) + 1 != b1_cu_q_len.shape[0]:
-        raise ValueError(f"prefill_chunks: {len(host_q_lens)} host lengths for b1_cu_q_len of shape "
-                         f"{list(b1_cu_q_len.shape)}")  # fmt: skip
-    indices = None
-    if host_q_lens is not None:
-        rows = [(b, i) for b, n in enumerate(host_q_lens) for i in range(-(-n // FLA_CHUNK_SIZE))]
-        indices = torch.tensor(rows, dtype=torch.int64).view(-1, 2)
-        if b1_cu_q_len.is_cuda:  # pinned: the copy is queued behind the running work instead of waiting for it
-            indices = indices.pin_memory()
-        indices = indices.to(b1_cu_q_len.device, non_blocking=True)
-    return PrefillChunks(b1_cu_q_len.to(torch.int64), indices)
-
-
-def _prefill_fla(
-    q, k, v, g, beta, ssm_state, b_state_idx, b1_cu_q_len, b_has_initial_state, qk_normalized, chunks
-) -> torch.Tensor:
-    """Varlen fla chunk kernel. GVA natively (value head h reads key head h // (nv // nk), as the reference), q, k, v
-    passed as they are (fla copies non-contiguous inputs: causal_conv1d_prefill_qkv's planes are contiguous)."""
-    slots = b_state_idx.long()
-    init = ssm_state[slots].masked_fill_(~b_has_initial_state[:, None, None, None], 0.0)  # one gather, no zeros
-    if chunks is None:
-        chunks = PrefillChunks(b1_cu_q_len.to(torch.int64), None)
-    o, final = fla_chunk_kernel()(
-        q=q.unsqueeze(0),
-        k=k.unsqueeze(0),
-        v=v.unsqueeze(0),
-        g=g.unsqueeze(0),
-        beta=beta.to(v.dtype).unsqueeze(0),
-        scale=q.shape[-1] ** -0.5,
-        initial_state=init,
-        output_final_state=True,
-        cu_seqlens=chunks.cu_seqlens,
-        chunk_indices=chunks.chunk_indices,
-        use_qk_l2norm_in_kernel=not qk_normalized,
-        chunk_size=FLA_CHUNK_SIZE,
-    )
-    ssm_state[slots] = final.float()
-    return o.squeeze(0).to(v.dtype)
 
 
 def gated_delta_rule_decode(

@@ -7,7 +7,8 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import (
     torch_recurrent_gated_delta_rule,
 )
 
-from lightllm_mtp.kernels.gdn.gated_delta_rule import gated_delta_rule_decode, gated_delta_rule_prefill, prefill_chunks
+from lightllm_mtp.kernels.gdn.fla_prefill import prefill_chunks
+from lightllm_mtp.kernels.gdn.gated_delta_rule import gated_delta_rule_decode, gated_delta_rule_prefill
 
 TOL = {torch.float32: dict(rtol=2e-4, atol=2e-4), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
 
@@ -296,7 +297,8 @@ def test_prefill_chunks_table():
 def test_prefill_fla_native_gva_with_chunks_matches_reference_gpu(q_lens, init):
     """The fla path at the 27B GDN shape (16 key heads, 48 value heads, no repeated key heads), q and k normalised
     ahead, the host chunk table: against the recurrent reference on the GPU, and equal to fla deriving the table."""
-    from lightllm_mtp.kernels.gdn.gated_delta_rule import fla_chunk_kernel, gated_delta_rule_prefill_ref
+    from lightllm_mtp.kernels.gdn.fla_prefill import fla_chunk_kernel
+    from lightllm_mtp.kernels.gdn.gated_delta_rule import gated_delta_rule_prefill_ref
 
     if fla_chunk_kernel() is None:
         pytest.skip("fla-core is not installed")
