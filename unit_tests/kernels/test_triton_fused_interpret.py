@@ -107,7 +107,11 @@ def check_sigmoid_gate_mul():
 def check_qk_norm_rope():
     import torch
 
-    from lightllm_mtp.kernels.attention.qk_norm_rope import qk_norm_rope_ref, qk_norm_rope_triton
+    from lightllm_mtp.kernels.attention.qk_norm_rope import (
+        qk_norm_rope_ref,
+        qk_norm_rope_store_kv_ref,
+        qk_norm_rope_triton,
+    )
     from lightllm_mtp.kernels.attention.rotary import build_rope_cache
 
     gen = torch.Generator().manual_seed(8)
@@ -125,6 +129,17 @@ def check_qk_norm_rope():
             assert q_out.is_contiguous() and k_out.is_contiguous()
             _close(q_out, q_ref)
             _close(k_out, k_ref)
+    # the store_kv form: k and v (a view of the projection) into pool slots, the rest of the pool untouched
+    v = proj[:, hq * 2 * d + hk * d :].view(t, hk, d)
+    mem_index = torch.tensor([7, 2, 11, 0, 5], dtype=torch.int32)
+    pools = [torch.randn(12, hk, d, generator=gen) for _ in range(2)]
+    ref_pools = [p.clone() for p in pools]
+    q_out, none = qk_norm_rope_triton(q, k, qw, kw, 1e-6, positions, cos, sin, (v, *pools, mem_index))
+    q_ref = qk_norm_rope_store_kv_ref(q, k, v, qw, kw, 1e-6, positions, cos, sin, *ref_pools, mem_index)
+    assert none is None
+    _close(q_out, q_ref)
+    _close(pools[0], ref_pools[0])
+    _close(pools[1], ref_pools[1], rtol=0, atol=0)
 
 
 def check_gdn_gating():

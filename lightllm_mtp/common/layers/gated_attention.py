@@ -13,8 +13,7 @@ from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.kernels.attention.decode_attention import decode_attention
 from lightllm_mtp.kernels.attention.output_gate import sigmoid_gate_mul
 from lightllm_mtp.kernels.attention.prefill_attention import prefill_attention
-from lightllm_mtp.kernels.attention.qk_norm_rope import qk_norm_rope
-from lightllm_mtp.kernels.attention.store_kv import store_kv
+from lightllm_mtp.kernels.attention.qk_norm_rope import qk_norm_rope_store_kv
 
 
 class GatedAttention(Layer):
@@ -59,10 +58,12 @@ class GatedAttention(Layer):
             q, gate = q_all.view(t, self.num_heads, self.head_dim), None
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
-        q, k = qk_norm_rope(q, k, self.q_norm, self.k_norm, self.eps, batch.positions, caches.rope_cos, caches.rope_sin)
-
         k_buffer, v_buffer = caches.kv_pool.layer(self.kv_layer)
-        store_kv(k_buffer, v_buffer, batch.mem_index, k, v)
+        # q/k norm, partial RoPE, and the new K/V into the pool at batch.mem_index: one launch
+        q = qk_norm_rope_store_kv(
+            q, k, v, self.q_norm, self.k_norm, self.eps, batch.positions, caches.rope_cos, caches.rope_sin,
+            k_buffer, v_buffer, batch.mem_index,
+        )
         req_to_token = caches.req_manager.req_to_token
         if batch.mode is ForwardMode.DECODE:  # EXTEND and VERIFY are both ragged causal blocks
             o = decode_attention(q, k_buffer, v_buffer, req_to_token, batch.b_req_idx, batch.b_seq_len, self.scale)
