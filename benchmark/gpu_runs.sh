@@ -35,6 +35,12 @@
 #                                       # commit exported with `git archive REV --prefix=baseline/`; carry baseline)
 #   bash benchmark/gpu_runs.sh prefix_cache  # 27B, MTP k=1: TTFT of an 8k shared prefix + 128-token question, cold vs
 #                                       # warm prefix cache and without it; then the prefix-cache GPU-path tests
+#   bash benchmark/gpu_runs.sh prefill16k  # 27B 1x16k prefill (static_inference, the issue-17 figure), then a kernel
+#                                       # breakdown of one 16k prefill by category (profile_step.py --prefill)
+#   bash benchmark/gpu_runs.sh prefill_attention_tiles  # the flash prefill attention kernel's launch configurations at
+#                                       # the 27B shape, the four 4k chunks of a 16k prompt (which tile to make default)
+#   bash benchmark/gpu_runs.sh tests_prefill  # the GPU tests of the prefill kernels (GDN conv planes, fla chunk
+#                                       # table, q/k norm + RoPE, output gate) and the GPU engine tests
 #   bash benchmark/gpu_runs.sh prefix_serving  # trained tiny checkpoint behind the server, MTP k=1: multi-turn
 #                                       # and shared-prefix workloads with vs without the prefix cache (server extra)
 # Results go to $OUT (the device tool's folder) or benchmark/results; each JSON holds its exact command.
@@ -51,6 +57,15 @@ out=${OUT:-benchmark/results}
 bench() { python3 benchmark/static_inference.py --device cuda --input_len 1024 "$@"; }
 case "${1:-}" in
   tests) python3 -m pytest -q -m gpu unit_tests test ;;
+  prefill16k)
+    python3 benchmark/static_inference.py --model_shape qwen3.5-27b --device cuda --batch_sizes 1 --input_len 16384 \
+      --output_len 4 --out "$out/static_qwen3.5-27b_prefill16k_fused_h100.json"
+    python3 benchmark/profile_step.py --model_shape qwen3.5-27b --prefill --input_len 16384 \
+      --out "$out/profile_prefill16k_qwen3.5-27b_h100.json" ;;
+  prefill_attention_tiles) python3 benchmark/check_prefill_attention_gpu.py \
+      --out "$out/prefill_attention_tiles_qwen3.5-27b_h100.json" ;;
+  tests_prefill) python3 -m pytest -q -m gpu unit_tests/kernels/gdn unit_tests/kernels/attention \
+      unit_tests/kernels/norm test/test_gpu_engine.py ;;
   tests_spec) python3 -m pytest -q -m gpu test/test_gpu_engine.py unit_tests/kernels/speculative \
       unit_tests/spec_decode/test_draft_kv.py unit_tests/spec_decode/test_draft_model_gpu.py \
       unit_tests/kernels/gdn ;;
@@ -166,5 +181,5 @@ case "${1:-}" in
       --mtp_mode eagle_with_att --mtp_step 1 --out "$out/profile_35b_a3b_bs32_mtp_k1_moe_kernels.json" ;;
   peer) bench --model_shape qwen3.5-27b --batch_sizes 1,8 --output_len 32 --hf_peer --hf_batch_sizes 1,8 \
       --out "$out/static_qwen3.5-27b_hf_peer_h100.json" ;;
-  *) echo "usage: $0 tests|tests_spec|train_mtp3_ptd|draft_cost|draft_vocab|adaptive_grid|draft_model_cost|train_drafts|27b|27b_k1|27b_large_batch|35b|35b_k1|moe_kernels|profile_35b|peer|mixed|serving_27b|serving_35b|serving_tiny|prefix_cache|prefix_serving|prefix_serving_27b|tp2_27b|pp_one_gpu" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|tests_spec|tests_prefill|prefill16k|prefill_attention_tiles|train_mtp3_ptd|draft_cost|draft_vocab|adaptive_grid|draft_model_cost|train_drafts|27b|27b_k1|27b_large_batch|35b|35b_k1|moe_kernels|profile_35b|peer|mixed|serving_27b|serving_35b|serving_tiny|prefix_cache|prefix_serving|prefix_serving_27b|tp2_27b|pp_one_gpu" >&2; exit 2 ;;
 esac

@@ -137,6 +137,7 @@ class ModelRunner:
             b_logits_index=to_dev(logits_rows, torch.int64),
             max_q_len=max(b - a for a, b in zip(cu_q_len, cu_q_len[1:])),
             snapshot_plan=plan,
+            host_q_lens=tuple(s.num_new_tokens for s in scheduled),
         )
         return batch, sampled
 

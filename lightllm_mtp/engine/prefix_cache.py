@@ -163,7 +163,8 @@ class PrefixCache:
         if bool(dup.any()):
             table = self.req_manager.req_to_token
             pos = dup.nonzero().flatten()
-            table[req.req_idx, pos.to(table.device)] = tree_slots[dup].to(table.device, non_blocking=True)
+            dev = table.device  # non-blocking: a blocking copy would wait for the forward just queued
+            table[req.req_idx, pos.to(dev, non_blocking=True)] = tree_slots[dup].to(dev, non_blocking=True)
             self.tree.kv_pool.free(own[dup])
         req.kv_slots = [tree_slots, kv[depth:]]
         self.tree.lock(node)

@@ -67,7 +67,11 @@ def check_gated_rmsnorm():
     proj = torch.randn(5, 4 * 24 + 9, generator=gen)
     z = proj[:, : 4 * 24].view(5, 4, 24)  # gate sliced out of a wider projection
     w = 1 + 0.3 * torch.randn(24, generator=gen)
-    _close(gated_rmsnorm_triton(x, z, w, 1e-6), gated_rmsnorm_ref(x, z, w, 1e-6))
+    for block_h in (None, 1, 2, 8):  # heads per program: one, several with a ragged last tile, all
+        _close(gated_rmsnorm_triton(x, z, w, 1e-6, block_h=block_h), gated_rmsnorm_ref(x, z, w, 1e-6))
+    x3 = torch.randn(3, 40, generator=gen)  # 2-D input: one row per program tile of 1
+    _close(gated_rmsnorm_triton(x3, x3.flip(0), w[:1].expand(40).contiguous(), 1e-6),
+           gated_rmsnorm_ref(x3, x3.flip(0), w[:1].expand(40).contiguous(), 1e-6))
 
 
 def check_silu_and_mul():
@@ -92,6 +96,50 @@ def check_sigmoid_gate_mul():
     both = torch.randn(6, 2, 40, generator=gen) * 4
     x, gate = both[:, 0], both[:, 1]
     _close(sigmoid_gate_mul_triton(x, gate), sigmoid_gate_mul_ref(x, gate))
+    # [T, H, D] gate heads interleaved with query heads in one projection (read in place), o contiguous
+    proj = torch.randn(5, 3, 2 * 24, generator=gen) * 4
+    o, gate = torch.randn(5, 3, 24, generator=gen), proj[..., 24:]
+    out = sigmoid_gate_mul_triton(o, gate)
+    assert out.shape == o.shape and out.is_contiguous()
+    _close(out, sigmoid_gate_mul_ref(o, gate))
+
+
+def check_qk_norm_rope():
+    import torch
+
+    from lightllm_mtp.kernels.attention.qk_norm_rope import (
+        qk_norm_rope_ref,
+        qk_norm_rope_store_kv_ref,
+        qk_norm_rope_triton,
+    )
+    from lightllm_mtp.kernels.attention.rotary import build_rope_cache
+
+    gen = torch.Generator().manual_seed(8)
+    t, hq, hk, d = 5, 3, 2, 24
+    proj = torch.randn(t, hq * 2 * d + 2 * hk * d, generator=gen) * 3  # [q|gate per head | k | v], as the layer's
+    q = proj[:, : hq * 2 * d].view(t, hq, 2 * d)[..., :d]
+    k = proj[:, hq * 2 * d : hq * 2 * d + hk * d].view(t, hk, d)
+    qw, kw = torch.randn(d, generator=gen) * 0.3, torch.randn(d, generator=gen) * 0.3
+    positions = torch.tensor([0, 3, 63, 7, 1])
+    for rotary_dim in (8, d):
+        cos, sin = build_rope_cache(rotary_dim, 64, 10000.0)
+        for pos in (positions, positions.to(torch.int32)):
+            q_out, k_out = qk_norm_rope_triton(q, k, qw, kw, 1e-6, pos, cos, sin)
+            q_ref, k_ref = qk_norm_rope_ref(q, k, qw, kw, 1e-6, positions, cos, sin)
+            assert q_out.is_contiguous() and k_out.is_contiguous()
+            _close(q_out, q_ref)
+            _close(k_out, k_ref)
+    # the store_kv form: k and v (a view of the projection) into pool slots, the rest of the pool untouched
+    v = proj[:, hq * 2 * d + hk * d :].view(t, hk, d)
+    mem_index = torch.tensor([7, 2, 11, 0, 5], dtype=torch.int32)
+    pools = [torch.randn(12, hk, d, generator=gen) for _ in range(2)]
+    ref_pools = [p.clone() for p in pools]
+    q_out, none = qk_norm_rope_triton(q, k, qw, kw, 1e-6, positions, cos, sin, (v, *pools, mem_index))
+    q_ref = qk_norm_rope_store_kv_ref(q, k, v, qw, kw, 1e-6, positions, cos, sin, *ref_pools, mem_index)
+    assert none is None
+    _close(q_out, q_ref)
+    _close(pools[0], ref_pools[0])
+    _close(pools[1], ref_pools[1], rtol=0, atol=0)
 
 
 def check_gdn_gating():

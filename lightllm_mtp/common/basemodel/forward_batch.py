@@ -42,6 +42,9 @@ class ForwardBatch:
     b_state_write: torch.Tensor | None = None  # [B] int32
     keep_all_hidden: bool = False  # ModelOutput.hidden covers all T rows (MTP drafting) instead of the logits rows
     snapshot_plan: SnapshotPlan | None = None  # EXTEND: GDN state snapshots to fill (prefix cache)
+    # EXTEND: each request's new-token count as the host knows it (None: unknown), for kernels that size work tables
+    # on the host without reading b1_cu_q_len (the GDN prefill's chunk table)
+    host_q_lens: tuple[int, ...] | None = None
     # device tensors derived from the fields once per forward and shared by the layers (see `derived`)
     _derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 

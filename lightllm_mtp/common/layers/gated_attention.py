@@ -13,9 +13,7 @@ from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.kernels.attention.decode_attention import decode_attention
 from lightllm_mtp.kernels.attention.output_gate import sigmoid_gate_mul
 from lightllm_mtp.kernels.attention.prefill_attention import prefill_attention
-from lightllm_mtp.kernels.norm.rmsnorm import rmsnorm
-from lightllm_mtp.kernels.attention.rotary import apply_partial_rope
-from lightllm_mtp.kernels.attention.store_kv import store_kv
+from lightllm_mtp.kernels.attention.qk_norm_rope import qk_norm_rope_store_kv
 
 
 class GatedAttention(Layer):
@@ -54,18 +52,18 @@ class GatedAttention(Layer):
         t = x.shape[0]
         q_all, k, v = F.linear(x, self.qkv_proj).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.has_gate:
-            # each head's rows are [query(D) | gate(D)]
+            # each head's rows are [query(D) | gate(D)]; both stay views of the projection (the kernels take strides)
             q, gate = q_all.view(t, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
-            gate = gate.reshape(t, self.num_heads * self.head_dim)
         else:
             q, gate = q_all.view(t, self.num_heads, self.head_dim), None
-        q = rmsnorm(q, self.q_norm, self.eps)
-        k = rmsnorm(k.view(t, self.num_kv_heads, self.head_dim), self.k_norm, self.eps)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
-        q, k = apply_partial_rope(q, k, batch.positions, caches.rope_cos, caches.rope_sin)
-
         k_buffer, v_buffer = caches.kv_pool.layer(self.kv_layer)
-        store_kv(k_buffer, v_buffer, batch.mem_index, k, v)
+        # q/k norm, partial RoPE, and the new K/V into the pool at batch.mem_index: one launch
+        q = qk_norm_rope_store_kv(
+            q, k, v, self.q_norm, self.k_norm, self.eps, batch.positions, caches.rope_cos, caches.rope_sin,
+            k_buffer, v_buffer, batch.mem_index,
+        )
         req_to_token = caches.req_manager.req_to_token
         if batch.mode is ForwardMode.DECODE:  # EXTEND and VERIFY are both ragged causal blocks
             o = decode_attention(q, k_buffer, v_buffer, req_to_token, batch.b_req_idx, batch.b_seq_len, self.scale)
@@ -74,7 +72,6 @@ class GatedAttention(Layer):
                 q, k_buffer, v_buffer, req_to_token, batch.b_req_idx, batch.b1_cu_q_len, batch.b_seq_len, self.scale,
                 max_q_len=batch.max_q_len,
             )
-        o = o.reshape(t, self.num_heads * self.head_dim)
         if gate is not None:
             o = sigmoid_gate_mul(o, gate)
-        return F.linear(o, self.o_proj)
+        return F.linear(o.reshape(t, self.num_heads * self.head_dim), self.o_proj)

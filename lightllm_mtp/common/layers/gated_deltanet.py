@@ -10,8 +10,9 @@ from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMod
 from lightllm_mtp.common.layers.base import Layer, ModelCaches, Weights
 from lightllm_mtp.common.tensor_spec import TensorSpec, TpShard
 from lightllm_mtp.config.model_config import ModelConfig
-from lightllm_mtp.kernels.gdn.causal_conv1d import causal_conv1d_prefill
+from lightllm_mtp.kernels.gdn.causal_conv1d import causal_conv1d_prefill_qkv
 from lightllm_mtp.kernels.gdn.causal_conv1d_verify import causal_conv1d_verify
+from lightllm_mtp.kernels.gdn.fla_prefill import prefill_chunks
 from lightllm_mtp.kernels.gdn.gated_delta_rule import gated_delta_rule_decode_fused, gated_delta_rule_prefill
 from lightllm_mtp.kernels.gdn.gated_delta_rule_states import gated_delta_rule_prefill_states
 from lightllm_mtp.kernels.gdn.gated_delta_rule_verify import gated_delta_rule_verify_fused_gates
@@ -79,15 +80,14 @@ class GatedDeltaNet(Layer):
                 qkv, self.conv_weight, conv_state, b_state_idx=batch.b_req_idx, b1_cu_q_len=batch.b1_cu_q_len,
                 b_accept_len=batch.b_accept_len, max_q_len=batch.max_q_len, b_write_col=batch.b_state_write,
             )
-        else:
-            plan = batch.snapshot_plan
-            if plan is not None:
+            q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        else:  # EXTEND: contiguous q | k | v planes, q and k L2-normalised (one pass, what the chunk kernel wants)
+            if batch.snapshot_plan is not None:
                 self._snapshot_conv(qkv, conv_state, batch, caches)
-            qkv = causal_conv1d_prefill(
+            q, k, v = causal_conv1d_prefill_qkv(
                 qkv, self.conv_weight, conv_state, b_state_idx=batch.b_req_idx, b1_cu_q_len=batch.b1_cu_q_len,
-                b_has_initial_state=batch.b_has_initial_state,
+                b_has_initial_state=batch.b_has_initial_state, key_dim=self.key_dim, head_dim=self.dk,
             )
-        q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(t, self.nk, self.dk)
         k = k.reshape(t, self.nk, self.dk)
         v = v.reshape(t, self.nv, self.dv)
@@ -103,11 +103,12 @@ class GatedDeltaNet(Layer):
         else:
             g, beta = gdn_gating(a, b, self.A_log, self.dt_bias)
             if batch.snapshot_plan is None:
-                # int64 once per forward: fla caches its chunk indices (a device->host read) by this tensor's identity
-                cu = batch.derived("b1_cu_q_len_i64", lambda: batch.b1_cu_q_len.long())
+                chunks = batch.derived(
+                    "gdn_prefill_chunks", lambda: prefill_chunks(batch.b1_cu_q_len, batch.host_q_lens)
+                )
                 o = gated_delta_rule_prefill(
-                    q, k, v, g, beta, ssm_state, b_state_idx=b_ssm_row, b1_cu_q_len=cu,
-                    b_has_initial_state=batch.b_has_initial_state,
+                    q, k, v, g, beta, ssm_state, b_state_idx=b_ssm_row, b1_cu_q_len=batch.b1_cu_q_len,
+                    b_has_initial_state=batch.b_has_initial_state, qk_normalized=True, chunks=chunks,
                 )
             else:
                 o = self._prefill_with_snapshots(q, k, v, g, beta, ssm_state, b_ssm_row, batch, caches)
@@ -136,7 +137,7 @@ class GatedDeltaNet(Layer):
         if pieces[0].rows is None:
             return gated_delta_rule_prefill_states(
                 q, k, v, g, beta, ssm_state, snaps, b_state_idx=b_ssm_row, b1_cu_q_len=batch.b1_cu_q_len,
-                b_has_initial_state=batch.b_has_initial_state, saves=pieces[0].saves,
+                b_has_initial_state=batch.b_has_initial_state, saves=pieces[0].saves, qk_normalized=True,
             )
         out = torch.empty_like(v)
         for piece in pieces:
@@ -144,5 +145,6 @@ class GatedDeltaNet(Layer):
             out[r] = gated_delta_rule_prefill_states(
                 q[r], k[r], v[r], g[r], beta[r], ssm_state, snaps, b_state_idx=b_ssm_row[piece.b_index],
                 b1_cu_q_len=piece.b1_cu_q_len, b_has_initial_state=piece.b_has_initial_state, saves=piece.saves,
+                qk_normalized=True,
             )
         return out

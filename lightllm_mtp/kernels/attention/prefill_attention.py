@@ -115,10 +115,14 @@ def flash_attention_triton(
     max_q_len: int,
     block_m: int | None = None,
     block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int = 2,
 ) -> torch.Tensor:
     """Flash-attention over q tiles (arguments validated by prefill_attention). A tile holds BLOCK_M (q row, query
     head) pairs of one request and KV head, rows major, so the G heads sharing a KV head share every K/V tile and
-    short blocks fill the tile. max_q_len bounds every request's q_len (rows past it are not computed)."""
+    short blocks fill the tile. max_q_len bounds every request's q_len (rows past it are not computed). block_m,
+    block_n, num_warps, num_stages: the launch (None: the defaults below; benchmark/check_prefill_attention_gpu.py
+    sweeps them at the 27B shape)."""
     t, hq, d = q.shape
     bsz, hkv, dv = b_req_idx.shape[0], k_buffer.shape[1], v_buffer.shape[2]
     group = hq // hkv
@@ -138,7 +142,7 @@ def flash_attention_triton(
         *q.stride(), *k_buffer.stride(), *v_buffer.stride(), req_to_token.stride(0), *out.stride(),
         G=group, D=d, DV=dv, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_N=block_n,
         COMPUTE_FP32=compute_fp32,
-        num_warps=8 if block_m * block_dv >= 128 * 128 else 4, num_stages=2,
+        num_warps=num_warps or (8 if block_m * block_dv >= 128 * 128 else 4), num_stages=num_stages,
     )
     return out
 

@@ -23,14 +23,21 @@ def store_kv(
     """k_buffer, v_buffer [P, Hkv, D]; mem_index [T] int32/int64 pool slots (distinct); k, v [T, Hkv, D].
 
     In place: k_buffer[mem_index[t]] = k[t], v_buffer[mem_index[t]] = v[t] (cast to the buffer dtype)."""
-    check_shape(_OP, "k_buffer", k_buffer, (None, None, None), "[P, Hkv, D]")
-    check_shape(_OP, "v_buffer", v_buffer, tuple(k_buffer.shape), "[P, Hkv, D] like k_buffer")
-    check_shape(_OP, "mem_index", mem_index, (None,), "[T]")
-    check_index(_OP, "mem_index", mem_index)
-    t = mem_index.shape[0]
-    check_shape(_OP, "k", k, (t, k_buffer.shape[1], k_buffer.shape[2]), "[T, Hkv, D]")
-    check_shape(_OP, "v", v, (t, k_buffer.shape[1], k_buffer.shape[2]), "[T, Hkv, D]")
-    for name, x in (("k_buffer", k_buffer), ("v_buffer", v_buffer), ("k", k), ("v", v)):
-        check_float(_OP, name, x)
-    check_device(_OP, k_buffer=k_buffer, v_buffer=v_buffer, mem_index=mem_index, k=k, v=v)
+    check_store_kv_args(_OP, k_buffer, v_buffer, mem_index, k, v)
     store_kv_ref(k_buffer, v_buffer, mem_index, k, v)
+
+
+def check_store_kv_args(
+    op: str, k_buffer: torch.Tensor, v_buffer: torch.Tensor, mem_index: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> None:
+    """The checks of store_kv's arguments (also those of the fused qk_norm_rope_store_kv)."""
+    check_shape(op, "k_buffer", k_buffer, (None, None, None), "[P, Hkv, D]")
+    check_shape(op, "v_buffer", v_buffer, tuple(k_buffer.shape), "[P, Hkv, D] like k_buffer")
+    check_shape(op, "mem_index", mem_index, (None,), "[T]")
+    check_index(op, "mem_index", mem_index)
+    t = mem_index.shape[0]
+    check_shape(op, "k", k, (t, k_buffer.shape[1], k_buffer.shape[2]), "[T, Hkv, D]")
+    check_shape(op, "v", v, (t, k_buffer.shape[1], k_buffer.shape[2]), "[T, Hkv, D]")
+    for name, x in (("k_buffer", k_buffer), ("v_buffer", v_buffer), ("k", k), ("v", v)):
+        check_float(op, name, x)
+    check_device(op, k_buffer=k_buffer, v_buffer=v_buffer, mem_index=mem_index, k=k, v=v)

@@ -10,7 +10,9 @@ launches, no host sync. (1) one program per (tile of BLOCK_T rows of the ragged 
 finds its request by a binary search over b1_cu_q_len, and each of the K taps reads x (same request) or the
 request's state column (before the request's first row; zeros without an initial state); silu fused. (2) one
 program per (request, channel block) then writes the last K-1 inputs of [history, x_b] into the slot; launch (1)
-has read every history column by then (same stream)."""
+has read every history column by then (same stream). `causal_conv1d_prefill_qkv` runs the same launches with the
+Gated DeltaNet epilogue: q, k, v written as three contiguous planes, q and k L2-normalised per head (what the
+chunked delta-rule kernel wants: no split copies, no separate l2norm pass)."""
 
 from __future__ import annotations
 
@@ -54,6 +56,29 @@ def causal_conv1d_prefill_ref(
     return out
 
 
+def l2norm_heads_ref(x: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """x [T, H * head_dim] -> each head_dim group scaled by 1 / sqrt(sum of squares + 1e-6), fp32 math from x's
+    values, rounded to x.dtype (fla's l2norm)."""
+    xf = x.float().reshape(x.shape[0], -1, head_dim)
+    y = xf * torch.rsqrt((xf * xf).sum(-1, keepdim=True) + 1e-6)
+    return y.reshape(x.shape).to(x.dtype)
+
+
+def causal_conv1d_prefill_qkv_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    conv_state: torch.Tensor,
+    b_state_idx: torch.Tensor,
+    b1_cu_q_len: torch.Tensor,
+    b_has_initial_state: torch.Tensor,
+    key_dim: int,
+    head_dim: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    y = causal_conv1d_prefill_ref(x, weight, conv_state, b_state_idx, b1_cu_q_len, b_has_initial_state)
+    q, k, v = y.split([key_dim, key_dim, y.shape[1] - 2 * key_dim], dim=-1)
+    return l2norm_heads_ref(q, head_dim), l2norm_heads_ref(k, head_dim), v.contiguous()
+
+
 def causal_conv1d_update_ref(
     x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, b_state_idx: torch.Tensor
 ) -> torch.Tensor:
@@ -80,6 +105,19 @@ def _check_common(op: str, x: torch.Tensor, weight: torch.Tensor, conv_state: to
     check_index(op, "b_state_idx", b_state_idx)
 
 
+def _check_prefill(op, x, weight, conv_state, b_state_idx, b1_cu_q_len, b_has_initial_state) -> None:
+    _check_common(op, x, weight, conv_state, b_state_idx)
+    bsz = b_state_idx.shape[0]
+    check_shape(op, "b1_cu_q_len", b1_cu_q_len, (bsz + 1,), "[B+1]")
+    check_index(op, "b1_cu_q_len", b1_cu_q_len)
+    check_shape(op, "b_has_initial_state", b_has_initial_state, (bsz,), "[B]")
+    check_dtype(op, "b_has_initial_state", b_has_initial_state, (torch.bool,))
+    check_device(
+        op, x=x, weight=weight, conv_state=conv_state, b_state_idx=b_state_idx, b1_cu_q_len=b1_cu_q_len,
+        b_has_initial_state=b_has_initial_state,
+    )
+
+
 def causal_conv1d_prefill(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -96,20 +134,41 @@ def causal_conv1d_prefill(
     state, else zeros; y = silu(causal conv over [history, x_b]) for its new rows, and afterwards
     conv_state[slot, :, :K-1] = the last K-1 inputs of [history, x_b] (also when x_b has < K-1 rows).
     fp32 compute; the state is stored in conv_state.dtype."""
-    op = "causal_conv1d_prefill"
-    _check_common(op, x, weight, conv_state, b_state_idx)
-    bsz = b_state_idx.shape[0]
-    check_shape(op, "b1_cu_q_len", b1_cu_q_len, (bsz + 1,), "[B+1]")
-    check_index(op, "b1_cu_q_len", b1_cu_q_len)
-    check_shape(op, "b_has_initial_state", b_has_initial_state, (bsz,), "[B]")
-    check_dtype(op, "b_has_initial_state", b_has_initial_state, (torch.bool,))
-    check_device(
-        op, x=x, weight=weight, conv_state=conv_state, b_state_idx=b_state_idx, b1_cu_q_len=b1_cu_q_len,
-        b_has_initial_state=b_has_initial_state,
-    )
+    _check_prefill("causal_conv1d_prefill", x, weight, conv_state, b_state_idx, b1_cu_q_len, b_has_initial_state)
     if use_triton(x):
         return causal_conv1d_prefill_triton(x, weight, conv_state, b_state_idx, b1_cu_q_len, b_has_initial_state)
     return causal_conv1d_prefill_ref(x, weight, conv_state, b_state_idx, b1_cu_q_len, b_has_initial_state)
+
+
+def causal_conv1d_prefill_qkv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    conv_state: torch.Tensor,
+    *,
+    b_state_idx: torch.Tensor,
+    b1_cu_q_len: torch.Tensor,
+    b_has_initial_state: torch.Tensor,
+    key_dim: int,
+    head_dim: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """causal_conv1d_prefill of the Gated DeltaNet's q|k|v channels -> (q [T, key_dim], k [T, key_dim],
+    v [T, C - 2 key_dim]), each contiguous, q and k L2-normalised per head of head_dim channels (from the conv
+    output rounded to x.dtype, eps 1e-6 inside the square root, rounded back to x.dtype); conv_state as there."""
+    op = "causal_conv1d_prefill_qkv"
+    c = x.shape[1] if x.ndim == 2 else 0
+    if head_dim <= 0 or key_dim <= 0 or key_dim % head_dim or 2 * key_dim > c:
+        raise ValueError(
+            f"{op}: need head_dim > 0 dividing key_dim > 0 and 2 * key_dim <= channels; got head_dim={head_dim}, "
+            f"key_dim={key_dim}, x shape {list(x.shape)}"
+        )
+    _check_prefill(op, x, weight, conv_state, b_state_idx, b1_cu_q_len, b_has_initial_state)
+    if use_triton(x) and head_dim == triton.next_power_of_2(head_dim):
+        return causal_conv1d_prefill_qkv_triton(
+            x, weight, conv_state, b_state_idx, b1_cu_q_len, b_has_initial_state, key_dim, head_dim
+        )
+    return causal_conv1d_prefill_qkv_ref(
+        x, weight, conv_state, b_state_idx, b1_cu_q_len, b_has_initial_state, key_dim, head_dim
+    )
 
 
 def causal_conv1d_prefill_triton(
@@ -129,18 +188,54 @@ def causal_conv1d_prefill_triton(
     27B shape, 16k rows x 10240 channels bf16, tiles of 8-32 rows x 64-256 channels all take 0.60-0.69 ms vs 7.6 ms
     for the reference)."""
     t, c = x.shape
-    bsz = b_state_idx.shape[0]
     out = torch.empty(t, c, dtype=x.dtype, device=x.device)
+    _launch_prefill(x, weight, conv_state, b_state_idx, b1_cu_q_len, b_has_initial_state, out, c, 1,
+                    block_t, block_c, num_warps)  # fmt: skip
+    return out
+
+
+def causal_conv1d_prefill_qkv_triton(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    conv_state: torch.Tensor,
+    b_state_idx: torch.Tensor,
+    b1_cu_q_len: torch.Tensor,
+    b_has_initial_state: torch.Tensor,
+    key_dim: int,
+    head_dim: int,
+    block_t: int = 8,
+    block_c: int = 256,
+    num_warps: int = 4,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Triton path of causal_conv1d_prefill_qkv (validated by the caller; head_dim a power of two). One buffer
+    holds the planes [q: T x key_dim | k: T x key_dim | v: T x (C - 2 key_dim)]; channel blocks are whole heads."""
+    t, c = x.shape
+    planes = torch.empty(t * c, dtype=x.dtype, device=x.device)
+    block_c = max(block_c, head_dim)
+    _launch_prefill(x, weight, conv_state, b_state_idx, b1_cu_q_len, b_has_initial_state, planes, key_dim, head_dim,
+                    block_t, block_c, num_warps)  # fmt: skip
+    q = planes[: t * key_dim].view(t, key_dim)
+    k = planes[t * key_dim : 2 * t * key_dim].view(t, key_dim)
+    v = planes[2 * t * key_dim :].view(t, c - 2 * key_dim)
+    return q, k, v
+
+
+def _launch_prefill(x, weight, conv_state, b_state_idx, b1_cu_q_len, b_has_initial_state, out, key_dim, head_dim,
+                    block_t, block_c, num_warps) -> None:  # fmt: skip
+    """head_dim 1: out is a [T, C] buffer; else the q | k | v planes of causal_conv1d_prefill_qkv_triton."""
+    t, c = x.shape
+    bsz = b_state_idx.shape[0]
     if bsz == 0 or c == 0:
-        return out
+        return
     x = x if x.stride(1) == 1 else x.contiguous()
     kw = weight.shape[1]
     search_steps = (bsz - 1).bit_length()  # binary search over [0, B): ceil(log2 B) halvings
     if t > 0:
         _conv1d_prefill_kernel[(triton.cdiv(t, block_t), triton.cdiv(c, block_c))](
             x, weight, conv_state, b_state_idx, b1_cu_q_len, b_has_initial_state, out,
-            x.stride(0), weight.stride(0), weight.stride(1), *conv_state.stride(), out.stride(0), t, c, bsz,
-            KW=kw, SEARCH_STEPS=search_steps, BLOCK_T=block_t, BLOCK_C=block_c, num_warps=num_warps,
+            x.stride(0), weight.stride(0), weight.stride(1), *conv_state.stride(), c if head_dim == 1 else 0, t, c,
+            bsz, key_dim, KW=kw, SEARCH_STEPS=search_steps, BLOCK_T=block_t, BLOCK_C=block_c, HEAD_DIM=head_dim,
+            num_warps=num_warps,
         )
     if kw > 1:
         _conv1d_prefill_state_kernel[(bsz, triton.cdiv(c, 256))](
@@ -148,8 +243,6 @@ def causal_conv1d_prefill_triton(
             x.stride(0), *conv_state.stride(), c,
             KW=kw, BLOCK_C=256, num_warps=4,
         )
-    return out
-
 
 def causal_conv1d_update(
     x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, *, b_state_idx: torch.Tensor
@@ -222,8 +315,9 @@ if triton_available():
     @triton.jit
     def _conv1d_prefill_kernel(
         x_ptr, w_ptr, state_ptr, idx_ptr, cu_ptr, init_ptr, out_ptr,
-        stride_x, stride_wc, stride_wk, stride_ss, stride_sc, stride_sw, stride_o, T, C, B,
+        stride_x, stride_wc, stride_wk, stride_ss, stride_sc, stride_sw, stride_o, T, C, B, KEY_DIM,
         KW: tl.constexpr, SEARCH_STEPS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
     ):
         offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
         offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -257,8 +351,24 @@ if triton_available():
                 xv += hv
             wj = tl.load(w_ptr + offs_c * stride_wc + j * stride_wk, mask=mask_c, other=0.0).to(tl.float32)
             acc += xv * wj[None, :]
-        y = acc / (1.0 + tl.exp(-acc))
-        tl.store(out_ptr + rows[:, None] * stride_o + offs_c[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+        y = (acc / (1.0 + tl.exp(-acc))).to(out_ptr.dtype.element_ty)
+        if HEAD_DIM == 1:
+            tl.store(out_ptr + rows[:, None] * stride_o + offs_c[None, :], y, mask=mask)
+        else:
+            # planes q [T, KEY_DIM] | k [T, KEY_DIM] | v [T, C - 2 KEY_DIM]; q and k heads L2-normalised (the block
+            # holds whole heads: BLOCK_C is a multiple of HEAD_DIM, and so is KEY_DIM)
+            yf = y.to(tl.float32)
+            sq = tl.reshape(yf * yf, [BLOCK_T, BLOCK_C // HEAD_DIM, HEAD_DIM])
+            inv = 1.0 / tl.sqrt(tl.sum(sq, axis=2) + 1e-6)
+            inv = tl.reshape(tl.broadcast_to(inv[:, :, None], [BLOCK_T, BLOCK_C // HEAD_DIM, HEAD_DIM]),
+                             [BLOCK_T, BLOCK_C])
+            is_qk = offs_c < 2 * KEY_DIM
+            y = tl.where(is_qk[None, :], (yf * inv).to(out_ptr.dtype.element_ty), y)
+            plane = tl.minimum(offs_c // KEY_DIM, 2).to(tl.int64)
+            width = tl.where(plane == 2, C - 2 * KEY_DIM, KEY_DIM).to(tl.int64)
+            col = offs_c - plane * KEY_DIM
+            dst = out_ptr + plane[None, :] * T * KEY_DIM + rows[:, None] * width[None, :] + col[None, :]
+            tl.store(dst, y, mask=mask)
 
     @triton.jit
     def _conv1d_prefill_state_kernel(

@@ -10,11 +10,7 @@ in_proj output: conv update + SiLU, gates, q/k l2norm, recurrence) adds the conv
 
 from __future__ import annotations
 
-import functools
-
 import torch
-
-from lightllm_mtp.env import ENV
 
 from lightllm_mtp.kernels._validate import (
     check_device,
@@ -25,16 +21,22 @@ from lightllm_mtp.kernels._validate import (
     check_shape,
 )
 from lightllm_mtp.kernels.gdn.causal_conv1d import causal_conv1d_update_ref, causal_conv1d_update_triton
+from lightllm_mtp.kernels.gdn.fla_prefill import PrefillChunks, fla_chunk_kernel, prefill_fla
 from lightllm_mtp.kernels.gdn.gdn_gating import gdn_gating_ref
 from lightllm_mtp.kernels.triton_utils import num_sms, triton_available, use_triton
 
 
-def _prepare_qk(q: torch.Tensor, k: torch.Tensor, nv: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> fp32 q, k [N, nv, dk]: l2-normalised, q scaled, key heads repeated over their value heads."""
+def _prepare_qk(
+    q: torch.Tensor, k: torch.Tensor, nv: int, normalized: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> fp32 q, k [N, nv, dk]: l2-normalised (unless already), q scaled, key heads repeated over their value
+    heads."""
     q = q.float()
     k = k.float()
-    q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6) * (q.shape[-1] ** -0.5)
-    k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    if not normalized:
+        q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+        k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    q = q * (q.shape[-1] ** -0.5)
     rep = nv // q.shape[1]
     if rep > 1:
         q = q.repeat_interleave(rep, dim=1)
@@ -64,6 +66,7 @@ def gated_delta_rule_prefill_ref(
     b_state_idx: torch.Tensor,
     b1_cu_q_len: torch.Tensor,
     b_has_initial_state: torch.Tensor,
+    qk_normalized: bool = False,
     saves: list[tuple[int, int, int]] | None = None,
     states_out: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -73,7 +76,7 @@ def gated_delta_rule_prefill_ref(
     bsz = b_state_idx.shape[0]
     if bsz == 0:
         return out
-    qf, kf = _prepare_qk(q, k, nv)
+    qf, kf = _prepare_qk(q, k, nv, qk_normalized)
     vf, gf, bf = v.float(), g.float(), beta.float()
     cu = b1_cu_q_len.long()
     lens = cu[1:] - cu[:-1]
@@ -151,12 +154,16 @@ def gated_delta_rule_prefill(
     b_state_idx: torch.Tensor,
     b1_cu_q_len: torch.Tensor,
     b_has_initial_state: torch.Tensor,
+    qk_normalized: bool = False,
+    chunks: PrefillChunks | None = None,
 ) -> torch.Tensor:
     """Ragged prefill -> o [T, nv, dv] in v.dtype; writes each request's final state to ssm_state[slot].
 
-    q, k [T, nk, dk] (raw, normalised inside); v [T, nv, dv]; g, beta [T, nv] fp32 (from gdn_gating);
-    ssm_state [S, nv, dk, dv] fp32; b_state_idx [B] state rows; b1_cu_q_len [B+1]; b_has_initial_state [B]
-    bool (False: start from a zero state, whatever the row holds)."""
+    q, k [T, nk, dk] (raw, normalised inside; qk_normalized: already L2-normalised, e.g. by
+    causal_conv1d_prefill_qkv); v [T, nv, dv]; g, beta [T, nv] fp32 (from gdn_gating); ssm_state [S, nv, dk, dv]
+    fp32; b_state_idx [B] state rows; b1_cu_q_len [B+1]; b_has_initial_state [B] bool (False: start from a zero
+    state, whatever the row holds). chunks: this batch's PrefillChunks (prefill_chunks), shared by the layers of
+    one forward; None: the GPU kernel derives them, with a host sync."""
     op = "gated_delta_rule_prefill"
     _check_common(op, q, k, v, g, beta, ssm_state, b_state_idx)
     bsz = b_state_idx.shape[0]
@@ -168,45 +175,14 @@ def gated_delta_rule_prefill(
         op, q=q, k=k, v=v, g=g, beta=beta, ssm_state=ssm_state, b_state_idx=b_state_idx, b1_cu_q_len=b1_cu_q_len,
         b_has_initial_state=b_has_initial_state,
     )
+    if chunks is not None and chunks.cu_seqlens.shape != b1_cu_q_len.shape:
+        raise ValueError(f"{op}: chunks were made for {chunks.cu_seqlens.shape[0] - 1} requests, the batch has {bsz}")
     if q.is_cuda and fla_chunk_kernel() is not None:
-        return _prefill_fla(q, k, v, g, beta, ssm_state, b_state_idx, b1_cu_q_len, b_has_initial_state)
-    return gated_delta_rule_prefill_ref(q, k, v, g, beta, ssm_state, b_state_idx, b1_cu_q_len, b_has_initial_state)
-
-
-@functools.cache
-def fla_chunk_kernel():
-    """fla-core's chunked gated-delta-rule kernel (the field's GPU kernel for this prefill), or None."""
-    if ENV.force_reference_kernels:
-        return None
-    try:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-    except ImportError:
-        return None
-    return chunk_gated_delta_rule
-
-
-def _prefill_fla(q, k, v, g, beta, ssm_state, b_state_idx, b1_cu_q_len, b_has_initial_state) -> torch.Tensor:
-    """Varlen fla chunk kernel; GVA by repeating key heads (fla wants q/k heads == v heads)."""
-    rep = v.shape[1] // q.shape[1]
-    if rep > 1:
-        q = q.repeat_interleave(rep, dim=1)
-        k = k.repeat_interleave(rep, dim=1)
-    slots = b_state_idx.long()
-    init = torch.where(b_has_initial_state[:, None, None, None], ssm_state[slots], torch.zeros_like(ssm_state[slots]))
-    o, final = fla_chunk_kernel()(
-        q=q.unsqueeze(0),
-        k=k.unsqueeze(0),
-        v=v.unsqueeze(0),
-        g=g.unsqueeze(0),
-        beta=beta.to(v.dtype).unsqueeze(0),
-        scale=q.shape[-1] ** -0.5,
-        initial_state=init,
-        output_final_state=True,
-        cu_seqlens=b1_cu_q_len.long(),
-        use_qk_l2norm_in_kernel=True,
+        return prefill_fla(q, k, v, g, beta, ssm_state, b_state_idx, b1_cu_q_len, b_has_initial_state, qk_normalized,
+                           chunks)  # fmt: skip
+    return gated_delta_rule_prefill_ref(
+        q, k, v, g, beta, ssm_state, b_state_idx, b1_cu_q_len, b_has_initial_state, qk_normalized
     )
-    ssm_state[slots] = final.float()
-    return o.squeeze(0).to(v.dtype)
 
 
 def gated_delta_rule_decode(

@@ -95,10 +95,12 @@ def gated_delta_rule_prefill_states(
     b1_cu_q_len: torch.Tensor,
     b_has_initial_state: torch.Tensor,
     saves: StateSaves,
+    qk_normalized: bool = False,
 ) -> torch.Tensor:
     """gated_delta_rule_prefill (same arguments, same o and final states) that also writes, for each
     (request b, count t, row d) of `saves`, the state after b's first t rows into states_out[d] [S, nv, dk, dv]
-    fp32. On the GPU every t must be a multiple of state_save_alignment() or b's whole length."""
+    fp32. On the GPU every t must be a multiple of state_save_alignment() or b's whole length. qk_normalized: q, k
+    are already L2-normalised (causal_conv1d_prefill_qkv), as in gated_delta_rule_prefill."""
     op = "gated_delta_rule_prefill_states"
     _check_common(op, q, k, v, g, beta, ssm_state, b_state_idx)
     bsz = b_state_idx.shape[0]
@@ -115,14 +117,15 @@ def gated_delta_rule_prefill_states(
     if bad:
         raise ValueError(f"{op}: saved counts {bad} are not multiples of {align} nor whole lengths")
     if align == CHUNK:
-        return _prefill_states_fla(q, k, v, g, beta, ssm_state, states_out, b_state_idx, b_has_initial_state, saves)
+        return _prefill_states_fla(q, k, v, g, beta, ssm_state, states_out, b_state_idx, b_has_initial_state, saves,
+                                   qk_normalized)  # fmt: skip
     if align == _WHOLE_ONLY:  # final states only: the plain prefill, then copies
         o = gated_delta_rule_prefill(q, k, v, g, beta, ssm_state, b_state_idx=b_state_idx, b1_cu_q_len=saves.cu_seqlens,
-                                     b_has_initial_state=b_has_initial_state)  # fmt: skip
+                                     b_has_initial_state=b_has_initial_state, qk_normalized=qk_normalized)  # fmt: skip
         states_out[saves.final_dest] = ssm_state[b_state_idx.long()[saves.final_b]]
         return o
     return gated_delta_rule_prefill_ref(
-        q, k, v, g, beta, ssm_state, b_state_idx, b1_cu_q_len, b_has_initial_state,
+        q, k, v, g, beta, ssm_state, b_state_idx, b1_cu_q_len, b_has_initial_state, qk_normalized,
         saves=[(b, t, d) for b, t, d in saves.saves], states_out=states_out,
     )  # fmt: skip
 
@@ -145,7 +148,8 @@ def _fla_parts():
         chunk_gated_delta_rule_fwd_kernel_h_blockdim64, chunk_fwd_o  # fmt: skip
 
 
-def _prefill_states_fla(q, k, v, g, beta, ssm_state, states_out, b_state_idx, b_has_initial_state, saves):
+def _prefill_states_fla(q, k, v, g, beta, ssm_state, states_out, b_state_idx, b_has_initial_state, saves,
+                        qk_normalized):  # fmt: skip
     """fla's chunk_gated_delta_rule forward step by step (GVA by repeated key heads, as in _prefill_fla), with the
     chunk states h in fp32; cu_seqlens / chunk indices from the host-built saves (no device->host read)."""
     l2norm_fwd, chunk_local_cumsum, rcp_ln2, fwd_intra, fwd_h_kernel, chunk_fwd_o = _fla_parts()
@@ -159,8 +163,9 @@ def _prefill_states_fla(q, k, v, g, beta, ssm_state, states_out, b_state_idx, b_
     cu, chunk_indices = saves.cu_seqlens, saves.chunk_indices
     q, k, v = (x.unsqueeze(0).contiguous() for x in (q, k, v))
     g, beta = g.unsqueeze(0).contiguous(), beta.to(v.dtype).unsqueeze(0).contiguous()
-    q, _ = l2norm_fwd(q)
-    k, _ = l2norm_fwd(k)
+    if not qk_normalized:
+        q, _ = l2norm_fwd(q)
+        k, _ = l2norm_fwd(k)
     g = chunk_local_cumsum(g, chunk_size=CHUNK, scale=rcp_ln2, cu_seqlens=cu, chunk_indices=chunk_indices)
     w, u, _ = fwd_intra(k=k, v=v, g=g, beta=beta, cu_seqlens=cu, chunk_indices=chunk_indices, chunk_size=CHUNK)
     num_chunks, bsz = chunk_indices.shape[0], slots.shape[0]

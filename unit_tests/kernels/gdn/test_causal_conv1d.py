@@ -195,3 +195,94 @@ def test_prefill_triton_matches_reference_gpu(dtype, q_lens, init):
     tol = dict(rtol=1.6e-2, atol=1e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out, ref, **tol)
     assert torch.equal(state, ref_state)
+
+
+# ---- causal_conv1d_prefill_qkv: the GDN prefill's conv with contiguous q | k | v planes, q and k L2-normalised ----
+def test_prefill_qkv_is_conv_split_and_l2norm():
+    from lightllm_mtp.kernels.gdn.causal_conv1d import causal_conv1d_prefill_qkv
+
+    key_dim, head_dim, value_dim = 12, 4, 8
+    q_lens, slots, has_init = [6, 1, 2], [4, 0, 2], [False, True, True]
+    x, weight, state, idx, cu = _batch(q_lens, 2 * key_dim + value_dim, torch.float32, 3, slots, 7, 3, 4)
+    state2 = state.clone()
+    meta = dict(b_state_idx=idx, b1_cu_q_len=cu, b_has_initial_state=torch.tensor(has_init))
+    q, k, v = causal_conv1d_prefill_qkv(x, weight, state, **meta, key_dim=key_dim, head_dim=head_dim)
+    y = causal_conv1d_prefill(x, weight, state2, **meta)
+    assert torch.equal(state, state2)
+    for got, want in ((q, y[:, :key_dim]), (k, y[:, key_dim : 2 * key_dim])):
+        assert got.is_contiguous() and got.shape == want.shape
+        heads = want.reshape(-1, key_dim // head_dim, head_dim)
+        normed = (heads * torch.rsqrt(heads.pow(2).sum(-1, keepdim=True) + 1e-6)).reshape(want.shape)
+        torch.testing.assert_close(got, normed, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got.reshape(heads.shape).norm(dim=-1), torch.ones(heads.shape[:2]), rtol=0,
+                                   atol=1e-3)  # fmt: skip
+    torch.testing.assert_close(v, y[:, 2 * key_dim :], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="head_dim"):
+        causal_conv1d_prefill_qkv(x, weight, state, **meta, key_dim=key_dim, head_dim=5)
+    with pytest.raises(ValueError, match="2 \\* key_dim"):
+        causal_conv1d_prefill_qkv(x, weight, state, **meta, key_dim=20, head_dim=4)
+    with pytest.raises(ValueError, match="b1_cu_q_len must"):
+        causal_conv1d_prefill_qkv(x, weight, state, **dict(meta, b1_cu_q_len=cu[:-1]), key_dim=key_dim, head_dim=4)
+
+
+PREFILL_QKV_INTERPRET_SCRIPT = textwrap.dedent(
+    """
+    import torch
+    from lightllm_mtp.kernels.gdn import causal_conv1d as conv
+    torch.manual_seed(0)
+    # (key_dim, head_dim, value_dim, channel block): blocks of one head, of several heads across the q | k and
+    # k | v boundaries, one ragged block holding everything
+    layouts = ((16, 8, 24, 16), (32, 16, 48, 32), (8, 8, 16, 256))
+    for kernel in (4, 3):
+        for key_dim, head_dim, value_dim, block_c in layouts:
+            for q_lens, init in (([6, 1, 2, 13], [False, True, True, False]), ([1, 0, 3], [True, True, False])):
+                c, bsz = 2 * key_dim + value_dim, len(q_lens)
+                cu = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32)
+                x = torch.randn(int(cu[-1]), c + 5)[:, 2 : 2 + c]  # column slice, as in the layer
+                w = torch.randn(c, kernel)
+                state = torch.randn(bsz + 3, c, kernel + 1)
+                slots = torch.randperm(bsz + 3)[:bsz].to(torch.int32)
+                state2 = state.clone()
+                has = torch.tensor(init)
+                ref = conv.causal_conv1d_prefill_qkv_ref(x, w, state, slots, cu, has, key_dim, head_dim)
+                out = conv.causal_conv1d_prefill_qkv_triton(x, w, state2, slots, cu, has, key_dim, head_dim,
+                                                            block_c=block_c)
+                for got, want in zip(out, ref):
+                    assert got.is_contiguous() and got.shape == want.shape
+                    torch.testing.assert_close(got, want)
+                torch.testing.assert_close(state2, state, rtol=0, atol=0)
+    print("OK")
+    """
+)
+
+
+def test_prefill_qkv_triton_matches_reference_under_the_interpreter():
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    res = subprocess.run([sys.executable, "-c", PREFILL_QKV_INTERPRET_SCRIPT], env=env, capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("q_lens,init", [([4096], [False]), ([1, 2, 700, 3, 1500, 0, 33], [1, 1, 0, 1, 1, 0, 1])])
+def test_prefill_qkv_triton_matches_reference_gpu(q_lens, init):
+    from lightllm_mtp.kernels.gdn.causal_conv1d import causal_conv1d_prefill_qkv, causal_conv1d_prefill_qkv_ref
+
+    torch.manual_seed(len(q_lens))
+    dev, dt, key_dim, head_dim, c, kernel = "cuda", torch.bfloat16, 2048, 128, 10240, 4  # 27B: 16 + 16 + 48 heads
+    bsz = len(q_lens)
+    cu = torch.tensor([0] + q_lens, device=dev).cumsum(0).to(torch.int32)
+    x = torch.randn(int(cu[-1]), c + 6144 + 96, device=dev).to(dt)[:, :c]  # strided rows, as in the layer
+    weight = (torch.randn(c, kernel, device=dev) * 0.5).to(dt)
+    state = torch.randn(bsz + 3, c, kernel + 2, device=dev).to(dt)
+    ref_state = state.clone()
+    slots = torch.randperm(bsz + 3, device=dev)[:bsz].to(torch.int32)
+    has = torch.tensor(init, device=dev, dtype=torch.bool)
+    meta = dict(b_state_idx=slots, b1_cu_q_len=cu, b_has_initial_state=has)
+    out = causal_conv1d_prefill_qkv(x, weight, state, **meta, key_dim=key_dim, head_dim=head_dim)
+    ref = causal_conv1d_prefill_qkv_ref(x, weight, ref_state, slots, cu, has, key_dim, head_dim)
+    for got, want in zip(out, ref):
+        assert got.is_contiguous()
+        torch.testing.assert_close(got, want, rtol=1.6e-2, atol=1e-2)
+    assert torch.equal(state, ref_state)

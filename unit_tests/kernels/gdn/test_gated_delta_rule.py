@@ -7,6 +7,7 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import (
     torch_recurrent_gated_delta_rule,
 )
 
+from lightllm_mtp.kernels.gdn.fla_prefill import prefill_chunks
 from lightllm_mtp.kernels.gdn.gated_delta_rule import gated_delta_rule_decode, gated_delta_rule_prefill
 
 TOL = {torch.float32: dict(rtol=2e-4, atol=2e-4), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
@@ -258,3 +259,70 @@ def test_fused_decode_cuda_graph_gpu():
         torch.testing.assert_close(out, expected, **GDN_OUT_TOL)
         assert torch.equal(conv_state, ref_conv)
         _assert_state_close(ssm_state, ref_ssm)
+
+
+# ---- prefill with q, k normalised ahead (causal_conv1d_prefill_qkv) and the host-made chunk table ----
+def test_prefill_with_normalized_qk_equals_raw():
+    gen = torch.Generator().manual_seed(5)
+    nk, nv, dk, dv = 2, 4, 16, 8
+    cu = torch.tensor([0, 5, 6, 76], dtype=torch.int32)
+    q, k, v, g, beta = _inputs(76, nk, nv, dk, dv, torch.float32, gen)
+    ssm = torch.randn(4, nv, dk, dv, generator=gen) * 0.3
+    ssm2 = ssm.clone()
+    meta = dict(b_state_idx=torch.tensor([3, 0, 1], dtype=torch.int32), b1_cu_q_len=cu,
+                b_has_initial_state=torch.tensor([False, True, True]))  # fmt: skip
+    out = gated_delta_rule_prefill(q, k, v, g, beta, ssm, **meta)
+    qn, kn = (x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + 1e-6) for x in (q, k))
+    chunks = prefill_chunks(cu, (5, 1, 70))
+    out2 = gated_delta_rule_prefill(qn, kn, v, g, beta, ssm2, **meta, qk_normalized=True, chunks=chunks)
+    torch.testing.assert_close(out2, out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ssm2, ssm, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="chunks were made for 2 requests"):
+        gated_delta_rule_prefill(qn, kn, v, g, beta, ssm2, **meta, chunks=prefill_chunks(cu[:3], None))
+
+
+def test_prefill_chunks_table():
+    cu = torch.tensor([0, 70, 70, 71, 199], dtype=torch.int32)
+    chunks = prefill_chunks(cu, [70, 0, 1, 128])
+    assert chunks.cu_seqlens.dtype == torch.int64 and torch.equal(chunks.cu_seqlens, cu.long())
+    assert chunks.chunk_indices.tolist() == [[0, 0], [0, 1], [2, 0], [3, 0], [3, 1]]
+    assert prefill_chunks(cu, None).chunk_indices is None
+    assert prefill_chunks(cu[:1], []).chunk_indices.shape == (0, 2)
+    with pytest.raises(ValueError, match="3 host lengths"):
+        prefill_chunks(cu, [70, 0, 1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("q_lens,init", [([4096], [False]), ([1, 2, 700, 3, 1500, 64, 33], [1, 1, 0, 1, 1, 0, 1])])
+def test_prefill_fla_native_gva_with_chunks_matches_reference_gpu(q_lens, init):
+    """The fla path at the 27B GDN shape (16 key heads, 48 value heads, no repeated key heads), q and k normalised
+    ahead, the host chunk table: against the recurrent reference on the GPU, and equal to fla deriving the table."""
+    from lightllm_mtp.kernels.gdn.fla_prefill import fla_chunk_kernel
+    from lightllm_mtp.kernels.gdn.gated_delta_rule import gated_delta_rule_prefill_ref
+
+    if fla_chunk_kernel() is None:
+        pytest.skip("fla-core is not installed")
+    gen = torch.Generator(device="cuda").manual_seed(len(q_lens))
+    dev, dt = "cuda", torch.bfloat16
+    t, bsz = sum(q_lens), len(q_lens)
+    cu = torch.tensor([0] + q_lens, device=dev).cumsum(0).to(torch.int32)
+    qn, kn = (torch.nn.functional.normalize(torch.randn(t, NK, DK, device=dev, generator=gen), dim=-1).to(dt)
+              for _ in range(2))  # fmt: skip
+    v = torch.randn(t, NV, DV, device=dev, generator=gen).to(dt)
+    g = -torch.rand(t, NV, device=dev, generator=gen) * 0.5
+    beta = torch.rand(t, NV, device=dev, generator=gen)
+    ssm = torch.randn(bsz + 2, NV, DK, DV, device=dev, generator=gen) * 0.05
+    states = [ssm.clone() for _ in range(3)]
+    slots = torch.randperm(bsz + 2, device=dev, generator=gen)[:bsz].to(torch.int32)
+    meta = dict(b_state_idx=slots, b1_cu_q_len=cu, b_has_initial_state=torch.tensor(init, device=dev, dtype=torch.bool))
+    chunks = prefill_chunks(cu, q_lens)
+    out = gated_delta_rule_prefill(qn, kn, v, g, beta, states[0], **meta, qk_normalized=True, chunks=chunks)
+    derived = gated_delta_rule_prefill(qn, kn, v, g, beta, states[1], **meta, qk_normalized=True)
+    ref = gated_delta_rule_prefill_ref(qn, kn, v, g, beta, states[2], slots, cu, meta["b_has_initial_state"], True)
+    assert torch.equal(out, derived) and torch.equal(states[0], states[1])
+
+    def rel_err(a, b):  # bf16 chunked vs fp32 recurrent: a relative error, not elementwise (errors accumulate)
+        return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+    assert rel_err(out, ref) < 2e-2, rel_err(out, ref)
+    assert rel_err(states[0], states[2]) < 2e-2, rel_err(states[0], states[2])

@@ -32,7 +32,7 @@ def test_validation():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("bsz", [1, 8, 32])
+@pytest.mark.parametrize("bsz", [1, 8, 32, 4096])  # decode batches and a prefill chunk
 def test_triton_matches_reference_gpu(bsz):
     from lightllm_mtp.kernels.norm.gated_rmsnorm import gated_rmsnorm_ref, gated_rmsnorm_triton
 
