@@ -62,10 +62,14 @@ class WorkerPool:
             except queue.Empty:
                 dead = [p.name for p in self.processes if not p.is_alive()]
                 if dead:
-                    raise WorkerStartError(f"{', '.join(dead)} exited during start-up (see its log above)") from None
-                if time.monotonic() > deadline:
+                    try:  # a worker that reported its failure and exited: its message can land just after the wait
+                        msg = self.outbox.get(timeout=1.0)
+                    except queue.Empty:
+                        raise WorkerStartError(f"{', '.join(dead)} exited during start-up (see its log above)") from None
+                elif time.monotonic() > deadline:
                     raise WorkerStartError(f"workers not ready after {timeout_s:.0f} s") from None
-                continue
+                else:
+                    continue
             if isinstance(msg, WorkerFailed):
                 raise WorkerStartError(f"worker {msg.rank} failed to start: {msg.error}")
             if isinstance(msg, WorkerReady):
