@@ -44,7 +44,7 @@ class ExpertPassTiles:
 DECODE_TILES = ExpertPassTiles()
 _SUM_BLOCK_H = 512
 _DOWN_SUM_TOKENS = 16  # rows of the token tile (the smallest tensor-core M)
-_DOWN_SUM_SMEM = 160 * 1024  # budget for the pipelined [16, I] activation and [I, BLOCK_N] weight tiles
+_DOWN_SUM_SMEM = 192 * 1024  # of the 227 KB: the pipelined [16, I] activation and [I, BLOCK_N] weight tiles
 
 
 def expert_pass_ref(
@@ -147,7 +147,8 @@ def _down_sum_fits(t: int, inter_max: int, elem_bytes: int, tiles: ExpertPassTil
     if t > min(tiles.down_sum_max_tokens, tiles.block_m, _DOWN_SUM_TOKENS):
         return False
     k_tile = max(16, 1 << (inter_max - 1).bit_length())
-    return k_tile * (_DOWN_SUM_TOKENS + tiles.down_sum_block_n) * elem_bytes * tiles.down_sum_stages <= _DOWN_SUM_SMEM
+    buffers = max(tiles.down_sum_stages - 1, 1)  # tiles in flight in the software pipeline
+    return k_tile * (_DOWN_SUM_TOKENS + tiles.down_sum_block_n) * elem_bytes * buffers <= _DOWN_SUM_SMEM
 
 
 if triton_available():
@@ -269,26 +270,24 @@ if triton_available():
         token_ids = tl.load(ids_ptr + slot_at, mask=slot_mask, other=-1).to(tl.int32)
         token_w = tl.load(weights_ptr + slot_at, mask=slot_mask, other=0.0).to(tl.float32)
         offs_b = tl.arange(0, BLOCK_B)
-        block_used = tl.load(block_expert_ptr + offs_b, mask=offs_b < MAX_BLOCKS, other=-1) >= 0
-        used = tl.sum(block_used.to(tl.int32), axis=0)
+        block_expert = tl.load(block_expert_ptr + offs_b, mask=offs_b < MAX_BLOCKS, other=-1)
+        used = tl.sum((block_expert >= 0).to(tl.int32), axis=0)
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < H
         offs_k = tl.arange(0, BLOCK_K)
         out = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
         for b in range(0, used):
-            expert = tl.load(block_expert_ptr + b)
-            w_base = w_ptr + expert.to(tl.int64) * stride_we
-            stride_n = stride_wn
-            inter = INTER
-            if expert == E:
-                w_base = shared_w_ptr
-                stride_n = stride_shared_wn
-                inter = INTER_SHARED
+            # the expert id comes from the preloaded block -> expert map, not a load in the loop: a weight address
+            # behind an in-loop load keeps Triton from software-pipelining the loop
+            expert = tl.sum(tl.where(offs_b == b, block_expert, 0), axis=0)
+            shared = expert == E  # the shared expert has its own tensor and intermediate size
+            w_base = tl.where(shared, shared_w_ptr, w_ptr + expert.to(tl.int64) * stride_we)
+            stride_n = tl.where(shared, stride_shared_wn, stride_wn)
+            k_mask = offs_k < tl.where(shared, INTER_SHARED, INTER)
             match = token_ids == expert
             has = tl.sum(match.to(tl.int32), axis=1) > 0
             pair = offs_t * SLOTS + tl.sum(tl.where(match, offs_s[None, :], 0), axis=1)
             weight = tl.sum(tl.where(match, token_w, 0.0), axis=1)  # one term
-            k_mask = offs_k < inter
             a = tl.load(act_ptr + pair[:, None].to(tl.int64) * stride_act + offs_k[None, :],
                         mask=has[:, None] & k_mask[None, :], other=0.0)  # fmt: skip
             w = tl.load(w_base + offs_n[None, :].to(tl.int64) * stride_n + offs_k[:, None],
