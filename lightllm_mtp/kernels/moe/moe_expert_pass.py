@@ -113,7 +113,7 @@ def expert_pass_triton(
         SLOTS=slots, BLOCK_M=tiles.block_m, BLOCK_N=tiles.gate_up_block_n, BLOCK_K=tiles.gate_up_block_k,
         DOT_PRECISION=dot_precision, num_warps=tiles.num_warps, num_stages=tiles.gate_up_stages,
     )  # fmt: skip
-    if _down_sum_fits(t, inter_max, x.element_size(), tiles):
+    if down_sum_fits(t, inter_max, x.element_size(), tiles):
         ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
         out = torch.empty(t, hidden, dtype=x.dtype, device=x.device)
         _down_sum_kernel[(triton.cdiv(hidden, tiles.down_sum_block_n),)](
@@ -141,7 +141,8 @@ def expert_pass_triton(
     return out
 
 
-def _down_sum_fits(t: int, inter_max: int, elem_bytes: int, tiles: ExpertPassTiles) -> bool:
+def down_sum_fits(t: int, inter_max: int, elem_bytes: int, tiles: ExpertPassTiles) -> bool:
+    """Whether the down kernel with the folded slot sum takes this step (see ExpertPassTiles)."""
     # a token is in at most one row of a block (its experts are distinct), and with T <= block_m every expert
     # has one block: the program adds each token's experts once
     if t > min(tiles.down_sum_max_tokens, tiles.block_m, _DOWN_SUM_TOKENS):

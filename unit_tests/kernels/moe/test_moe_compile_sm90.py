@@ -126,7 +126,7 @@ def test_down_sum_compiles_pipelined(block_n, stages):
     )  # fmt: skip
     tile_bytes = 512 * (16 + block_n) * 2  # the [16, I] activation and [I, BLOCK_N] weight tiles
     assert kernel.metadata.shared >= (stages - 1) * tile_bytes, "the loop over the blocks is not software-pipelined"
-    assert moe_expert_pass._down_sum_fits(1, 512, 2, moe_expert_pass.ExpertPassTiles(down_sum_block_n=block_n,
+    assert moe_expert_pass.down_sum_fits(1, 512, 2, moe_expert_pass.ExpertPassTiles(down_sum_block_n=block_n,
                                                                                       down_sum_stages=stages))
 
 
