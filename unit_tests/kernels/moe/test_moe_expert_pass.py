@@ -59,7 +59,7 @@ PASS_INTERPRET_SCRIPT = textwrap.dedent(
     # (T, E, k, H, I, I_shared or None): one token; shared I != routed I; experts with > BLOCK_M rows (2+ blocks);
     # H and I not multiples of the tiles; routed-only; 16 tokens (the largest step of the folded slot sum)
     cases = ((1, 8, 2, 40, 24, 40), (40, 4, 2, 48, 40, 8), (7, 16, 4, 136, 48, 16), (20, 6, 3, 32, 16, None),
-             (16, 12, 3, 40, 24, 40))
+             (16, 12, 3, 40, 24, 40), (5, 6, 3, 32, 16, None))
     no_fold = p.ExpertPassTiles(down_sum_max_tokens=0)
     for t, experts, top_k, hidden, inter, shared in cases:
         x = torch.randn(t, hidden + 8, generator=gen)[:, 3 : 3 + hidden]  # strided rows
