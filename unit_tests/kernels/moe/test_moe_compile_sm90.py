@@ -100,16 +100,20 @@ def test_expert_pass_compiles_fp32_ieee():
              num_warps=tiles.num_warps, num_stages=tiles.down_stages)  # fmt: skip
 
 
-@pytest.mark.parametrize("t", [1, 2, 7])
-def test_route_align_compiles(t):
+# 35B-A3B (bf16 logits, E 256, top-8 + shared) and the tiny MoE checkpoint on the GPU tests (fp32, E 8, top-2 + shared)
+@pytest.mark.parametrize("t,experts,top_k,dtype", [(1, 256, 8, "*bf16"), (2, 256, 8, "*bf16"), (7, 256, 8, "*bf16"),
+                                                   (21, 8, 2, "*fp32"), (1, 8, 2, "*fp32")])  # fmt: skip
+def test_route_align_compiles(t, experts, top_k, dtype):
     from lightllm_mtp.kernels.moe import moe_route_align
 
-    blocks = moe_align.max_blocks(t * 9, 257, 16)
+    slots = top_k + 1
+    blocks = moe_align.max_blocks(t * slots, experts + 1, 16)
     _compile(moe_route_align._route_align_kernel,
-             dict(logits_ptr="*bf16", weights_ptr="*fp32", ids_ptr="*i32", sorted_ptr="*i32", block_expert_ptr="*i32",
-                  T=t, E=256, stride_l=264, MAX_BLOCKS=blocks),
-             dict(TOP_K=8, SLOTS=9, SHARED_GATE=True, BLOCK_M=16, BLOCK_T=triton.next_power_of_2(t), BLOCK_E=256,
-                  BLOCK_S=16, BLOCK_B=triton.next_power_of_2(blocks)),
+             dict(logits_ptr=dtype, weights_ptr="*fp32", ids_ptr="*i32", sorted_ptr="*i32", block_expert_ptr="*i32",
+                  T=t, E=experts, stride_l=-(-(experts + 1) // 8) * 8, MAX_BLOCKS=blocks),
+             dict(TOP_K=top_k, SLOTS=slots, SHARED_GATE=True, BLOCK_M=16, BLOCK_T=triton.next_power_of_2(t),
+                  BLOCK_E=triton.next_power_of_2(experts), BLOCK_S=triton.next_power_of_2(slots),
+                  BLOCK_B=triton.next_power_of_2(blocks)),
              num_warps=4)  # fmt: skip
 
 
