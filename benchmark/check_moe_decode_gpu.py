@@ -34,10 +34,10 @@ EXPERTS, TOP_K, HIDDEN, INTER = 256, 8, 2048, 512
 SWEEP = [
     DECODE_TILES,
     ExpertPassTiles(down_sum_max_tokens=0),  # down GEMM + sum kernel (the previous pass)
-    ExpertPassTiles(down_sum_block_n=32),
-    ExpertPassTiles(down_sum_block_n=64),
-    ExpertPassTiles(down_sum_stages=4),
-    ExpertPassTiles(down_sum_max_tokens=8),
+    ExpertPassTiles(down_sum_max_tokens=16),
+    ExpertPassTiles(down_sum_max_tokens=16, down_sum_block_n=32),
+    ExpertPassTiles(down_sum_max_tokens=16, down_sum_block_n=64),
+    ExpertPassTiles(down_sum_max_tokens=16, down_sum_stages=4),
     ExpertPassTiles(gate_up_block_n=16, down_block_n=32),
     ExpertPassTiles(gate_up_block_n=64, gate_up_block_k=64, down_block_n=128, down_block_k=64),
     ExpertPassTiles(gate_up_block_k=256, gate_up_stages=3, down_block_k=256, down_stages=2),

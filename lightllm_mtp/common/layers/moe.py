@@ -19,7 +19,7 @@ class SparseMoE(Layer):
 
     One GEMM gives the router logits and the shared gate logit (rows stacked at load). Decode / verify sizes on
     CUDA: routing + expert alignment (one kernel for small steps), then one expert-major pass over the routed
-    experts and the shared expert (slot k): 1 GEMM + 3 kernels per layer at T * (k+1) <= 64 and T <= 16.
+    experts and the shared expert (slot k): 1 GEMM + 3 kernels per layer at T * (k+1) <= 64 and T <= 8.
     Prefill sizes and CPU: top-k routing, the grouped-GEMM (or reference) routed experts, the shared MLP."""
 
     def __init__(self, cfg: ModelConfig, prefix: str, weights: Weights):

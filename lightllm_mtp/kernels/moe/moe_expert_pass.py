@@ -2,9 +2,9 @@
 BLOCK_M rows reads its expert's gate_up and down weights once.
 
 Launches after the alignment: gate_up GEMM with SwiGLU in its epilogue (one activation row per (token, slot) pair),
-then, for T <= 16 tokens, ONE down kernel whose program owns a column tile of every token's output row and loops
-over the used expert blocks in expert-id order, each token's rows weighted and summed in that fixed order; above
-16 tokens, a down GEMM writing each pair's weighted row in fp32 and a per-token sum over the slots. No atomics:
+then, for T <= 8 tokens (a tile knob, up to 16), ONE down kernel whose program owns a column tile of every token's
+output row and loops over the used expert blocks in expert-id order, each token's rows weighted and summed in that
+fixed order; above, a down GEMM writing each pair's weighted row in fp32 and a per-token sum over the slots. No atomics:
 bitwise repeatable, and a row's result does not depend on the other rows of the step. An optional shared expert is the extra expert id E (weights in their own tensors, its
 own intermediate size), selected by slot k of the routing (route_topk with shared_gate)."""
 
@@ -35,8 +35,10 @@ class ExpertPassTiles:
     gate_up_stages: int = 4
     down_stages: int = 3
     # down with the slot sum folded in (T <= min(this, block_m, 16)): hidden columns per program (16: 128 programs
-    # at H = 2048), the K tile is the whole intermediate size; 0 tokens turns it off
-    down_sum_max_tokens: int = 16
+    # at H = 2048), the K tile is the whole intermediate size; 0 tokens turns it off. 8: each program loops over
+    # <= ~60 blocks at 35B-A3B (T = 9..16 would loop over ~100 with ~3000 programs in the down GEMM instead; the
+    # benchmark's sweep decides)
+    down_sum_max_tokens: int = 8
     down_sum_block_n: int = 16
     down_sum_stages: int = 3
 

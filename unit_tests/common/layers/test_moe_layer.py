@@ -1,7 +1,7 @@
 """SparseMoE's decode path (one router+gate GEMM, then routing + alignment and the expert-major pass with the shared
 expert folded in) against its reference path (top-k routing, per-expert experts, the shared MLP behind its gate),
 with the Triton kernels run by the interpreter on CPU tensors; and the launches of that path counted: 1 GEMM + 3
-kernels for a small step (T * (k+1) <= 64 pairs, T <= 16), 1 GEMM + 5 kernels above."""
+kernels for a small step (T * (k+1) <= 64 pairs, T <= 8), 1 GEMM + 5 kernels above."""
 
 import os
 import subprocess
@@ -55,7 +55,7 @@ LAYER_INTERPRET_SCRIPT = textwrap.dedent(
     small = ["_route_align_kernel", "_gate_up_act_kernel", "_down_sum_kernel"]
     large = ["_route_topk_kernel", "_moe_align_kernel", "_gate_up_act_kernel", "_down_weighted_kernel",
              "_sum_slots_kernel"]
-    for tokens, expected_launches in ((6, small), (40, large)):  # 18 pairs; 120 pairs and T > 16
+    for tokens, expected_launches in ((6, small), (40, large)):  # 18 pairs; 120 pairs and T > 8
         x = torch.randn(tokens, hidden, generator=gen)
         for mod in (fused_moe, moe_routing, moe_route_align):
             mod.use_triton = lambda t: False

@@ -117,8 +117,8 @@ def test_route_align_compiles(t, experts, top_k, dtype):
              num_warps=4)  # fmt: skip
 
 
-@pytest.mark.parametrize("block_n,stages", [(16, 3), (16, 4), (32, 3), (64, 3)])
-def test_down_sum_compiles_pipelined(block_n, stages):
+@pytest.mark.parametrize("block_n,stages,warps", [(16, 3, 4), (16, 4, 4), (32, 3, 4), (64, 3, 4), (64, 3, 8)])
+def test_down_sum_compiles_pipelined(block_n, stages, warps):
     """The down kernel with the folded slot sum at the 35B-A3B shape (K tile = I = 512), the sweep's launch shapes."""
     kernel = _compile(
         moe_expert_pass._down_sum_kernel,
@@ -126,7 +126,7 @@ def test_down_sum_compiles_pipelined(block_n, stages):
              ids_ptr="*i32", out_ptr="*bf16", T=1, H=2048, INTER=512, INTER_SHARED=512, E=256, MAX_BLOCKS=9,
              stride_act=512, stride_we=2048 * 512, stride_wn=512, stride_shared_wn=512, stride_out=2048),
         dict(SLOTS=9, BLOCK_T=16, BLOCK_S=16, BLOCK_B=16, BLOCK_N=block_n, BLOCK_K=512, DOT_PRECISION="tf32"),
-        num_warps=4, num_stages=stages,
+        num_warps=warps, num_stages=stages,
     )  # fmt: skip
     tile_bytes = 512 * (16 + block_n) * 2  # the [16, I] activation and [I, BLOCK_N] weight tiles
     assert kernel.metadata.shared >= (stages - 1) * tile_bytes, "the loop over the blocks is not software-pipelined"

@@ -60,7 +60,7 @@ PASS_INTERPRET_SCRIPT = textwrap.dedent(
     # H and I not multiples of the tiles; routed-only; 16 tokens (the largest step of the folded slot sum)
     cases = ((1, 8, 2, 40, 24, 40), (40, 4, 2, 48, 40, 8), (7, 16, 4, 136, 48, 16), (20, 6, 3, 32, 16, None),
              (16, 12, 3, 40, 24, 40), (5, 6, 3, 32, 16, None))
-    no_fold = p.ExpertPassTiles(down_sum_max_tokens=0)
+    no_fold, fold16 = p.ExpertPassTiles(down_sum_max_tokens=0), p.ExpertPassTiles(down_sum_max_tokens=16)
     for t, experts, top_k, hidden, inter, shared in cases:
         x = torch.randn(t, hidden + 8, generator=gen)[:, 3 : 3 + hidden]  # strided rows
         w_gu = torch.randn(experts, 2 * inter, hidden, generator=gen) * 0.2
@@ -70,8 +70,9 @@ PASS_INTERPRET_SCRIPT = textwrap.dedent(
         w, ids = route_topk_ref(torch.randn(t, experts + 1, generator=gen), num_experts=experts, top_k=top_k,
                                 shared_gate=shared is not None)
         ref = p.expert_pass_ref(x, w_gu, w_d, w, ids, s_gu, s_d)
-        out = p.expert_pass_triton(x, w_gu, w_d, w, ids, s_gu, s_d)
+        out = p.expert_pass_triton(x, w_gu, w_d, w, ids, s_gu, s_d, fold16)
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(p.expert_pass_triton(x, w_gu, w_d, w, ids, s_gu, s_d), ref, rtol=1e-4, atol=1e-4)
         if t <= 16:  # the slot sum folded into the down kernel vs the down GEMM + sum kernel
             torch.testing.assert_close(p.expert_pass_triton(x, w_gu, w_d, w, ids, s_gu, s_d, no_fold), out,
                                        rtol=1e-5, atol=1e-5)
@@ -151,8 +152,8 @@ def test_layer_path_gpu_35b_a3b(t):
     assert torch.equal(out, fused_moe_shared(x, w_gu, w_d, s_gu, s_d, r.weights, r.ids, alignment=alignment))
     no_fold = expert_pass_triton(x, w_gu, w_d, r.weights, r.ids, s_gu, s_d, ExpertPassTiles(down_sum_max_tokens=0))
     torch.testing.assert_close(out.float(), no_fold.float(), rtol=1e-2, atol=1e-2)
-    for block_n in (32, 64):  # the benchmark's sweep values
-        tiles = ExpertPassTiles(down_sum_block_n=block_n, down_sum_stages=2)
+    for block_n, stages in ((16, 4), (32, 3), (64, 3)):  # the benchmark's sweep values, folded up to 16 tokens
+        tiles = ExpertPassTiles(down_sum_max_tokens=16, down_sum_block_n=block_n, down_sum_stages=stages)
         other = expert_pass_triton(x, w_gu, w_d, r.weights, r.ids, s_gu, s_d, tiles)
         torch.testing.assert_close(other.float(), out.float(), rtol=1e-2, atol=1e-2)
 
