@@ -4,9 +4,10 @@ BLOCK_M rows reads its expert's gate_up and down weights once.
 Launches after the alignment: gate_up GEMM with SwiGLU in its epilogue (one activation row per (token, slot) pair),
 then, for T <= 8 tokens (a tile knob, up to 16), ONE down kernel whose program owns a column tile of every token's
 output row and loops over the used expert blocks in expert-id order, each token's rows weighted and summed in that
-fixed order; above, a down GEMM writing each pair's weighted row in fp32 and a per-token sum over the slots. No atomics:
-bitwise repeatable, and a row's result does not depend on the other rows of the step. An optional shared expert is the extra expert id E (weights in their own tensors, its
-own intermediate size), selected by slot k of the routing (route_topk with shared_gate)."""
+fixed order; above, a down GEMM writing each pair's weighted row in fp32 and a per-token sum over the slots. No
+atomics: bitwise repeatable, and a row's result does not depend on the other rows of the step. An optional shared
+expert is the extra expert id E (weights in their own tensors, its own intermediate size), selected by slot k of
+the routing (route_topk / route_align with shared_gate)."""
 
 from __future__ import annotations
 
