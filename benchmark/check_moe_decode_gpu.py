@@ -1,9 +1,11 @@
 """GPU check and timing of the MoE decode layer at the Qwen3.5-35B-A3B shape (256 experts, top-8, H 2048, I 512,
-shared expert I 512, bf16, random routing): the fused path (router+gate GEMM, route_topk, the expert-major pass)
+shared expert I 512, bf16, random routing): the layer's path (router+gate GEMM, route_align, the expert-major pass)
 against the per-expert reference, and its time per layer inside a CUDA graph (8 layers of weights by default, so
-expert reads come from HBM, not L2) at decode rows T = 1..64 and verify rows B * (k+1); sweeps the pass's tiles.
+expert reads come from HBM, not L2) at decode rows T = 1..64 and verify rows B * (k+1); sweeps the pass's tiles
+(the folded slot sum's column tile / stages / token bound, the gate_up tiles) and routing + alignment in one
+kernel (route_align's pair bound 64) against route_topk + moe_align (bound 0).
 
-    python benchmark/check_moe_decode_gpu.py [--layers 8] [--rows 1,2,8,16,32,64,128]
+    python benchmark/check_moe_decode_gpu.py [--layers 8] [--rows 1,2,4,7,8,16,32,64,128]
 
 Effective bandwidth = bytes of the distinct experts routed (plus the shared expert) / time per layer.
 """
@@ -18,12 +20,24 @@ import torch
 import torch.nn.functional as F
 
 from lightllm_mtp.kernels.moe.fused_moe import fused_moe_shared
-from lightllm_mtp.kernels.moe.moe_expert_pass import DECODE_TILES, ExpertPassTiles, expert_pass_ref, expert_pass_triton
+from lightllm_mtp.kernels.moe.moe_expert_pass import (
+    DECODE_TILES,
+    ExpertPassTiles,
+    down_sum_fits,
+    expert_pass_ref,
+    expert_pass_triton,
+)  # fmt: skip
+from lightllm_mtp.kernels.moe.moe_route_align import FUSED_MAX_PAIRS, fused_fits, route_align
 from lightllm_mtp.kernels.moe.moe_routing import route_topk, stack_router
 
 EXPERTS, TOP_K, HIDDEN, INTER = 256, 8, 2048, 512
 SWEEP = [
     DECODE_TILES,
+    ExpertPassTiles(down_sum_max_tokens=0),  # down GEMM + sum kernel (the previous pass)
+    ExpertPassTiles(down_sum_max_tokens=16),
+    ExpertPassTiles(down_sum_max_tokens=16, down_sum_block_n=32),
+    ExpertPassTiles(down_sum_max_tokens=16, down_sum_block_n=64),
+    ExpertPassTiles(down_sum_max_tokens=16, down_sum_stages=4),
     ExpertPassTiles(gate_up_block_n=16, down_block_n=32),
     ExpertPassTiles(gate_up_block_n=64, gate_up_block_k=64, down_block_n=128, down_block_k=64),
     ExpertPassTiles(gate_up_block_k=256, gate_up_stages=3, down_block_k=256, down_stages=2),
@@ -46,14 +60,16 @@ def make_layers(n, dev):
     return layers
 
 
-def moe_layer(x, layer, tiles):
-    weights, ids = route_topk(F.linear(x, layer["router"]), num_experts=EXPERTS, top_k=TOP_K, shared_gate=True)
-    return expert_pass_triton(x, layer["w_gu"], layer["w_d"], weights, ids, layer["s_gu"], layer["s_d"], tiles)
+def moe_layer(x, layer, tiles, fused_pairs):
+    r = route_align(F.linear(x, layer["router"]), num_experts=EXPERTS, top_k=TOP_K, shared_gate=True,
+                    block_m=tiles.block_m, max_fused_pairs=fused_pairs)  # fmt: skip
+    return expert_pass_triton(x, layer["w_gu"], layer["w_d"], r.weights, r.ids, layer["s_gu"], layer["s_d"], tiles,
+                              alignment=(r.sorted_pairs, r.block_expert))  # fmt: skip
 
 
-def graph_ms_per_layer(x, layers, tiles, iters=10):
+def graph_ms_per_layer(x, layers, tiles, fused_pairs=FUSED_MAX_PAIRS, iters=10):
     def run():  # the layers in sequence on one stream, each on the same input (its own router: its own experts)
-        return [moe_layer(x, layer, tiles) for layer in layers]
+        return [moe_layer(x, layer, tiles, fused_pairs) for layer in layers]
 
     side = torch.cuda.Stream()  # warm-up (Triton compilation, cuBLAS workspace) off the default stream
     side.wait_stream(torch.cuda.current_stream())
@@ -78,7 +94,7 @@ def graph_ms_per_layer(x, layers, tiles, iters=10):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--layers", type=int, default=8)  # 8 x 1.6 GB of experts: far past L2
-    p.add_argument("--rows", default="1,2,8,16,32,64,128")
+    p.add_argument("--rows", default="1,2,4,7,8,16,32,64,128")
     args = p.parse_args()
     dev = "cuda"
     torch.manual_seed(0)
@@ -95,9 +111,17 @@ def main():
         distinct = torch.unique(ids).numel()  # routed + shared
         print(f"T={t}: rel err {err:.1e}, {distinct} distinct experts (incl. shared), "
               f"{distinct * expert_bytes / 1e6:.1f} MB of expert weights per layer")  # fmt: skip
-        for tiles in SWEEP:
-            ms = graph_ms_per_layer(x, layers, tiles)
-            print(f"  {tiles}: {ms * 1e3:.1f} us/layer (router GEMM + 5 kernels), "
+        for tiles, fused_pairs in [(t_, FUSED_MAX_PAIRS) for t_ in SWEEP] + [(DECODE_TILES, 0)]:
+            r = route_align(F.linear(x, layer["router"]), num_experts=EXPERTS, top_k=TOP_K, shared_gate=True,
+                            block_m=tiles.block_m, max_fused_pairs=fused_pairs)  # fmt: skip
+            got = expert_pass_triton(x, layer["w_gu"], layer["w_d"], r.weights, r.ids, layer["s_gu"], layer["s_d"],
+                                     tiles, alignment=(r.sorted_pairs, r.block_expert))  # fmt: skip
+            rel = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
+            assert rel < 1e-2, (tiles, fused_pairs, rel)  # every launch shape checked before it is timed
+            ms = graph_ms_per_layer(x, layers, tiles, fused_pairs)
+            kernels = (1 if fused_fits(t, TOP_K + 1, EXPERTS, fused_pairs) else 2) + (
+                2 if down_sum_fits(t, INTER, 2, tiles) else 3)
+            print(f"  fused_pairs={fused_pairs} {tiles}: {ms * 1e3:.1f} us/layer (router GEMM + {kernels} kernels), "
                   f"{distinct * expert_bytes / ms / 1e6:.0f} GB/s")  # fmt: skip
     print("moe decode check OK")
 

@@ -9,14 +9,17 @@ from lightllm_mtp.common.layers.mlp import GatedMLP, mlp_specs
 from lightllm_mtp.common.tensor_spec import TensorSpec, TpShard
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.kernels.moe.fused_moe import fused_moe, fused_moe_shared, fused_moe_shared_fits
-from lightllm_mtp.kernels.moe.moe_routing import route_topk, select_experts, stack_router
+from lightllm_mtp.kernels.moe.moe_expert_pass import DECODE_TILES
+from lightllm_mtp.kernels.moe.moe_route_align import route_align
+from lightllm_mtp.kernels.moe.moe_routing import select_experts, stack_router
 
 
 class SparseMoE(Layer):
     """Softmax top-k routed experts (renormalised) plus a shared expert behind a sigmoid scalar gate.
 
     One GEMM gives the router logits and the shared gate logit (rows stacked at load). Decode / verify sizes on
-    CUDA: one routing kernel, then one expert-major pass over the routed experts and the shared expert (slot k).
+    CUDA: routing + expert alignment (one kernel for small steps), then one expert-major pass over the routed
+    experts and the shared expert (slot k): 1 GEMM + 3 kernels per layer at T * (k+1) <= 64 and T <= 8.
     Prefill sizes and CPU: top-k routing, the grouped-GEMM (or reference) routed experts, the shared MLP."""
 
     def __init__(self, cfg: ModelConfig, prefix: str, weights: Weights):
@@ -52,8 +55,9 @@ class SparseMoE(Layer):
         logits = F.linear(x, self.router_and_gate)  # [T, E + 1 + pad]
         e = self.num_experts
         if fused_moe_shared_fits(x, self.top_k):
-            weights, ids = route_topk(logits, num_experts=e, top_k=self.top_k, shared_gate=True)
-            return fused_moe_shared(x, self.w_gate_up, self.w_down, self.shared.gate_up, self.shared.down, weights, ids)
+            r = route_align(logits, num_experts=e, top_k=self.top_k, shared_gate=True, block_m=DECODE_TILES.block_m)
+            return fused_moe_shared(x, self.w_gate_up, self.w_down, self.shared.gate_up, self.shared.down, r.weights,
+                                    r.ids, alignment=(r.sorted_pairs, r.block_expert))  # fmt: skip
         topk_weights, topk_ids = select_experts(logits[:, :e], self.top_k)
         routed = fused_moe(x, self.w_gate_up, self.w_down, topk_weights, topk_ids)
         shared = torch.sigmoid(logits[:, e : e + 1]) * self.shared(x)

@@ -66,12 +66,15 @@ def fused_moe_shared(
     shared_down: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
+    *,
+    alignment: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Routed experts plus the shared expert in one expert-major pass (small T). shared_gate_up [2I_s, H] (rows
     [gate; up]), shared_down [H, I_s]; topk_weights / topk_ids [T, k+1] from route_topk(shared_gate=True): slots
     0..k-1 routed (ids < E), slot k the shared expert (id E, weight its sigmoid gate); the ids are device data and
     not checked. Falls back to the reference (fp32 math) off CUDA; callers use `fused_moe_shared_fits` to choose
-    this path."""
+    this path. `alignment`: route_align's (sorted_pairs, block_expert) for these ids at DECODE_TILES.block_m, which
+    saves the pass its own moe_align launch (device data, not checked)."""
     _check_moe_args(_SHARED_OP, x, w_gate_up, w_down, topk_weights, topk_ids)
     check_shape(_SHARED_OP, "shared_gate_up", shared_gate_up, (None, x.shape[1]), "[2I_s, H]")
     if shared_gate_up.shape[0] % 2:
@@ -87,7 +90,7 @@ def fused_moe_shared(
         _check_unit_stride(_SHARED_OP, w_gate_up=w_gate_up, w_down=w_down, shared_gate_up=shared_gate_up,
                            shared_down=shared_down)  # fmt: skip
         return expert_pass_triton(_rows_unit_stride(x), w_gate_up, w_down, topk_weights, topk_ids, shared_gate_up,
-                                  shared_down)  # fmt: skip
+                                  shared_down, alignment=alignment)  # fmt: skip
     return expert_pass_ref(x, w_gate_up, w_down, topk_weights, topk_ids, shared_gate_up, shared_down)
 
 

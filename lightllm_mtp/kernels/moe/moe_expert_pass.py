@@ -1,10 +1,13 @@
 """Expert-major fused MoE for decode and verify (small T): rows grouped by expert (moe_align), one tile of up to
 BLOCK_M rows reads its expert's gate_up and down weights once.
 
-Three launches after the alignment: gate_up GEMM with SwiGLU in its epilogue, down GEMM with the routing weight
-in its epilogue writing each (token, slot) row in fp32, and a per-token sum over the slots (fixed order, no
-atomics: deterministic). An optional shared expert is the extra expert id E (weights in their own tensors, its
-own intermediate size), selected by slot k of the routing (route_topk with shared_gate)."""
+Launches after the alignment: gate_up GEMM with SwiGLU in its epilogue (one activation row per (token, slot) pair),
+then, for T <= 8 tokens (a tile knob, up to 16), ONE down kernel whose program owns a column tile of every token's
+output row and loops over the used expert blocks in expert-id order, each token's rows weighted and summed in that
+fixed order; above, a down GEMM writing each pair's weighted row in fp32 and a per-token sum over the slots. No
+atomics: bitwise repeatable, and a row's result does not depend on the other rows of the step. An optional shared
+expert is the extra expert id E (weights in their own tensors, its own intermediate size), selected by slot k of
+the routing (route_topk / route_align with shared_gate)."""
 
 from __future__ import annotations
 
@@ -32,10 +35,19 @@ class ExpertPassTiles:
     num_warps: int = 4
     gate_up_stages: int = 4
     down_stages: int = 3
+    # down with the slot sum folded in (T <= min(this, block_m, 16)): hidden columns per program (16: 128 programs
+    # at H = 2048), the K tile is the whole intermediate size; 0 tokens turns it off. 8: each program loops over
+    # <= ~60 blocks at 35B-A3B (T = 9..16 would loop over ~100 with ~3000 programs in the down GEMM instead; the
+    # benchmark's sweep decides)
+    down_sum_max_tokens: int = 8
+    down_sum_block_n: int = 16
+    down_sum_stages: int = 3
 
 
 DECODE_TILES = ExpertPassTiles()
 _SUM_BLOCK_H = 512
+_DOWN_SUM_TOKENS = 16  # rows of the token tile (the smallest tensor-core M)
+_DOWN_SUM_SMEM = 192 * 1024  # of the 227 KB: the pipelined [16, I] activation and [I, BLOCK_N] weight tiles
 
 
 def expert_pass_ref(
@@ -71,8 +83,11 @@ def expert_pass_triton(
     shared_gate_up: torch.Tensor | None = None,
     shared_down: torch.Tensor | None = None,
     tiles: ExpertPassTiles = DECODE_TILES,
+    alignment: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """Shapes checked by the callers (fused_moe wrappers). Last dims of all weights must have stride 1."""
+    """Shapes checked by the callers (fused_moe wrappers). Last dims of all weights must have stride 1.
+    `alignment`: (sorted_pairs, block_expert) of topk_ids at tiles.block_m when the caller has it (route_align),
+    else moe_align runs here."""
     t, slots = topk_ids.shape
     num_experts, hidden = w_gate_up.shape[0], x.shape[1]
     if t == 0:
@@ -82,8 +97,9 @@ def expert_pass_triton(
     inter_shared = shared_down.shape[1] if has_shared else inter
     if not has_shared:  # any valid pointer; never read
         shared_gate_up, shared_down = w_gate_up[0], w_down[0]
-    sorted_pairs, block_expert = moe_align_triton(topk_ids, num_experts=num_experts + int(has_shared),
-                                                  block_m=tiles.block_m)  # fmt: skip
+    if alignment is None:
+        alignment = moe_align_triton(topk_ids, num_experts=num_experts + int(has_shared), block_m=tiles.block_m)
+    sorted_pairs, block_expert = alignment
     blocks = block_expert.numel()
     n_pairs = t * slots
     inter_max = max(inter, inter_shared)
@@ -92,7 +108,7 @@ def expert_pass_triton(
         weights = weights.contiguous()
     dot_precision = "ieee" if x.dtype == torch.float32 else "tf32"
 
-    act = torch.empty(blocks * tiles.block_m, inter_max, dtype=x.dtype, device=x.device)
+    act = torch.empty(n_pairs, inter_max, dtype=x.dtype, device=x.device)
     _gate_up_act_kernel[(blocks, triton.cdiv(inter_max, tiles.gate_up_block_n))](
         x, w_gate_up, shared_gate_up, sorted_pairs, block_expert, act,
         n_pairs, hidden, inter, inter_shared, num_experts,
@@ -100,6 +116,19 @@ def expert_pass_triton(
         SLOTS=slots, BLOCK_M=tiles.block_m, BLOCK_N=tiles.gate_up_block_n, BLOCK_K=tiles.gate_up_block_k,
         DOT_PRECISION=dot_precision, num_warps=tiles.num_warps, num_stages=tiles.gate_up_stages,
     )  # fmt: skip
+    if down_sum_fits(t, inter_max, x.element_size(), tiles):
+        ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
+        out = torch.empty(t, hidden, dtype=x.dtype, device=x.device)
+        _down_sum_kernel[(triton.cdiv(hidden, tiles.down_sum_block_n),)](
+            act, w_down, shared_down, block_expert, weights, ids, out,
+            t, hidden, inter, inter_shared, num_experts, blocks,
+            act.stride(0), w_down.stride(0), w_down.stride(1), shared_down.stride(0), out.stride(0),
+            SLOTS=slots, BLOCK_T=_DOWN_SUM_TOKENS, BLOCK_S=triton.next_power_of_2(slots),
+            BLOCK_B=triton.next_power_of_2(blocks), BLOCK_N=tiles.down_sum_block_n,
+            BLOCK_K=max(16, triton.next_power_of_2(inter_max)), DOT_PRECISION=dot_precision,
+            num_warps=tiles.num_warps, num_stages=tiles.down_sum_stages,
+        )  # fmt: skip
+        return out
     rows = torch.empty(n_pairs, hidden, dtype=torch.float32, device=x.device)
     _down_weighted_kernel[(blocks, triton.cdiv(hidden, tiles.down_block_n))](
         act, w_down, shared_down, sorted_pairs, block_expert, weights, rows,
@@ -115,6 +144,17 @@ def expert_pass_triton(
     return out
 
 
+def down_sum_fits(t: int, inter_max: int, elem_bytes: int, tiles: ExpertPassTiles) -> bool:
+    """Whether the down kernel with the folded slot sum takes this step (see ExpertPassTiles)."""
+    # a token is in at most one row of a block (its experts are distinct), and with T <= block_m every expert
+    # has one block: the program adds each token's experts once
+    if t > min(tiles.down_sum_max_tokens, tiles.block_m, _DOWN_SUM_TOKENS):
+        return False
+    k_tile = max(16, 1 << (inter_max - 1).bit_length())
+    buffers = max(tiles.down_sum_stages - 1, 1)  # tiles in flight in the software pipeline
+    return k_tile * (_DOWN_SUM_TOKENS + tiles.down_sum_block_n) * elem_bytes * buffers <= _DOWN_SUM_SMEM
+
+
 if triton_available():
     import triton
     import triton.language as tl
@@ -127,7 +167,7 @@ if triton_available():
         SLOTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
     ):  # fmt: skip
-        # act[row, n] = silu(x_tok . gate_e[n]) * (x_tok . up_e[n]) for the BLOCK_M rows of block b (expert e)
+        # act[pair, n] = silu(x_tok . gate_e[n]) * (x_tok . up_e[n]) for the BLOCK_M pairs of block b (expert e)
         b = tl.program_id(0)
         n0 = tl.program_id(1) * BLOCK_N
         expert = tl.load(block_expert_ptr + b)
@@ -162,8 +202,7 @@ if triton_available():
                               input_precision=DOT_PRECISION)  # fmt: skip
             acc_up = tl.dot(xa, tl.load(up_ptrs + k0, mask=w_mask, other=0.0), acc_up, input_precision=DOT_PRECISION)
         act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up
-        rows = b * BLOCK_M + offs_m
-        out_ptrs = act_ptr + rows[:, None].to(tl.int64) * stride_act + offs_n[None, :]
+        out_ptrs = act_ptr + tl.where(valid, pair, 0)[:, None].to(tl.int64) * stride_act + offs_n[None, :]
         tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=valid[:, None] & n_mask[None, :])
 
     @triton.jit
@@ -192,7 +231,7 @@ if triton_available():
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < H
         offs_k = tl.arange(0, BLOCK_K)
-        a_ptrs = act_ptr + (b * BLOCK_M + offs_m)[:, None].to(tl.int64) * stride_act + offs_k[None, :]
+        a_ptrs = act_ptr + tl.where(valid, pair, 0)[:, None].to(tl.int64) * stride_act + offs_k[None, :]
         w_ptrs = w_base + offs_n[None, :].to(tl.int64) * stride_n + offs_k[:, None]
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in range(0, inter, BLOCK_K):
@@ -216,3 +255,48 @@ if triton_available():
         vals = tl.load(rows_ptr + (t * SLOTS + offs_s)[:, None] * H + offs_h[None, :], mask=mask, other=0.0)
         tl.store(out_ptr + t * stride_out + offs_h, tl.sum(vals, axis=0).to(out_ptr.dtype.element_ty),
                  mask=offs_h < H)  # fmt: skip
+
+    @triton.jit
+    def _down_sum_kernel(
+        act_ptr, w_ptr, shared_w_ptr, block_expert_ptr, weights_ptr, ids_ptr, out_ptr,
+        T, H, INTER, INTER_SHARED, E, MAX_BLOCKS,
+        stride_act, stride_we, stride_wn, stride_shared_wn, stride_out,
+        SLOTS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_B: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ):  # fmt: skip
+        # out[t, n] = sum over the used blocks b (expert-id order) of w[t, e_b] * (act[pair(t, e_b)] . down_e_b[n]),
+        # one program per BLOCK_N columns of all T (<= BLOCK_T) tokens; a token without expert e_b adds nothing
+        n0 = tl.program_id(0) * BLOCK_N
+        offs_t = tl.arange(0, BLOCK_T)
+        offs_s = tl.arange(0, BLOCK_S)
+        slot_mask = (offs_t[:, None] < T) & (offs_s[None, :] < SLOTS)
+        slot_at = offs_t[:, None] * SLOTS + offs_s[None, :]
+        token_ids = tl.load(ids_ptr + slot_at, mask=slot_mask, other=-1).to(tl.int32)
+        token_w = tl.load(weights_ptr + slot_at, mask=slot_mask, other=0.0).to(tl.float32)
+        offs_b = tl.arange(0, BLOCK_B)
+        block_expert = tl.load(block_expert_ptr + offs_b, mask=offs_b < MAX_BLOCKS, other=-1)
+        used = tl.sum((block_expert >= 0).to(tl.int32), axis=0)
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < H
+        offs_k = tl.arange(0, BLOCK_K)
+        out = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+        for b in range(0, used):
+            # the expert id comes from the preloaded block -> expert map, not a load in the loop: a weight address
+            # behind an in-loop load keeps Triton from software-pipelining the loop
+            expert = tl.sum(tl.where(offs_b == b, block_expert, 0), axis=0)
+            shared = expert == E  # the shared expert has its own tensor and intermediate size
+            w_base = tl.where(shared, shared_w_ptr, w_ptr + expert.to(tl.int64) * stride_we)
+            stride_n = tl.where(shared, stride_shared_wn, stride_wn)
+            k_mask = offs_k < tl.where(shared, INTER_SHARED, INTER)
+            match = token_ids == expert
+            has = tl.sum(match.to(tl.int32), axis=1) > 0
+            pair = offs_t * SLOTS + tl.sum(tl.where(match, offs_s[None, :], 0), axis=1)
+            weight = tl.sum(tl.where(match, token_w, 0.0), axis=1)  # one term
+            a = tl.load(act_ptr + pair[:, None].to(tl.int64) * stride_act + offs_k[None, :],
+                        mask=has[:, None] & k_mask[None, :], other=0.0)  # fmt: skip
+            w = tl.load(w_base + offs_n[None, :].to(tl.int64) * stride_n + offs_k[:, None],
+                        mask=k_mask[:, None] & n_mask[None, :], other=0.0)  # fmt: skip
+            part = tl.dot(a, w, input_precision=DOT_PRECISION)
+            out += tl.where(has[:, None], part * weight[:, None], 0.0)
+        out_ptrs = out_ptr + offs_t[:, None].to(tl.int64) * stride_out + offs_n[None, :]
+        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=(offs_t < T)[:, None] & n_mask[None, :])

@@ -69,7 +69,9 @@ def route_topk(
     """router_logits [T, >= E (+1 with shared_gate)] -> (weights fp32 [T, k'], ids int32 [T, k']), k' = k (+1).
 
     Slots 0..k-1: the top-k experts by fp32 softmax over columns [0, E), descending, renormalised to sum 1 when
-    `renormalize`; ties go to the lower expert id (the Triton kernel; the reference uses torch.topk). With
+    `renormalize`; ties go to the lower expert id (the Triton kernel; the reference uses torch.topk). The kernel
+    computes a renormalised weight as exp(l_j - max) / sum of the k selected exp(l - max) in slot order (equal to
+    the reference up to rounding, and the same bits as moe_route_align's fused kernel). With
     `shared_gate`, slot k = (id E, sigmoid(logit column E)). One kernel launch on CUDA, no host sync."""
     check_shape(_ROUTE_OP, "router_logits", router_logits, (None, None), "[T, E]")
     check_float(_ROUTE_OP, "router_logits", router_logits)
@@ -122,26 +124,31 @@ if triton_available():
         TOP_K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_S: tl.constexpr,
         RENORMALIZE: tl.constexpr, SHARED_GATE: tl.constexpr,
     ):  # fmt: skip
-        # one token per program: softmax over E logits, k rounds of (max, lowest id holding it), renormalise
+        # one token per program: p = exp(logit - max), k rounds of (max, lowest id holding it); renormalised
+        # weights p_j / (p_1 + ... + p_k), summed in slot order: no layout-dependent reduction enters a weight, so
+        # moe_route_align's one-program kernel gives the same bits
         row = tl.program_id(0).to(tl.int64)
         offs_e = tl.arange(0, BLOCK_E)
         in_range = offs_e < E
         logits = tl.load(logits_ptr + row * stride_l + offs_e, mask=in_range, other=-float("inf")).to(tl.float32)
         p = tl.exp(logits - tl.max(logits, axis=0))
         p = tl.where(in_range, p, 0.0)
-        probs = p / tl.sum(p, axis=0)
-        remaining = tl.where(in_range, probs, -1.0)
+        remaining = tl.where(in_range, p, -1.0)
         offs_s = tl.arange(0, BLOCK_S)
         top_w = tl.zeros([BLOCK_S], dtype=tl.float32)
         top_i = tl.zeros([BLOCK_S], dtype=tl.int32)
+        denom = 0.0
         for j in tl.static_range(TOP_K):
             best = tl.max(remaining, axis=0)
             best_id = tl.min(tl.where(remaining == best, offs_e, BLOCK_E), axis=0)
             top_w = tl.where(offs_s == j, best, top_w)
             top_i = tl.where(offs_s == j, best_id, top_i)
             remaining = tl.where(offs_e == best_id, -1.0, remaining)
+            denom += best
         if RENORMALIZE:
-            top_w = top_w / tl.sum(tl.where(offs_s < TOP_K, top_w, 0.0), axis=0)
+            top_w = top_w / denom
+        else:
+            top_w = top_w / tl.sum(p, axis=0)
         if SHARED_GATE:
             gate = tl.load(logits_ptr + row * stride_l + E).to(tl.float32)
             top_w = tl.where(offs_s == TOP_K, 1.0 / (1.0 + tl.exp(-gate)), top_w)

@@ -1,6 +1,7 @@
-"""SparseMoE's decode path (one router+gate GEMM, then route_topk and the expert-major pass with the shared expert
-folded in) against its reference path (top-k routing, per-expert experts, the shared MLP behind its gate), with the
-Triton kernels run by the interpreter on CPU tensors; and the launches of that path counted: 1 GEMM + 5 kernels."""
+"""SparseMoE's decode path (one router+gate GEMM, then routing + alignment and the expert-major pass with the shared
+expert folded in) against its reference path (top-k routing, per-expert experts, the shared MLP behind its gate),
+with the Triton kernels run by the interpreter on CPU tensors; and the launches of that path counted: 1 GEMM + 3
+kernels for a small step (T * (k+1) <= 64 pairs, T <= 8), 1 GEMM + 5 kernels above."""
 
 import os
 import subprocess
@@ -16,7 +17,7 @@ LAYER_INTERPRET_SCRIPT = textwrap.dedent(
     from torch.utils._python_dispatch import TorchDispatchMode
     from lightllm_mtp.common.layers.moe import SparseMoE
     from lightllm_mtp.config.model_config import MoEConfig
-    from lightllm_mtp.kernels.moe import fused_moe, moe_align, moe_expert_pass, moe_routing
+    from lightllm_mtp.kernels.moe import fused_moe, moe_align, moe_expert_pass, moe_route_align, moe_routing
 
     gen = torch.Generator().manual_seed(0)
     hidden, experts, top_k, inter, shared_inter = 32, 8, 2, 16, 24
@@ -24,9 +25,6 @@ LAYER_INTERPRET_SCRIPT = textwrap.dedent(
     names = {spec.name: spec.shape for spec in SparseMoE.specs(cfg, "mlp.")}
     weights = {name: torch.randn(*shape, generator=gen) * 0.3 for name, shape in names.items()}
     layer = SparseMoE(cfg, "mlp.", weights)
-    x = torch.randn(6, hidden, generator=gen)
-    expected = layer.forward(x, None, None)  # CPU: the reference path
-
     launches = []
     inside = [False]
     class Counted:
@@ -43,7 +41,8 @@ LAYER_INTERPRET_SCRIPT = textwrap.dedent(
             return launch
     for mod, name in ((moe_routing, "_route_topk_kernel"), (moe_align, "_moe_align_kernel"),
                       (moe_expert_pass, "_gate_up_act_kernel"), (moe_expert_pass, "_down_weighted_kernel"),
-                      (moe_expert_pass, "_sum_slots_kernel")):
+                      (moe_expert_pass, "_sum_slots_kernel"), (moe_route_align, "_route_align_kernel"),
+                      (moe_expert_pass, "_down_sum_kernel")):
         setattr(mod, name, Counted(getattr(mod, name)))
     no_kernel = {"empty", "empty_strided", "view", "_unsafe_view", "t", "reshape", "as_strided", "detach", "alias",
                  "slice", "select", "transpose", "expand", "unsqueeze", "squeeze"}
@@ -53,20 +52,29 @@ LAYER_INTERPRET_SCRIPT = textwrap.dedent(
             if not inside[0] and func.overloadpacket.__name__ not in no_kernel:
                 torch_ops.append(func.overloadpacket.__name__)
             return func(*args, **(kwargs or {}))
-    for mod in (fused_moe, moe_routing):  # the CUDA dispatch, on CPU tensors
-        mod.use_triton = lambda t: True
-    with Ops():
-        out = layer.forward(x, None, None)
-    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
-    assert torch_ops == ["mm"], torch_ops
-    assert launches == ["_route_topk_kernel", "_moe_align_kernel", "_gate_up_act_kernel", "_down_weighted_kernel",
-                        "_sum_slots_kernel"], launches
+    small = ["_route_align_kernel", "_gate_up_act_kernel", "_down_sum_kernel"]
+    large = ["_route_topk_kernel", "_moe_align_kernel", "_gate_up_act_kernel", "_down_weighted_kernel",
+             "_sum_slots_kernel"]
+    for tokens, expected_launches in ((6, small), (40, large)):  # 18 pairs; 120 pairs and T > 8
+        x = torch.randn(tokens, hidden, generator=gen)
+        for mod in (fused_moe, moe_routing, moe_route_align):
+            mod.use_triton = lambda t: False
+        expected = layer.forward(x, None, None)  # CPU: the reference path
+        for mod in (fused_moe, moe_routing, moe_route_align):  # the CUDA dispatch, on CPU tensors
+            mod.use_triton = lambda t: True
+        launches.clear()
+        torch_ops.clear()
+        with Ops():
+            out = layer.forward(x, None, None)
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+        assert torch_ops == ["mm"], torch_ops
+        assert launches == expected_launches, launches
     print("OK")
     """
 )
 
 
-def test_decode_path_matches_reference_path_with_one_gemm_and_five_kernels():
+def test_decode_path_matches_reference_path_with_one_gemm_and_three_or_five_kernels():
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
     res = subprocess.run([sys.executable, "-c", LAYER_INTERPRET_SCRIPT], env=env, capture_output=True, text=True,

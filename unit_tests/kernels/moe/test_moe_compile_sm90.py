@@ -98,3 +98,46 @@ def test_expert_pass_compiles_fp32_ieee():
                   stride_wn=32, stride_shared_wn=48, stride_rows=64),
              dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.down_block_n, BLOCK_K=tiles.down_block_k, DOT_PRECISION="ieee"),
              num_warps=tiles.num_warps, num_stages=tiles.down_stages)  # fmt: skip
+
+
+# 35B-A3B (bf16 logits, E 256, top-8 + shared) and the tiny MoE checkpoint on the GPU tests (fp32, E 8, top-2 + shared)
+@pytest.mark.parametrize("t,experts,top_k,dtype", [(1, 256, 8, "*bf16"), (2, 256, 8, "*bf16"), (7, 256, 8, "*bf16"),
+                                                   (21, 8, 2, "*fp32"), (1, 8, 2, "*fp32")])  # fmt: skip
+def test_route_align_compiles(t, experts, top_k, dtype):
+    from lightllm_mtp.kernels.moe import moe_route_align
+
+    slots = top_k + 1
+    blocks = moe_align.max_blocks(t * slots, experts + 1, 16)
+    _compile(moe_route_align._route_align_kernel,
+             dict(logits_ptr=dtype, weights_ptr="*fp32", ids_ptr="*i32", sorted_ptr="*i32", block_expert_ptr="*i32",
+                  T=t, E=experts, stride_l=-(-(experts + 1) // 8) * 8, MAX_BLOCKS=blocks),
+             dict(TOP_K=top_k, SLOTS=slots, SHARED_GATE=True, BLOCK_M=16, BLOCK_T=triton.next_power_of_2(t),
+                  BLOCK_E=triton.next_power_of_2(experts), BLOCK_S=triton.next_power_of_2(slots),
+                  BLOCK_B=triton.next_power_of_2(blocks)),
+             num_warps=4)  # fmt: skip
+
+
+@pytest.mark.parametrize("block_n,stages,warps", [(16, 3, 4), (16, 4, 4), (32, 3, 4), (64, 3, 4), (64, 3, 8)])
+def test_down_sum_compiles_pipelined(block_n, stages, warps):
+    """The down kernel with the folded slot sum at the 35B-A3B shape (K tile = I = 512), the sweep's launch shapes."""
+    kernel = _compile(
+        moe_expert_pass._down_sum_kernel,
+        dict(act_ptr="*bf16", w_ptr="*bf16", shared_w_ptr="*bf16", block_expert_ptr="*i32", weights_ptr="*fp32",
+             ids_ptr="*i32", out_ptr="*bf16", T=1, H=2048, INTER=512, INTER_SHARED=512, E=256, MAX_BLOCKS=9,
+             stride_act=512, stride_we=2048 * 512, stride_wn=512, stride_shared_wn=512, stride_out=2048),
+        dict(SLOTS=9, BLOCK_T=16, BLOCK_S=16, BLOCK_B=16, BLOCK_N=block_n, BLOCK_K=512, DOT_PRECISION="tf32"),
+        num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    tile_bytes = 512 * (16 + block_n) * 2  # the [16, I] activation and [I, BLOCK_N] weight tiles
+    assert kernel.metadata.shared >= (stages - 1) * tile_bytes, "the loop over the blocks is not software-pipelined"
+    assert moe_expert_pass.down_sum_fits(1, 512, 2, moe_expert_pass.ExpertPassTiles(down_sum_block_n=block_n,
+                                                                                      down_sum_stages=stages))
+
+
+def test_down_sum_compiles_fp32_ieee():
+    _compile(moe_expert_pass._down_sum_kernel,
+             dict(act_ptr="*fp32", w_ptr="*fp32", shared_w_ptr="*fp32", block_expert_ptr="*i32", weights_ptr="*fp32",
+                  ids_ptr="*i32", out_ptr="*fp32", T=3, H=64, INTER=32, INTER_SHARED=48, E=8, MAX_BLOCKS=9,
+                  stride_act=48, stride_we=2048, stride_wn=32, stride_shared_wn=48, stride_out=64),
+             dict(SLOTS=3, BLOCK_T=16, BLOCK_S=4, BLOCK_B=16, BLOCK_N=16, BLOCK_K=64, DOT_PRECISION="ieee"),
+             num_warps=4, num_stages=3)  # fmt: skip
