@@ -150,14 +150,10 @@ def _fla_parts():
 
 def _prefill_states_fla(q, k, v, g, beta, ssm_state, states_out, b_state_idx, b_has_initial_state, saves,
                         qk_normalized):  # fmt: skip
-    """fla's chunk_gated_delta_rule forward step by step (GVA by repeated key heads, as in _prefill_fla), with the
+    """fla's chunk_gated_delta_rule forward step by step (GVA natively, as the plain prefill's fla call), with the
     chunk states h in fp32; cu_seqlens / chunk indices from the host-built saves (no device->host read)."""
     l2norm_fwd, chunk_local_cumsum, rcp_ln2, fwd_intra, fwd_h_kernel, chunk_fwd_o = _fla_parts()
-    nv, dk, dv = v.shape[1], q.shape[2], v.shape[2]
-    rep = nv // q.shape[1]
-    if rep > 1:
-        q = q.repeat_interleave(rep, dim=1)
-        k = k.repeat_interleave(rep, dim=1)
+    nk, nv, dk, dv = q.shape[1], v.shape[1], q.shape[2], v.shape[2]
     slots = b_state_idx.long()
     init = torch.where(b_has_initial_state[:, None, None, None], ssm_state[slots], torch.zeros_like(ssm_state[slots]))
     cu, chunk_indices = saves.cu_seqlens, saves.chunk_indices
@@ -174,7 +170,7 @@ def _prefill_states_fla(q, k, v, g, beta, ssm_state, states_out, b_state_idx, b_
     final = torch.zeros(bsz, nv, dk, dv, dtype=torch.float32, device=q.device)
     fwd_h_kernel[lambda meta: (triton.cdiv(dv, meta["BV"]) * bsz * nv,)](
         k=k, v=u, w=w, v_new=v_new, g=g, gk=None, h=h, h0=init, ht=final, cu_seqlens=cu,
-        chunk_offsets=saves.chunk_offsets, T=q.shape[1], H=nv, HV=nv, K=dk, V=dv, BT=CHUNK, STATE_V_FIRST=False,
+        chunk_offsets=saves.chunk_offsets, T=q.shape[1], H=nk, HV=nv, K=dk, V=dv, BT=CHUNK, STATE_V_FIRST=False,
     )  # fmt: skip
     if saves.inner_chunk.numel():
         states_out[saves.inner_dest] = h[0, saves.inner_chunk]
