@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from lightllm_mtp.config.model_config import ModelConfig
+from lightllm_mtp.engine.cache_budget import snapshot_bytes
 from lightllm_mtp.sampling_params import SamplingParams
-from unit_tests.parallel.workload import DENSE, MOE, engine
+from unit_tests.parallel.workload import DENSE, MOE, engine, run
 
 EAGLE = dict(mtp_mode="eagle_with_att", mtp_step=2)
 INTERVAL = 8
@@ -127,3 +128,37 @@ def test_prefix_cache_under_tp_pp(tmp_path, model_dir, mtp, tp, pp):
         seen |= set(layer_keys(stage[0]))
         compare_stage(stage, want_state, running, rows, ModelConfig.from_model_dir(model_dir))
     assert seen == set(layer_keys(want_state))  # every layer and its snapshots on exactly one stage
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tp,pp,host_snapshots", [(2, 1, 0), (1, 2, 16)])
+def test_evictions_stops_and_aborts_replay_alike(tp, pp, host_snapshots):
+    """The parallel workload (chunked prefill, queueing, stop tokens inside accepted MTP blocks, an abort), twice in
+    one engine (the second pass resumes from the first's prompts and ends), on a KV pool of one max-length request:
+    allocations evict, admission waits for locked slots (pp: evicted snapshots go to a host tier, sized alike on
+    every stage from the whole model's bytes per snapshot). Every follower's tree must follow the driver's (checked at
+    each launch); tokens and hits equal one process's with the cache, tokens equal one process's without it."""
+    mtp = EAGLE
+    per = snapshot_bytes(ModelConfig.from_model_dir(DENSE), 4)
+    small = dict(prefix_cache=True, prefix_cache_interval=INTERVAL, max_total_token_num=2400,
+                 prefix_cache_state_share=0.95, prefix_cache_host_gb=host_snapshots * per / 2**30)  # fmt: skip
+    # 128 KV slots, 16 device snapshots
+    want = [run(engine(DENSE, mtp)) for _ in range(2)]
+    ref = engine(DENSE, mtp, **small)
+    ref_out = [run(ref) for _ in range(2)]
+    eng = engine(DENSE, mtp, tp=tp, pp=pp, **small)
+    assert eng.model.caches.kv_pool.size == 128 and eng.prefix_cache.snapshots.size == 16
+    pool, evicted = eng.model.caches.kv_pool, []
+    reclaim = pool.reclaim
+    pool.reclaim = lambda n: evicted.append(reclaim(n)) or evicted[-1]
+    try:
+        got = [run(eng) for _ in range(2)]
+        hits = eng.prefix_cache_stats().hits
+        offloaded = eng.prefix_cache_stats().host_snapshots
+        eng.evict_prefix_cache()
+    finally:
+        eng.shutdown()
+    assert got == ref_out and hits == ref.prefix_cache_stats().hits > 0
+    assert sum(evicted) > 0 and (offloaded > 0) == (host_snapshots > 0)
+    for g, w in zip(got, want):  # the aborted request (index 0) may get further before its abort with hits
+        assert g[1:] == w[1:] and g[0][0] == w[0][0][: len(g[0][0])]
