@@ -12,7 +12,7 @@ import torch
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.engine.cache_budget import snapshot_bytes
 from lightllm_mtp.sampling_params import SamplingParams
-from unit_tests.parallel.workload import DENSE, MOE, engine, run
+from unit_tests.parallel.workload import DENSE, MOE, MTP3, engine, run
 
 EAGLE = dict(mtp_mode="eagle_with_att", mtp_step=2)
 INTERVAL = 8
@@ -20,8 +20,10 @@ SYSTEM = [(37 * i) % 700 + 3 for i in range(21)]
 CACHE = dict(prefix_cache=True, prefix_cache_interval=INTERVAL, chunked_prefill_size=16,
              max_total_token_num=3072, prefix_cache_state_share=0.75)  # about 70 snapshots: none evicted
 PAUSE_AT = 2  # steps into the second round (the hits): save every rank's state there
-CASES = [(DENSE, {}, 2, 1), (DENSE, EAGLE, 1, 2), (MOE, EAGLE, 2, 1), (MOE, {}, 1, 2)]
-IDS = [f"{'moe' if m == MOE else 'dense'}-{d.get('mtp_mode', 'plain').split('_')[0]}-tp{tp}-pp{pp}" for m, d, tp, pp in CASES]
+VANILLA = dict(mtp_mode="vanilla_with_att", mtp_step=2)  # two modules: the tree's keys look 2 tokens ahead
+CASES = [(DENSE, {}, 2, 1), (DENSE, EAGLE, 1, 2), (MOE, EAGLE, 2, 1), (MOE, {}, 1, 2), (MTP3, VANILLA, 1, 2)]
+IDS = [f"{ {DENSE: 'dense', MOE: 'moe', MTP3: 'mtp3'}[m]}-{d.get('mtp_mode', 'plain').split('_')[0]}-tp{tp}-pp{pp}"
+       for m, d, tp, pp in CASES]  # fmt: skip
 
 
 def greedy():
