@@ -83,7 +83,8 @@ def build_runner(args: EngineArgs, cfg: ModelConfig, max_model_len: int, rank: R
     return built
 
 
-def _build_prefix_cache(args: EngineArgs, model: TpPartBaseModel, runner: StepRunner, budget: CacheBudget) -> PrefixCache:
+def _build_prefix_cache(args: EngineArgs, model: TpPartBaseModel, runner: StepRunner,
+                        budget: CacheBudget) -> PrefixCache:  # fmt: skip
     """The tree over the KV pool and the snapshot pool, the two parts of one budget. Every rank of a tp / pp group
     gets the same slot counts (the host tier too: sized by the whole model's bytes per snapshot, so
     prefix_cache_host_gb is the engine's total over its ranks); each fills them with its own layers and shards."""
@@ -92,7 +93,8 @@ def _build_prefix_cache(args: EngineArgs, model: TpPartBaseModel, runner: StepRu
     caches.snapshots = StateSnapshotPool(state, budget.num_snapshots)
     host = None
     if args.prefix_cache_host_gb > 0:
-        host = HostSnapshotTier(caches.snapshots, HostSnapshotTier.slots_for(budget.snapshot_bytes, args.prefix_cache_host_gb))
+        num_host = HostSnapshotTier.slots_for(budget.snapshot_bytes, args.prefix_cache_host_gb)
+        host = HostSnapshotTier(caches.snapshots, num_host)
     tree = RadixCache(kv, budget.num_snapshots, host)
     kv.reclaim = tree.evict
     lookahead = args.spec.num_draft_modules if args.spec is not None else 0  # L: one position per MTP module

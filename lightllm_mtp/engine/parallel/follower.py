@@ -112,6 +112,7 @@ class Follower:
             self.cache.unmatch(self.requests[op.request_id])
         elif isinstance(op, Finish):
             req = self.requests[op.request_id]
+            assert len(req.output_ids) >= op.num_output_tokens, (op, len(req.output_ids))
             del req.output_ids[op.num_output_tokens :]  # the driver's cut at a stop token or length limit
             state_at = functools.partial(self.runner.committed_state_offset, req)
             self.cache.on_finish(req, state_at, self.runner.hold_queued_row(req))

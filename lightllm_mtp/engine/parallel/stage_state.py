@@ -12,7 +12,8 @@ from lightllm_mtp.engine.spec_runner import SpecRunner
 from lightllm_mtp.engine.step import StepRunner
 
 
-def stage_state(model: TpPartBaseModel, runner: StepRunner, cache: PrefixCache | None = None) -> dict[str, torch.Tensor]:
+def stage_state(model: TpPartBaseModel, runner: StepRunner,
+                cache: PrefixCache | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
     """{"layer.{i}.k" / ".v" (KV pool buffers of attention layer i), "layer.{i}.conv" / ".ssm" (GDN layer i, every
     request slot), "req_to_token", "draft_table" (DraftState, under MTP), "prefix_cache" (its digest, after the
     tree's consistency check), "snapshot.{i}.conv" / ".ssm" (GDN layer i's snapshot slots)} on the host."""
