@@ -21,7 +21,8 @@ CACHE = dict(prefix_cache=True, prefix_cache_interval=INTERVAL, chunked_prefill_
              max_total_token_num=3072, prefix_cache_state_share=0.75)  # about 70 snapshots: none evicted
 PAUSE_AT = 2  # steps into the second round (the hits): save every rank's state there
 VANILLA = dict(mtp_mode="vanilla_with_att", mtp_step=2)  # two modules: the tree's keys look 2 tokens ahead
-CASES = [(DENSE, {}, 2, 1), (DENSE, EAGLE, 1, 2), (MOE, EAGLE, 2, 1), (MOE, {}, 1, 2), (MTP3, VANILLA, 1, 2)]
+CASES = [(DENSE, {}, 2, 1), (DENSE, EAGLE, 1, 2), (MOE, EAGLE, 2, 1), (MOE, {}, 1, 2), (MTP3, VANILLA, 1, 2),
+         (DENSE, EAGLE, 2, 2)]
 IDS = [f"{ {DENSE: 'dense', MOE: 'moe', MTP3: 'mtp3'}[m]}-{d.get('mtp_mode', 'plain').split('_')[0]}-tp{tp}-pp{pp}"
        for m, d, tp, pp in CASES]  # fmt: skip
 
