@@ -29,7 +29,8 @@
 #   bash benchmark/gpu_runs.sh tp2_27b  # 27B on 2 GPUs (nvidia-h200-x2): tp=1, then tp=2 (+ MTP k=1), then pp=2 + MTP
 #                                       # k=1, at B=1,32; then the tp/pp CPU tests on the GPU machine's cores
 #   bash benchmark/gpu_runs.sh pp_one_gpu  # tp / pp on ONE GPU (LIGHTLLM_MTP_DIST_BACKEND=gloo, all ranks on cuda:0):
-#                                       # greedy equivalence (pp=2 with CUDA graphs per stage, tp=2 eager), then 0.8B
+#                                       # greedy equivalence (pp=2 with CUDA graphs per stage, tp=2 eager; prefix cache
+#                                       # on every rank), then 0.8B
 #                                       # shape pp=2 + MTP k=1 at B=1,8 with graphs per stage vs eager
 #   bash benchmark/gpu_runs.sh mixed    # 27B, MTP k=1, 32 running with arrivals: this tree, then baseline/ (an older
 #                                       # commit exported with `git archive REV --prefix=baseline/`; carry baseline)

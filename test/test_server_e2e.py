@@ -46,13 +46,19 @@ def dp_server(trained_dense_dir, tmp_path_factory):
 
 
 def test_tensor_parallel_server_gives_the_same_greedy_text(mtp_server, trained_dense_dir, tmp_path_factory):
-    """--tp 2 behind the HTTP server (MTP on): the same greedy text as the one-process server; /server_info says
-    the prefix cache is off there (not supported under tp yet)."""
+    """--tp 2 behind the HTTP server (MTP on): the same greedy text as the one-process server; a prompt sharing an
+    earlier one's first 60 tokens resumes at its snapshot at 32 (the prefix cache on every rank)."""
     flags = ["--model_dir", str(trained_dense_dir), "--mtp_mode", "eagle_with_att", "--mtp_step", "2", "--tp", "2",
-             "--running_max_req_size", "4", *COMMON]  # fmt: skip
+             "--running_max_req_size", "4", "--prefix_cache_interval", "32", "--prefix_cache_state_share", "0.5",
+             *COMMON]  # fmt: skip
     with ServerProcess(flags, tmp_path_factory.mktemp("tp_server") / "server.log") as tp_server:
         assert greedy_texts(tp_server, key="unused") == greedy_texts(mtp_server)
-        assert httpx.get(f"{tp_server.url}/server_info").json()["prefix_cache"] is False
+        c, model = client(tp_server, key="unused"), model_name(tp_server, key="unused")
+        first = [20 + (11 * i) % 300 for i in range(60)]
+        out = c.completions.create(model=model, prompt=first, max_tokens=4, temperature=0)
+        again = c.completions.create(model=model, prompt=first + [11, 12, 13], max_tokens=4, temperature=0)
+        cached = [o.usage.prompt_tokens_details.cached_tokens for o in (out, again)]
+        assert cached == [0, 32]
     assert tp_server.proc.returncode == 0, tp_server.log_tail()
 
 

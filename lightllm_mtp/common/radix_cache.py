@@ -52,6 +52,7 @@ class Node:
     lock_ref: int = 0
     last_access: int = 0
     snapshot: Snapshot | None = None
+    serial: int = 0  # creation order: eviction's tie-break (deterministic, so that tp / pp ranks evict alike)
 
 
 class RadixCache:
@@ -63,6 +64,7 @@ class RadixCache:
         self.num_tokens = 0  # KV slots owned by the tree
         self.num_locked = 0  # of which in locked nodes
         self._clock = itertools.count(1)
+        self._serials = itertools.count(1)
 
     # ---- lookup -------------------------------------------------------------------------------------------------
     def match(self, keys: list[Key]) -> list[Node]:
@@ -121,7 +123,7 @@ class RadixCache:
             stop = next((d for d in cuts if d > i), len(keys))  # do not cross a snapshot depth inside one node
             child = node.children.get(keys[i])
             if child is None:
-                child = Node(keys[i:stop], slots[i:stop].clone(), node, stop)
+                child = Node(keys[i:stop], slots[i:stop].clone(), node, stop, serial=next(self._serials))
                 node.children[keys[i]] = child
                 self.num_tokens += stop - i
             else:
@@ -149,7 +151,7 @@ class RadixCache:
         """Cuts `child` after n positions; returns the new upper part."""
         parent = child.parent
         upper = Node(child.key[:n], child.slots[:n], parent, child.depth - len(child.key) + n,
-                     lock_ref=child.lock_ref, last_access=child.last_access)  # fmt: skip
+                     lock_ref=child.lock_ref, last_access=child.last_access, serial=next(self._serials))  # fmt: skip
         parent.children[child.key[0]] = upper
         child.key, child.slots, child.parent = child.key[n:], child.slots[n:], upper
         upper.children[child.key[0]] = child
@@ -221,7 +223,7 @@ class RadixCache:
         """Frees at least num_tokens KV slots from unlocked leaves, least recently used first (their snapshots go
         too); returns the number freed (less when not enough is unlocked)."""
         freed = 0
-        heap = [(n.last_access, id(n), n) for n in self._nodes() if not n.children and n.lock_ref == 0]
+        heap = [(n.last_access, n.serial, n) for n in self._nodes() if not n.children and n.lock_ref == 0]
         heapq.heapify(heap)
         while freed < num_tokens and heap:
             _, _, node = heapq.heappop(heap)
@@ -229,7 +231,7 @@ class RadixCache:
             freed += len(node.key)
             self._remove_leaf(node)
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
-                heapq.heappush(heap, (parent.last_access, id(parent), parent))
+                heapq.heappush(heap, (parent.last_access, parent.serial, parent))
         return freed
 
     def evict_all(self) -> None:

@@ -63,7 +63,7 @@ def split_budget(budget_tokens: int, kv_per_token: int, snap_bytes: int, share: 
 
 
 def cache_budget_of(args: EngineArgs, cfg: ModelConfig, max_model_len: int) -> CacheBudget:
-    """The engine's split of its KV budget (single process: the prefix cache is off under tp / pp)."""
+    """The engine's split of its KV budget: model-wide figures, so every tp / pp rank gets the same slot counts."""
     dtype_bytes = torch.empty(0, dtype=args.dtype).element_size()
     spec = args.spec
     kv = kv_bytes_per_token(cfg, dtype_bytes, spec.num_draft_modules if spec else 0)

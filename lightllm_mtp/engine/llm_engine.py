@@ -18,11 +18,8 @@ from lightllm_mtp.engine.parallel.group import ParallelGroup
 from lightllm_mtp.engine.parallel.membership import describe
 from lightllm_mtp.engine.runner_factory import BuiltRunner, build_runner
 from lightllm_mtp.engine.step import LaunchedStep
-from lightllm_mtp.common.radix_cache import RadixCache
-from lightllm_mtp.common.host_snapshots import HostSnapshotTier
-from lightllm_mtp.common.state_snapshots import StateSnapshotPool
 from lightllm_mtp.engine.cache_budget import cache_budget_of
-from lightllm_mtp.engine.prefix_cache import PrefixCache, PrefixCacheStats
+from lightllm_mtp.engine.prefix_cache import PrefixCacheStats
 from lightllm_mtp.engine.request import FinishReason, Request, RequestStatus
 from lightllm_mtp.engine.scheduler import Scheduler
 from lightllm_mtp.env import ENV
@@ -69,10 +66,11 @@ class LLMEngine:
         built = self._build(args, cfg)
         self.model, self.model_runner, self.runner = built.model, built.model_runner, built.runner
         self._built = built
+        self.prefix_cache = built.prefix_cache
         if self.parallel_group is not None:
             self.runner = DriverRunner(built.runner, self.parallel_group, args.device)
-        self.prefix_cache = self._make_prefix_cache(args, args.spec) if args.prefix_cache else None
-        self.model_runner.prefix_cache = self.prefix_cache
+            if self.prefix_cache is not None:  # the followers replay its calls on their copies
+                self.runner.journal(self.prefix_cache)
         self.scheduler = Scheduler(
             args.max_batch_size,
             args.chunked_prefill_size,
@@ -89,7 +87,7 @@ class LLMEngine:
 
     def _build(self, args: EngineArgs, cfg: ModelConfig) -> BuiltRunner:
         if self.parallel_group is None:
-            return build_runner(args, cfg, self.max_model_len, kv_pool_size=self.cache_budget.kv_tokens)
+            return build_runner(args, cfg, self.max_model_len)
         try:
             built = build_runner(args, cfg, self.max_model_len)
         except Exception as e:
@@ -114,25 +112,10 @@ class LLMEngine:
         if self.parallel_group is not None:
             self.parallel_group.shutdown()
 
-    def _make_prefix_cache(self, args: EngineArgs, spec) -> PrefixCache:
-        """The tree over the KV pool and the snapshot pool, the two parts of one budget (engine/cache_budget.py)."""
-        caches = self.model.caches
-        state, kv = caches.req_manager.linear_state, caches.kv_pool
-        num = self.cache_budget.num_snapshots
-        caches.snapshots = StateSnapshotPool(state, num)
-        host = None
-        if args.prefix_cache_host_gb > 0:
-            per = StateSnapshotPool.bytes_per_snapshot(state)
-            host = HostSnapshotTier(caches.snapshots, HostSnapshotTier.slots_for(per, args.prefix_cache_host_gb))
-        tree = RadixCache(kv, num, host)
-        kv.reclaim = tree.evict
-        lookahead = self._built.runner.proposer.lookahead if spec is not None else 0
-        return PrefixCache(tree, caches.snapshots, caches.req_manager, args.prefix_cache_interval, lookahead)
-
     def evict_prefix_cache(self) -> None:
         """Drops every unlocked cached prefix (its KV slots and snapshots go back to their pools)."""
         if self.prefix_cache is not None:
-            self.prefix_cache.tree.evict_all()
+            self.prefix_cache.evict_all()
 
     def prefix_cache_stats(self) -> PrefixCacheStats | None:
         return self.prefix_cache.stats() if self.prefix_cache is not None else None
@@ -231,6 +214,7 @@ class LLMEngine:
             self.scheduler.waiting.remove(req)
             req.finish_reason = FinishReason.ABORT
             req.status = RequestStatus.FINISHED
+            self.runner.release(req)  # holds nothing; tp / pp: the followers forget it (prefix cache: seen at match)
         elif req in self.scheduler.running:
             self._finish(req, FinishReason.ABORT)
             self._drop_idle_inflight()

@@ -58,11 +58,16 @@ class PrefixCache:
         self.lookahead = lookahead  # L: draft-KV lookahead of the MTP proposer (0 without MTP)
         self.release_reservation: Callable[[Request, int], None] = lambda req, n: None  # the scheduler's
         self._pending: list[tuple[Request, list[tuple[int, Snapshot]]]] = []
+        # tp / pp: the driver's DriverRunner, told of each call that changes the tree outside a runner call (match,
+        # unmatch, on_finish, evict_all); the followers replay them on their copies in the same order
+        self.journal = None
         self._queries = self._hits = self._prompt_tokens = self._cached_tokens = self._host_hits = 0
 
     # ---- admission ----------------------------------------------------------------------------------------------
     def match(self, req: Request) -> int:
         """Locks the deepest usable cached prefix of req's prompt; returns its length (0: none)."""
+        if self.journal is not None:
+            self.journal.cache_match(req)
         prompt = req.prompt_ids
         n = len(prompt) - max(1, self.lookahead)
         if n <= 0:
@@ -87,6 +92,8 @@ class PrefixCache:
 
     def unmatch(self, req: Request) -> None:
         """Undoes `match` (the request was not admitted after all)."""
+        if self.journal is not None:
+            self.journal.cache_unmatch(req)
         if req.cache_node is not None:
             req.resume_snapshot.pins -= 1
             self.tree.unlock(req.cache_node)
@@ -186,6 +193,8 @@ class PrefixCache:
         it out of release). That verify commits the row, so the state after it (conv columns / SSM row 0) is
         snapshotted now, and the position joins the tree, with the snapshot, once that verify's first emitted token
         (its key's lookahead) reaches the host (req.on_verified); meanwhile the prefix stays locked."""
+        if self.journal is not None:
+            self.journal.cache_finish(req)
         if req.resume_snapshot is not None:  # ended before its first step
             req.resume_snapshot.pins -= 1
             req.resume_snapshot = None
@@ -251,6 +260,19 @@ class PrefixCache:
             self.tree.free_snapshot(snap)
             self.tree.kv_pool.free(held)
         self.tree.unlock(node)
+
+    def evict_all(self) -> None:
+        """Drops every unlocked cached prefix (its KV slots and snapshots go back to their pools)."""
+        if self.journal is not None:
+            self.journal.cache_evict_all()
+        self.tree.evict_all()
+
+    def digest(self) -> list[int]:
+        """What every tp / pp rank's copy agrees on between steps: free KV slots, tree slots, locked ones, device and
+        host snapshots, free request slots."""
+        t = self.tree
+        return [t.kv_pool.num_free, t.num_tokens, t.num_locked, t.num_snapshots, t.num_host_snapshots,
+                self.req_manager.num_free]  # fmt: skip
 
     def stats(self) -> PrefixCacheStats:
         return PrefixCacheStats(self._queries, self._hits, self._prompt_tokens, self._cached_tokens,

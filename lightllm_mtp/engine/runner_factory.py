@@ -1,5 +1,6 @@
-"""Builds one process's model and step runner (plain or speculative): the driver's LLMEngine and every follower
-rank of a tensor / pipeline parallel group build theirs with this same code, each from its own rank's shard."""
+"""Builds one process's model, step runner (plain or speculative) and prefix cache: the driver's LLMEngine and every
+follower rank of a tensor / pipeline parallel group build theirs with this same code, each from its own rank's shard.
+The memory split (engine/cache_budget.py) is model-wide, so every rank gets the same KV slots and snapshot slots."""
 
 from __future__ import annotations
 
@@ -8,13 +9,18 @@ from dataclasses import dataclass, replace
 
 from lightllm_mtp.common.basemodel.basemodel import TpPartBaseModel
 from lightllm_mtp.common.basemodel.cuda_graph import graph_batch_sizes
+from lightllm_mtp.common.host_snapshots import HostSnapshotTier
+from lightllm_mtp.common.radix_cache import RadixCache
+from lightllm_mtp.common.state_snapshots import StateSnapshotPool
 from lightllm_mtp.common.parallel_state import state as parallel_state
 from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.config.parallel_config import RankInfo
 from lightllm_mtp.config.runtime import RuntimeShape
 from lightllm_mtp.config.spec_config import MtpMode
+from lightllm_mtp.engine.cache_budget import CacheBudget, cache_budget_of
 from lightllm_mtp.engine.model_runner import ModelRunner
+from lightllm_mtp.engine.prefix_cache import PrefixCache
 from lightllm_mtp.engine.spec_runner import SpecRunner
 from lightllm_mtp.engine.step import StepRunner
 from lightllm_mtp.models.registry import create_model
@@ -32,19 +38,20 @@ class BuiltRunner:
     model: TpPartBaseModel
     model_runner: ModelRunner
     runner: StepRunner  # model_runner, or the SpecRunner over it
+    budget: CacheBudget
+    prefix_cache: PrefixCache | None = None  # args.prefix_cache
 
 
-def build_runner(args: EngineArgs, cfg: ModelConfig, max_model_len: int, rank: RankInfo | None = None,
-                 kv_pool_size: int | None = None) -> BuiltRunner:  # fmt: skip
-    """kv_pool_size: None for args' (engine/cache_budget.py gives the prefix cache's engine a smaller one)."""
+def build_runner(args: EngineArgs, cfg: ModelConfig, max_model_len: int, rank: RankInfo | None = None) -> BuiltRunner:
     rank = rank or RankInfo(args.parallel)
     spec = args.spec
+    budget = cache_budget_of(args, cfg, max_model_len)
     rt = RuntimeShape(
         dtype=args.dtype,
         device=args.device,
         max_reqs=args.max_batch_size,
         max_model_len=max_model_len,
-        kv_pool_size=kv_pool_size or args.resolved_kv_pool_size(max_model_len),
+        kv_pool_size=budget.kv_tokens,
         num_draft_tokens=spec.num_draft_tokens if spec else 0,
         draft_kv_layers=spec.num_draft_modules if spec else 0,
         load_format=args.load_format,
@@ -70,7 +77,30 @@ def build_runner(args: EngineArgs, cfg: ModelConfig, max_model_len: int, rank: R
             )
         controller = SpecLengthController(_step_costs(model_runner, proposer, spec)) if spec.adaptive else None
         runner = SpecRunner(model_runner, proposer, builder, controller)
-    return BuiltRunner(model, model_runner, runner)
+    built = BuiltRunner(model, model_runner, runner, budget)
+    if args.prefix_cache:
+        built.prefix_cache = model_runner.prefix_cache = _build_prefix_cache(args, model, runner, budget)
+    return built
+
+
+def _build_prefix_cache(args: EngineArgs, model: TpPartBaseModel, runner: StepRunner,
+                        budget: CacheBudget) -> PrefixCache:  # fmt: skip
+    """The tree over the KV pool and the snapshot pool, the two parts of one budget. Every rank of a tp / pp group
+    gets the same slot counts (the host tier too: sized by the whole model's bytes per snapshot, so
+    prefix_cache_host_gb is the engine's total over its ranks); each fills them with its own layers and shards."""
+    caches = model.caches
+    state, kv = caches.req_manager.linear_state, caches.kv_pool
+    caches.snapshots = StateSnapshotPool(state, budget.num_snapshots)
+    host = None
+    if args.prefix_cache_host_gb > 0:
+        num_host = HostSnapshotTier.slots_for(budget.snapshot_bytes, args.prefix_cache_host_gb)
+        host = HostSnapshotTier(caches.snapshots, num_host)
+    tree = RadixCache(kv, budget.num_snapshots, host)
+    kv.reclaim = tree.evict
+    lookahead = args.spec.num_draft_modules if args.spec is not None else 0  # L: one position per MTP module
+    proposer = getattr(runner, "proposer", None)  # on the last pipeline stage only
+    assert proposer is None or proposer.lookahead == lookahead, (proposer.lookahead, lookahead)
+    return PrefixCache(tree, caches.snapshots, caches.req_manager, args.prefix_cache_interval, lookahead)
 
 
 def _graph_max_batch_size(args: EngineArgs, rank: RankInfo) -> int:

@@ -68,3 +68,23 @@ def test_one_gpu_gloo_greedy_tokens_identical_to_one_process(model_dir, mtp, tp,
             assert replays[0] > 0  # stage 0's decode / verify steps replayed its graphs
     finally:
         eng.shutdown()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("mtp,tp,pp", [(EAGLE, 1, 2), ({}, 2, 1)], ids=["eagle-tp1-pp2", "plain-tp2-pp1"])
+def test_one_gpu_gloo_prefix_cache(mtp, tp, pp, monkeypatch):
+    """The prefix cache on every rank (test_prefix_cache_parallel.py's chat): tokens as one process without the cache,
+    hits as one process with it; pp=2 with CUDA graphs per stage."""
+    from unit_tests.parallel.test_prefix_cache_parallel import CACHE, chat
+
+    want, _ = chat(engine(DENSE, mtp, prefix_cache=False, **CUDA))
+    ref, _ = chat(engine(DENSE, mtp, **CACHE, **CUDA))
+    monkeypatch.setattr(env, "ENV", dataclasses.replace(env.ENV, dist_backend="gloo"))
+    eng = engine(DENSE, mtp, tp=tp, pp=pp, dist_timeout_s=300, **CACHE, **CUDA)
+    try:
+        got, _ = chat(eng)
+    finally:
+        eng.shutdown()
+    assert [t for t, _ in got] == [t for t, _ in want] and got == ref
+    assert sum(c for _, c in got) > 0

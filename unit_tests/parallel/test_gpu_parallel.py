@@ -26,3 +26,24 @@ def test_gpu_greedy_tokens_identical_to_one_gpu(model_dir, mtp, tp, pp):
         assert run(eng) == want
     finally:
         eng.shutdown()
+
+
+@pytest.mark.gpu
+@needs_two
+@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)], ids=["eagle-tp2", "eagle-pp2"])
+def test_gpu_prefix_cache(tp, pp):
+    """The prefix cache on every rank over NCCL with CUDA graphs (test_prefix_cache_parallel.py's chat): tokens as one
+    GPU without the cache, hits as one GPU with it."""
+    from unit_tests.parallel.test_prefix_cache_parallel import CACHE, chat
+
+    kw = dict(device="cuda", dtype="float32")
+    want, _ = chat(engine(DENSE, EAGLE, prefix_cache=False, **kw))
+    ref, _ = chat(engine(DENSE, EAGLE, **CACHE, **kw))
+    torch.cuda.empty_cache()
+    eng = engine(DENSE, EAGLE, tp=tp, pp=pp, **CACHE, **kw)
+    try:
+        got, _ = chat(eng)
+    finally:
+        eng.shutdown()
+    assert [t for t, _ in got] == [t for t, _ in want] and got == ref
+    assert sum(c for _, c in got) > 0

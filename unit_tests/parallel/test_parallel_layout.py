@@ -99,7 +99,8 @@ def test_pipeline_stage_declares_only_its_layers():
 
 def test_step_ops_round_trip_as_json():
     from lightllm_mtp.engine.parallel.step_ops import (
-        Collect, Launch, NewRequest, Release, SaveState, Stop, decode_ops, encode_ops,
+        Collect, EvictAll, Finish, Launch, Match, NewRequest, Release, SaveState, Settle, Stop, Unmatch, decode_ops,
+        encode_ops,
     )
     from lightllm_mtp.sampling_params import SamplingParams
 
@@ -108,8 +109,10 @@ def test_step_ops_round_trip_as_json():
         Launch(4, 3, [(7, 1), (9, 32)], [NewRequest(9, [1, 2, 3], SamplingParams(temperature=0.7, top_k=5, seed=11,
                                                                                   stop_token_ids=[5, 2]), 11)]),
         SaveState("/tmp/x"), Stop(),
+        Match(12, NewRequest(12, [4, 5], SamplingParams(max_new_tokens=3), None)), Match(12, None), Unmatch(12),
+        Finish(12, 3), Settle(4), EvictAll(), Launch(5, None, [(12, 2)], [], [100, 20, 4, 3, 0, 2]),
     ]  # fmt: skip
     data = encode_ops(ops)
     assert decode_ops(data) == ops and b"pickle" not in data
-    steady = encode_ops([Collect(10), Launch(11, 10, [(i, 1) for i in range(32)], [])])
+    steady = encode_ops([Collect(10), Launch(11, 10, [(i, 1) for i in range(32)], [], [100, 20, 4, 3, 0, 2])])
     assert len(steady) < 400  # a decode step of 32 requests

@@ -32,9 +32,9 @@ ABORT_AT_STEP, ABORTED = 5, 0
 
 def engine(model_dir, mtp: dict, **kwargs) -> LLMEngine:
     kwargs.setdefault("dist_timeout_s", 30)
-    kwargs.setdefault("prefix_cache", False)  # off under tp / pp: the one-process reference allocates slots alike
-    return LLMEngine(EngineArgs(model_dir=str(model_dir), max_model_len=128, max_batch_size=3, chunked_prefill_size=32,
-                                **mtp, **kwargs))  # fmt: skip
+    kwargs.setdefault("prefix_cache", False)  # on in test_prefix_cache_parallel.py
+    kwargs.setdefault("chunked_prefill_size", 32)
+    return LLMEngine(EngineArgs(model_dir=str(model_dir), max_model_len=128, max_batch_size=3, **mtp, **kwargs))
 
 
 def run(eng: LLMEngine, stop_after: int | None = None) -> list[tuple[list[int], str | None]]:

@@ -1,9 +1,12 @@
 """A follower rank: builds its shard of the model and runner, then replays the driver's step ops (step_ops.py)
 until Stop. It never schedules: the requests it holds are mirrors of the driver's, updated by the same runner
-calls (launch, collect, release) in the same order."""
+calls (launch, collect, release) in the same order. Its prefix cache (when on) is a copy of the driver's: the same
+calls in the same order on the same slot counts (every choice the tree makes, LRU eviction included, is a
+deterministic function of them), checked against the driver's digest before every launch."""
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -17,7 +20,9 @@ from lightllm_mtp.engine.parallel.membership import (
     describe, exchange_status, join_group, leave_group, recv_ops, watch_parent,
 )
 from lightllm_mtp.engine.parallel.stage_state import stage_state
-from lightllm_mtp.engine.parallel.step_ops import KEEP_STEPS, Collect, Launch, Release, SaveState, Stop
+from lightllm_mtp.engine.parallel.step_ops import (
+    KEEP_STEPS, Collect, EvictAll, Finish, Launch, Match, NewRequest, Release, SaveState, Settle, Stop, Unmatch,
+)
 from lightllm_mtp.engine.request import Request, RequestStatus
 from lightllm_mtp.engine.runner_factory import BuiltRunner, build_runner, rank_args
 from lightllm_mtp.engine.scheduler import ScheduledRequest
@@ -49,6 +54,7 @@ class Follower:
     def __init__(self, built: BuiltRunner, device: torch.device, rank: int):
         self.built = built
         self.runner = built.runner
+        self.cache = built.prefix_cache
         self.device = device
         self.rank = rank
         self.requests: dict[int, Request] = {}
@@ -67,10 +73,11 @@ class Follower:
     def apply(self, op) -> None:
         if isinstance(op, Launch):
             for new in op.new_requests:
-                generator = None
-                if new.generator_seed is not None:
-                    generator = torch.Generator(device=self.device).manual_seed(new.generator_seed)
-                self.requests[new.request_id] = Request(new.request_id, list(new.prompt_ids), new.params, generator)
+                self._add(new)
+            if self.cache is not None and self.cache.digest() != op.cache_digest:
+                raise RuntimeError(f"rank {self.rank}: prefix cache diverged from the driver's before launch {op.seq}: "
+                                   f"{self.cache.digest()} != {op.cache_digest} (free KV, tree, locked, snapshots, "
+                                   "host snapshots, free request slots)")  # fmt: skip
             scheduled = [ScheduledRequest(self.requests[rid], n) for rid, n in op.scheduled]
             after = self.steps.get(op.after) if op.after is not None else None
             self.steps[op.seq] = self.runner.launch(scheduled, after=after)
@@ -87,8 +94,35 @@ class Follower:
         elif isinstance(op, SaveState):
             save_stage_state(self.built, op.directory, self.rank)
         else:
+            self._apply_cache_op(op)
+
+    def _add(self, new: NewRequest) -> None:
+        generator = None
+        if new.generator_seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(new.generator_seed)
+        self.requests[new.request_id] = Request(new.request_id, list(new.prompt_ids), new.params, generator)
+
+    def _apply_cache_op(self, op) -> None:
+        """The prefix cache's calls made outside the runner, as the driver made them (engine/llm_engine.py)."""
+        if isinstance(op, Match):
+            if op.new_request is not None:
+                self._add(op.new_request)
+            self.cache.match(self.requests[op.request_id])
+        elif isinstance(op, Unmatch):
+            self.cache.unmatch(self.requests[op.request_id])
+        elif isinstance(op, Finish):
+            req = self.requests[op.request_id]
+            assert len(req.output_ids) >= op.num_output_tokens, (op, len(req.output_ids))
+            del req.output_ids[op.num_output_tokens :]  # the driver's cut at a stop token or length limit
+            state_at = functools.partial(self.runner.committed_state_offset, req)
+            self.cache.on_finish(req, state_at, self.runner.hold_queued_row(req))
+        elif isinstance(op, Settle):
+            self.runner.settle(self.steps[op.seq])
+        elif isinstance(op, EvictAll):
+            self.cache.evict_all()
+        else:
             raise TypeError(f"unknown step op {op!r}")
 
 
 def save_stage_state(built: BuiltRunner, directory: str, rank: int) -> None:
-    torch.save(stage_state(built.model, built.runner), Path(directory) / f"rank{rank}.pt")
+    torch.save(stage_state(built.model, built.runner, built.prefix_cache), Path(directory) / f"rank{rank}.pt")

@@ -7,13 +7,16 @@ import torch
 
 from lightllm_mtp.common.basemodel.basemodel import TpPartBaseModel
 from lightllm_mtp.common.layers.gated_attention import GatedAttention
+from lightllm_mtp.engine.prefix_cache import PrefixCache
 from lightllm_mtp.engine.spec_runner import SpecRunner
 from lightllm_mtp.engine.step import StepRunner
 
 
-def stage_state(model: TpPartBaseModel, runner: StepRunner) -> dict[str, torch.Tensor]:
+def stage_state(model: TpPartBaseModel, runner: StepRunner,
+                cache: PrefixCache | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
     """{"layer.{i}.k" / ".v" (KV pool buffers of attention layer i), "layer.{i}.conv" / ".ssm" (GDN layer i, every
-    request slot), "req_to_token", "draft_table" (DraftState, under MTP)} on the host."""
+    request slot), "req_to_token", "draft_table" (DraftState, under MTP), "prefix_cache" (its digest, after the
+    tree's consistency check), "snapshot.{i}.conv" / ".ssm" (GDN layer i's snapshot slots)} on the host."""
     caches = model.caches
     out = {"req_to_token": caches.req_manager.req_to_token.cpu().clone()}
     for i, layer in zip(model.layer_ids, model.layers):
@@ -25,4 +28,12 @@ def stage_state(model: TpPartBaseModel, runner: StepRunner) -> dict[str, torch.T
             out[f"layer.{i}.conv"], out[f"layer.{i}.ssm"] = conv.cpu().clone(), ssm.cpu().clone()
     if isinstance(runner, SpecRunner):
         out["draft_table"] = runner.state.table.cpu().clone()
+    if cache is not None:
+        cache.tree.check()
+        out["prefix_cache"] = torch.tensor(cache.digest())
+        for i, layer in zip(model.layer_ids, model.layers):
+            if not isinstance(layer.mixer, GatedAttention):
+                j = layer.mixer.state_layer
+                out[f"snapshot.{i}.conv"] = cache.snapshots.conv[j].cpu().clone()
+                out[f"snapshot.{i}.ssm"] = cache.snapshots.ssm[j].cpu().clone()
     return out

@@ -7,6 +7,11 @@ decides (Scheduler, StepBuilder via its runner); followers only replay:
       step is still unread (overlap scheduling);
   Collect: read a launched step back (commits accepted KV slots, frees rejected ones, appends tokens);
   Release: a finished or aborted request returns its slots;
+  prefix cache (every rank holds the same tree over its own pools, engine/prefix_cache.py): the calls made outside
+      the runner, in the driver's order: Match (introduces a request the followers have not seen) and Unmatch (the
+      scheduler's admission), Finish (a request's KV and state join the tree; its output length as the driver cut
+      it at a stop), Settle (a queued step dropped unread), EvictAll; each Launch carries the driver's
+      PrefixCache.digest(), which a follower checks before it launches (a rank whose tree diverged fails loudly);
   SaveState: every rank writes its cached state to a file (tests compare stages with a single-process run);
   Stop: the group shuts down.
 Ops that need no collective (Collect, Release) wait in the driver and go out with the next Launch or Stop. On the
@@ -38,6 +43,34 @@ class Launch:
     after: int | None  # the launch whose results are not read yet (its number), or None
     scheduled: list[tuple[int, int]]  # (request id, new tokens), in the scheduler's order
     new_requests: list[NewRequest]
+    cache_digest: list[int] | None = None  # PrefixCache.digest() of the driver before this launch (None: no cache)
+
+
+@dataclass(frozen=True)
+class Match:
+    request_id: int
+    new_request: NewRequest | None  # the request, the first time the followers see it
+
+
+@dataclass(frozen=True)
+class Unmatch:
+    request_id: int
+
+
+@dataclass(frozen=True)
+class Finish:
+    request_id: int
+    num_output_tokens: int
+
+
+@dataclass(frozen=True)
+class Settle:
+    seq: int
+
+
+@dataclass(frozen=True)
+class EvictAll:
+    pass
 
 
 @dataclass(frozen=True)
@@ -62,8 +95,9 @@ class Stop:
     pass
 
 
-StepOp = Launch | Collect | Release | SaveState | Stop
-_KINDS = {cls.__name__: cls for cls in (Launch, Collect, Release, SaveState, Stop)}
+StepOp = Launch | Collect | Release | SaveState | Stop | Match | Unmatch | Finish | Settle | EvictAll
+_KINDS = {cls.__name__: cls for cls in (Launch, Collect, Release, SaveState, Stop, Match, Unmatch, Finish, Settle,
+                                        EvictAll)}  # fmt: skip
 
 
 def encode_ops(ops: list[StepOp]) -> bytes:
@@ -71,8 +105,10 @@ def encode_ops(ops: list[StepOp]) -> bytes:
     out = []
     for op in ops:
         if isinstance(op, Launch):
-            new = [[r.request_id, r.prompt_ids, _params_fields(r.params), r.generator_seed] for r in op.new_requests]
-            out.append(["Launch", op.seq, op.after, op.scheduled, new])
+            new = [_new_fields(r) for r in op.new_requests]
+            out.append(["Launch", op.seq, op.after, op.scheduled, new, op.cache_digest])
+        elif isinstance(op, Match):
+            out.append(["Match", op.request_id, _new_fields(op.new_request) if op.new_request else None])
         else:
             out.append([type(op).__name__, *dataclasses.astuple(op)])
     return json.dumps(out, separators=(",", ":")).encode()
@@ -82,12 +118,23 @@ def decode_ops(data: bytes) -> list[StepOp]:
     ops: list[StepOp] = []
     for kind, *fields in json.loads(data):
         if kind == "Launch":
-            seq, after, scheduled, new = fields
-            reqs = [NewRequest(rid, prompt, SamplingParams(**params), seed) for rid, prompt, params, seed in new]
-            ops.append(Launch(seq, after, [tuple(s) for s in scheduled], reqs))
+            seq, after, scheduled, new, digest = fields
+            ops.append(Launch(seq, after, [tuple(s) for s in scheduled], [_new_request(r) for r in new], digest))
+        elif kind == "Match":
+            rid, new = fields
+            ops.append(Match(rid, _new_request(new) if new else None))
         else:
             ops.append(_KINDS[kind](*fields))
     return ops
+
+
+def _new_fields(r: NewRequest) -> list:
+    return [r.request_id, r.prompt_ids, _params_fields(r.params), r.generator_seed]
+
+
+def _new_request(fields: list) -> NewRequest:
+    rid, prompt, params, seed = fields
+    return NewRequest(rid, prompt, SamplingParams(**params), seed)
 
 
 def _params_fields(params: SamplingParams) -> dict:
