@@ -486,5 +486,8 @@ def test_prefix_cache_reports_cached_tokens(mtp_server):
     m = metrics(mtp_server)
     assert m[("lightllm_mtp_prefix_cache_hit_rate", (("worker", "0"),))] > 0
     assert m[("lightllm_mtp_prefix_cache_cached_tokens", (("worker", "0"),))] >= 32
+    assert 0 < m[("lightllm_mtp_prefix_cache_snapshots", (("worker", "0"),))] <= m[
+        ("lightllm_mtp_prefix_cache_snapshot_capacity", (("worker", "0"),))]
+    assert m[("lightllm_mtp_prefix_cache_host_snapshots", (("worker", "0"),))] == 0  # no host tier configured
     info = httpx.get(f"{mtp_server.url}/server_info", headers=AUTH).json()
     assert info["prefix_cache"] and info["prefix_cache_hit_rate"] > 0

@@ -2,11 +2,10 @@
 
 A snapshot slot holds, for every GDN layer, the K-1 most recent conv inputs and one SSM state row: what a request
 slot holds after prefill (LinearAttState columns [0, K-1), SSM row 0). Prompt chunks fill snapshots inside the GDN
-layers (SnapshotPlan); a finished request's state is copied from its
-committed conv window and SSM row (under MTP at offset accept_len - 1: kernels/gdn/*_verify.py); a request that
-resumes from a snapshot gets it copied into its own slot. The SSM states at the boundaries come out of the chunk's
-one prefill call (kernels/gdn/gated_delta_rule_states.py), split only where a boundary is off the kernel's
-alignment.
+layers (SnapshotPlan); a finished request's state is copied from its committed conv window and SSM row (under MTP
+at offset accept_len - 1: kernels/gdn/*_verify.py); a request that resumes from a snapshot gets it copied into its
+own slot. The SSM states at the boundaries come out of the chunk's one prefill call
+(kernels/gdn/gated_delta_rule_states.py), split only where a boundary is off the kernel's alignment.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ import torch
 
 from lightllm_mtp.common.linear_att_state import LinearAttState
 from lightllm_mtp.kernels.gdn.gated_delta_rule_states import StateSaves, make_state_saves
+from lightllm_mtp.kernels.triton_utils import to_device_async
 
 
 class StateSnapshotPool:
@@ -126,7 +126,7 @@ def build_snapshot_plan(
             cu.append(cu[-1] + hi - lo)
             lens.append(hi - lo)
             init.append(has_state[b] or i > 0)
-        pieces.append(SnapshotPiece(*(torch.tensor(v, dtype=t).to(device) for v, t in (
+        pieces.append(SnapshotPiece(*(to_device_async(torch.tensor(v, dtype=t), device) for v, t in (
             (rows, torch.int64), (b_index, torch.int64), (cu, torch.int32), (init, torch.bool))),
             make_state_saves(lens, saves, device)))  # fmt: skip
     conv_index, conv_slots = [], []
@@ -135,5 +135,5 @@ def build_snapshot_plan(
             conv_index.append([row0[b] + q - s if q >= s else num_rows + b * conv_cols + (q - s + conv_cols)
                                for q in range(pos - conv_cols, pos)])  # fmt: skip
             conv_slots.append(slot)
-    return SnapshotPlan(pieces, torch.tensor(conv_index, dtype=torch.int64).to(device),
-                        torch.tensor(conv_slots, dtype=torch.int64).to(device))  # fmt: skip
+    return SnapshotPlan(pieces, to_device_async(torch.tensor(conv_index, dtype=torch.int64), device),
+                        to_device_async(torch.tensor(conv_slots, dtype=torch.int64), device))  # fmt: skip

@@ -34,3 +34,12 @@ def num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 132
     return sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def to_device_async(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A host tensor made on the host for the next launch -> `device` without waiting for the queued work: on CUDA
+    through pinned memory with a non-blocking copy (a pageable copy would sync the stream), elsewhere a plain copy."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)

@@ -64,6 +64,10 @@ class WorkerStats:
     cache_prompt_tokens: int = 0
     cache_cached_tokens: int = 0
     kv_cached: int = 0  # KV slots owned by the prefix cache now
+    cache_snapshots: int = 0  # GDN state snapshot slots in use now, and their number
+    cache_snapshot_capacity: int = 0
+    cache_host_snapshots: int = 0  # snapshots offloaded to the pinned host tier now; fetched back since start
+    cache_host_fetches: int = 0
 
 
 @dataclass(frozen=True)

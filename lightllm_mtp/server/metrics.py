@@ -124,6 +124,12 @@ class WorkerCollector:
                     lambda s: s.cache_cached_tokens)
         yield gauge("prefix_cache_hits", "Requests that resumed from a cached prefix, since start",
                     lambda s: s.cache_hits)
+        yield gauge("prefix_cache_snapshots", "GDN state snapshot slots in use", lambda s: s.cache_snapshots)
+        yield gauge("prefix_cache_snapshot_capacity", "GDN state snapshot slots", lambda s: s.cache_snapshot_capacity)
+        yield gauge("prefix_cache_host_snapshots", "Snapshots offloaded to the pinned host tier",
+                    lambda s: s.cache_host_snapshots)
+        yield gauge("prefix_cache_host_fetches", "Offloaded snapshots fetched back for a hit, since start",
+                    lambda s: s.cache_host_fetches)
         yield gauge("kv_reserved_tokens", "KV slots reserved for running requests", lambda s: s.kv_reserved)
         yield gauge("req_slots_used", "Request (and linear-state) slots held", lambda s: s.req_slots_used)
         yield gauge("req_slots_capacity", "Request slots", lambda s: s.req_slots_capacity)

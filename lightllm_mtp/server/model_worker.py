@@ -245,4 +245,6 @@ class ModelWorker:
         if c is None:
             return {}
         return dict(cache_queries=c.queries, cache_hits=c.hits, cache_prompt_tokens=c.prompt_tokens,
-                    cache_cached_tokens=c.cached_tokens, kv_cached=c.tree_tokens)  # fmt: skip
+                    cache_cached_tokens=c.cached_tokens, kv_cached=c.tree_tokens, cache_snapshots=c.snapshots,
+                    cache_snapshot_capacity=c.snapshot_capacity, cache_host_snapshots=c.host_snapshots,
+                    cache_host_fetches=c.host_fetches)  # fmt: skip

@@ -65,7 +65,8 @@ class WorkerPool:
                     try:  # a worker that reported its failure and exited: its message can land just after the wait
                         msg = self.outbox.get(timeout=1.0)
                     except queue.Empty:
-                        raise WorkerStartError(f"{', '.join(dead)} exited during start-up (see its log above)") from None
+                        names = ", ".join(dead)
+                        raise WorkerStartError(f"{names} exited during start-up (see its log above)") from None
                 elif time.monotonic() > deadline:
                     raise WorkerStartError(f"workers not ready after {timeout_s:.0f} s") from None
                 else:

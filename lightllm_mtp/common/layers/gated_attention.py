@@ -62,7 +62,7 @@ class GatedAttention(Layer):
         # q/k norm, partial RoPE, and the new K/V into the pool at batch.mem_index: one launch
         q = qk_norm_rope_store_kv(
             q, k, v, self.q_norm, self.k_norm, self.eps, batch.positions, caches.rope_cos, caches.rope_sin,
-            k_buffer, v_buffer, batch.mem_index,
+            k_buffer=k_buffer, v_buffer=v_buffer, mem_index=batch.mem_index,
         )
         req_to_token = caches.req_manager.req_to_token
         if batch.mode is ForwardMode.DECODE:  # EXTEND and VERIFY are both ragged causal blocks

@@ -104,6 +104,7 @@ def qk_norm_rope_store_kv(
     positions: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
+    *,
     k_buffer: torch.Tensor,
     v_buffer: torch.Tensor,
     mem_index: torch.Tensor,

@@ -17,14 +17,15 @@ from dataclasses import dataclass
 import torch
 
 from lightllm_mtp.kernels._validate import check_dtype, check_shape
+from lightllm_mtp.kernels.gdn.fla_prefill import FLA_CHUNK_SIZE, PrefillChunks, fla_chunk_kernel
 from lightllm_mtp.kernels.gdn.gated_delta_rule import (
     _check_common,
-    fla_chunk_kernel,
     gated_delta_rule_prefill,
     gated_delta_rule_prefill_ref,
 )
+from lightllm_mtp.kernels.triton_utils import to_device_async
 
-CHUNK = 64  # fla's chunk length (chunk_size=64, its default)
+CHUNK = FLA_CHUNK_SIZE  # fla's chunk length
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def make_state_saves(q_lens: list[int], saves: list[tuple[int, int, int]], devic
             inner.append((offsets[b] + t // CHUNK, dest))  # exact only when t % CHUNK == 0 (checked on use)
     parts = [cu, chunk_idx, offsets, [c for c, _ in inner], [d for _, d in inner], [b for b, _ in final],
              [d for _, d in final]]  # fmt: skip
-    flat = torch.tensor([x for p in parts for x in p], dtype=torch.int64).to(device)
+    flat = to_device_async(torch.tensor([x for p in parts for x in p], dtype=torch.int64), device)
     views, at = [], 0
     for p in parts:
         views.append(flat[at : at + len(p)])
@@ -121,7 +122,8 @@ def gated_delta_rule_prefill_states(
                                    qk_normalized)  # fmt: skip
     if align == _WHOLE_ONLY:  # final states only: the plain prefill, then copies
         o = gated_delta_rule_prefill(q, k, v, g, beta, ssm_state, b_state_idx=b_state_idx, b1_cu_q_len=saves.cu_seqlens,
-                                     b_has_initial_state=b_has_initial_state, qk_normalized=qk_normalized)  # fmt: skip
+                                     b_has_initial_state=b_has_initial_state, qk_normalized=qk_normalized,
+                                     chunks=PrefillChunks(saves.cu_seqlens, saves.chunk_indices))  # fmt: skip
         states_out[saves.final_dest] = ssm_state[b_state_idx.long()[saves.final_b]]
         return o
     return gated_delta_rule_prefill_ref(

@@ -5,7 +5,8 @@ Launches after the alignment: gate_up GEMM with SwiGLU in its epilogue (one acti
 then, for T <= 8 tokens (a tile knob, up to 16), ONE down kernel whose program owns a column tile of every token's
 output row and loops over the used expert blocks in expert-id order, each token's rows weighted and summed in that
 fixed order; above, a down GEMM writing each pair's weighted row in fp32 and a per-token sum over the slots. No
-atomics: bitwise repeatable, and a row's result does not depend on the other rows of the step. An optional shared
+atomics: bitwise repeatable for a given path, and within a path a row's result does not depend on the other rows of
+the step (the T <= 8 and T > 8 paths round differently, as dense GEMMs of different shapes do). An optional shared
 expert is the extra expert id E (weights in their own tensors, its own intermediate size), selected by slot k of
 the routing (route_topk / route_align with shared_gate)."""
 
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from lightllm_mtp.kernels.moe.moe_align import moe_align_triton
+from lightllm_mtp.kernels.moe.moe_align import max_blocks, moe_align_triton
 from lightllm_mtp.kernels.triton_utils import triton_available
 
 
@@ -100,6 +101,10 @@ def expert_pass_triton(
     if alignment is None:
         alignment = moe_align_triton(topk_ids, num_experts=num_experts + int(has_shared), block_m=tiles.block_m)
     sorted_pairs, block_expert = alignment
+    want = max_blocks(topk_ids.numel(), num_experts + int(has_shared), tiles.block_m)
+    if block_expert.numel() != want or sorted_pairs.numel() != want * tiles.block_m:
+        raise ValueError(f"expert_pass: alignment of {block_expert.numel()} blocks / {sorted_pairs.numel()} rows does "
+                         f"not fit {topk_ids.numel()} pairs at block_m={tiles.block_m} ({want} blocks)")  # fmt: skip
     blocks = block_expert.numel()
     n_pairs = t * slots
     inter_max = max(inter, inter_shared)

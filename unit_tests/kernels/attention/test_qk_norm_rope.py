@@ -29,15 +29,16 @@ def test_store_kv_form_equals_norm_rope_then_store():
     positions = torch.tensor([0, 5, 63, 2, 9])
     mem_index = torch.tensor([6, 1, 3, 0, 8], dtype=torch.int32)
     pools = [torch.randn(10, 2, 32).bfloat16() for _ in range(2)]
+    kv = dict(k_buffer=pools[0], v_buffer=pools[1])
     ref_pools = [p.clone() for p in pools]
-    q_out = qk_norm_rope_store_kv(q, k, v, qw, kw, 1e-6, positions, cos, sin, *pools, mem_index)
+    q_out = qk_norm_rope_store_kv(q, k, v, qw, kw, 1e-6, positions, cos, sin, **kv, mem_index=mem_index)
     q_ref, k_ref = qk_norm_rope(q, k, qw, kw, 1e-6, positions, cos, sin)
     store_kv(*ref_pools, mem_index, k_ref, v)
     assert torch.equal(q_out, q_ref) and all(torch.equal(a, b) for a, b in zip(pools, ref_pools))
     with pytest.raises(ValueError, match="qk_norm_rope_store_kv: k must"):  # T from mem_index
-        qk_norm_rope_store_kv(q, k, v, qw, kw, 1e-6, positions, cos, sin, *pools, mem_index[:3])
+        qk_norm_rope_store_kv(q, k, v, qw, kw, 1e-6, positions, cos, sin, **kv, mem_index=mem_index[:3])
     with pytest.raises(ValueError, match="qk_norm_rope_store_kv: v must"):
-        qk_norm_rope_store_kv(q, k, v[:, :1], qw, kw, 1e-6, positions, cos, sin, *pools, mem_index)
+        qk_norm_rope_store_kv(q, k, v[:, :1], qw, kw, 1e-6, positions, cos, sin, **kv, mem_index=mem_index)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -94,8 +95,9 @@ def test_triton_store_kv_matches_reference_gpu(t):
     positions = torch.randint(0, 8192, (t,), device="cuda")
     mem_index = torch.randperm(t + 50, device="cuda")[:t].to(torch.int32)
     pools = [torch.randn(t + 50, 4, 256, device="cuda").bfloat16() for _ in range(2)]
+    kv = dict(k_buffer=pools[0], v_buffer=pools[1])
     ref_pools = [p.clone() for p in pools]
-    q_out = qk_norm_rope_store_kv(q, k, v, qw, kw, 1e-6, positions, cos, sin, *pools, mem_index)
+    q_out = qk_norm_rope_store_kv(q, k, v, qw, kw, 1e-6, positions, cos, sin, **kv, mem_index=mem_index)
     q_ref = qk_norm_rope_store_kv_ref(q, k, v, qw, kw, 1e-6, positions, cos, sin, *ref_pools, mem_index)
     torch.testing.assert_close(q_out, q_ref, rtol=1.6e-2, atol=1e-2)
     torch.testing.assert_close(pools[0], ref_pools[0], rtol=1.6e-2, atol=1e-2)
