@@ -123,7 +123,6 @@ class CudaGraphSet:
             and 0 < batch.batch_size <= self.sizes[-1]
             and batch.num_tokens == batch.batch_size * self.q
             and batch.b_logits_index.shape[0] == (batch.num_tokens if self.logits else 0)
-            and batch.b_logits_index.shape[0] == batch.num_tokens
             and (batch.b_state_write is None) == (self.b_state_write is None)
         )
 
