@@ -17,13 +17,11 @@ import torch
 
 from lightllm_mtp.kernels._validate import (
     check_device,
-    check_dtype,
     check_float,
-    check_index,
     check_same_dtype,
     check_shape,
 )
-from lightllm_mtp.kernels.attention.rotary import apply_partial_rope_ref
+from lightllm_mtp.kernels.attention.rotary import apply_partial_rope_ref, check_rope_args
 from lightllm_mtp.kernels.attention.store_kv import check_store_kv_args, store_kv_ref
 from lightllm_mtp.kernels.norm.rmsnorm import rmsnorm_ref
 from lightllm_mtp.kernels.triton_utils import triton_available, use_triton
@@ -55,14 +53,7 @@ def _check(op, q, k, q_weight, k_weight, positions, cos, sin) -> None:
     check_float(op, "q_weight", q_weight)
     check_float(op, "k_weight", k_weight)
     check_same_dtype(op, "q_weight", q_weight, k_weight=k_weight)
-    check_shape(op, "positions", positions, (q.shape[0],), "[T]")
-    check_index(op, "positions", positions)
-    check_shape(op, "cos", cos, (None, None), "[max_positions, R/2]")
-    check_shape(op, "sin", sin, tuple(cos.shape), "like cos")
-    check_dtype(op, "cos", cos, (torch.float32,))
-    check_dtype(op, "sin", sin, (torch.float32,))
-    if 2 * cos.shape[1] > d:
-        raise ValueError(f"{op}: rotary dim 2 * cos.shape[1] = {2 * cos.shape[1]} exceeds head dim {d}")
+    check_rope_args(op, q, positions, cos, sin)
     check_device(op, q=q, k=k, q_weight=q_weight, k_weight=k_weight, positions=positions, cos=cos, sin=sin)
 
 

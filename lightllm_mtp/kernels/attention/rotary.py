@@ -41,6 +41,18 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], dim=-1)
 
 
+def check_rope_args(op: str, q: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """positions [T] (T = q's rows) and the cos / sin cache [max_positions, R/2] fp32 with R <= q's head dim."""
+    check_shape(op, "positions", positions, (q.shape[0],), "[T]")
+    check_index(op, "positions", positions)
+    check_shape(op, "cos", cos, (None, None), "[max_positions, R/2]")
+    check_shape(op, "sin", sin, tuple(cos.shape), "like cos")
+    check_dtype(op, "cos", cos, (torch.float32,))
+    check_dtype(op, "sin", sin, (torch.float32,))
+    if 2 * cos.shape[1] > q.shape[2]:
+        raise ValueError(f"{op}: rotary dim 2 * cos.shape[1] = {2 * cos.shape[1]} exceeds head dim {q.shape[2]}")
+
+
 def apply_partial_rope_ref(
     q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,14 +74,7 @@ def apply_partial_rope(
     check_shape(_OP, "k", k, (q.shape[0], None, q.shape[2]), "[T, Hk, D]")
     check_float(_OP, "q", q)
     check_same_dtype(_OP, "q", q, k=k)
-    check_shape(_OP, "positions", positions, (q.shape[0],), "[T]")
-    check_index(_OP, "positions", positions)
-    check_shape(_OP, "cos", cos, (None, None), "[max_positions, R/2]")
-    check_shape(_OP, "sin", sin, tuple(cos.shape), "like cos")
-    check_dtype(_OP, "cos", cos, (torch.float32,))
-    check_dtype(_OP, "sin", sin, (torch.float32,))
-    if 2 * cos.shape[1] > q.shape[2]:
-        raise ValueError(f"{_OP}: rotary dim 2 * cos.shape[1] = {2 * cos.shape[1]} exceeds head dim {q.shape[2]}")
+    check_rope_args(_OP, q, positions, cos, sin)
     check_device(_OP, q=q, k=k, positions=positions, cos=cos, sin=sin)
     if use_triton(q):
         return apply_partial_rope_triton(q, k, positions, cos, sin)
