@@ -165,6 +165,13 @@ if triton_available():
     import triton.language as tl
 
     @triton.jit
+    def _expert_weights(expert, w_ptr, shared_w_ptr, E, INTER, INTER_SHARED, stride_we, stride_wn, stride_shared_wn):
+        # (weights, row stride, intermediate size) of `expert`: id E is the shared expert, in its own tensor
+        shared = expert == E
+        w_base = tl.where(shared, shared_w_ptr, w_ptr + expert.to(tl.int64) * stride_we)
+        return w_base, tl.where(shared, stride_shared_wn, stride_wn), tl.where(shared, INTER_SHARED, INTER)
+
+    @triton.jit
     def _gate_up_act_kernel(
         x_ptr, w_ptr, shared_w_ptr, sorted_ptr, block_expert_ptr, act_ptr,
         P, H, INTER, INTER_SHARED, E,
@@ -178,13 +185,8 @@ if triton_available():
         expert = tl.load(block_expert_ptr + b)
         if expert < 0:
             return
-        w_base = w_ptr + expert.to(tl.int64) * stride_we
-        stride_n = stride_wn
-        inter = INTER
-        if expert == E:
-            w_base = shared_w_ptr
-            stride_n = stride_shared_wn
-            inter = INTER_SHARED
+        w_base, stride_n, inter = _expert_weights(expert, w_ptr, shared_w_ptr, E, INTER, INTER_SHARED, stride_we,
+                                                  stride_wn, stride_shared_wn)  # fmt: skip
         if n0 >= inter:
             return
         offs_m = tl.arange(0, BLOCK_M)
@@ -223,13 +225,8 @@ if triton_available():
         expert = tl.load(block_expert_ptr + b)
         if expert < 0:
             return
-        w_base = w_ptr + expert.to(tl.int64) * stride_we
-        stride_n = stride_wn
-        inter = INTER
-        if expert == E:
-            w_base = shared_w_ptr
-            stride_n = stride_shared_wn
-            inter = INTER_SHARED
+        w_base, stride_n, inter = _expert_weights(expert, w_ptr, shared_w_ptr, E, INTER, INTER_SHARED, stride_we,
+                                                  stride_wn, stride_shared_wn)  # fmt: skip
         offs_m = tl.arange(0, BLOCK_M)
         pair = tl.load(sorted_ptr + b * BLOCK_M + offs_m)
         valid = pair < P
@@ -289,10 +286,9 @@ if triton_available():
             # the expert id comes from the preloaded block -> expert map, not a load in the loop: a weight address
             # behind an in-loop load keeps Triton from software-pipelining the loop
             expert = tl.sum(tl.where(offs_b == b, block_expert, 0), axis=0)
-            shared = expert == E  # the shared expert has its own tensor and intermediate size
-            w_base = tl.where(shared, shared_w_ptr, w_ptr + expert.to(tl.int64) * stride_we)
-            stride_n = tl.where(shared, stride_shared_wn, stride_wn)
-            k_mask = offs_k < tl.where(shared, INTER_SHARED, INTER)
+            w_base, stride_n, inter = _expert_weights(expert, w_ptr, shared_w_ptr, E, INTER, INTER_SHARED,
+                                                      stride_we, stride_wn, stride_shared_wn)  # fmt: skip
+            k_mask = offs_k < inter
             match = token_ids == expert
             has = tl.sum(match.to(tl.int32), axis=1) > 0
             pair = offs_t * SLOTS + tl.sum(tl.where(match, offs_s[None, :], 0), axis=1)
