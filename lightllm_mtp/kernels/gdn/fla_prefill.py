@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from lightllm_mtp.env import ENV
+from lightllm_mtp.kernels.triton_utils import to_device_async
 
 
 @functools.cache
@@ -39,6 +40,11 @@ class PrefillChunks:
     chunk_indices: torch.Tensor | None
 
 
+def chunk_rows(q_lens: Sequence[int]) -> list[tuple[int, int]]:
+    """(request, chunk within it) of every FLA_CHUNK_SIZE-token chunk of requests with these lengths, in fla's order."""
+    return [(b, i) for b, n in enumerate(q_lens) for i in range(-(-n // FLA_CHUNK_SIZE))]
+
+
 def prefill_chunks(b1_cu_q_len: torch.Tensor, host_q_lens: Sequence[int] | None) -> PrefillChunks:
     """PrefillChunks of a batch: b1_cu_q_len [B+1] (device), host_q_lens the B request lengths as the host knows
     them (the same values; not checked: that would read the device)."""
@@ -47,11 +53,8 @@ def prefill_chunks(b1_cu_q_len: torch.Tensor, host_q_lens: Sequence[int] | None)
                          f"{list(b1_cu_q_len.shape)}")  # fmt: skip
     indices = None
     if host_q_lens is not None:
-        rows = [(b, i) for b, n in enumerate(host_q_lens) for i in range(-(-n // FLA_CHUNK_SIZE))]
-        indices = torch.tensor(rows, dtype=torch.int64).view(-1, 2)
-        if b1_cu_q_len.is_cuda:  # pinned: the copy is queued behind the running work instead of waiting for it
-            indices = indices.pin_memory()
-        indices = indices.to(b1_cu_q_len.device, non_blocking=True)
+        rows = [x for row in chunk_rows(host_q_lens) for x in row]
+        indices = to_device_async(torch.tensor(rows, dtype=torch.int64).view(-1, 2), b1_cu_q_len.device)
     return PrefillChunks(b1_cu_q_len.to(torch.int64), indices)
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from lightllm_mtp.kernels._validate import check_dtype, check_shape
-from lightllm_mtp.kernels.gdn.fla_prefill import FLA_CHUNK_SIZE, PrefillChunks, fla_chunk_kernel
+from lightllm_mtp.kernels.gdn.fla_prefill import FLA_CHUNK_SIZE, PrefillChunks, chunk_rows, fla_chunk_kernel
 from lightllm_mtp.kernels.gdn.gated_delta_rule import (
     _check_common,
     gated_delta_rule_prefill,
@@ -45,14 +45,13 @@ class StateSaves:
 
 def make_state_saves(q_lens: list[int], saves: list[tuple[int, int, int]], device: torch.device) -> StateSaves:
     """q_lens: rows per request; saves: (request, rows consumed, destination row). One host->device copy."""
-    cu, chunk_idx, offsets = [0], [], [0]
+    cu, offsets = [0], [0]
     for b, n in enumerate(q_lens):
         if n <= 0:
             raise ValueError(f"make_state_saves: request {b} has {n} rows")
         cu.append(cu[-1] + n)
-        chunks = -(-n // CHUNK)
-        chunk_idx += [x for i in range(chunks) for x in (b, i)]
-        offsets.append(offsets[-1] + chunks)
+        offsets.append(offsets[-1] + -(-n // CHUNK))
+    chunk_idx = [x for row in chunk_rows(q_lens) for x in row]
     inner, final = [], []
     for b, t, dest in saves:
         if not 0 <= b < len(q_lens) or not 0 < t <= q_lens[b]:
