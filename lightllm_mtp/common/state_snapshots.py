@@ -64,8 +64,7 @@ class SnapshotPiece:
     (destination rows: snapshot slots). rows / b_index None: the whole forward, in order."""
 
     rows: torch.Tensor | None  # [Tp] int64 rows of the forward
-    b_index: torch.Tensor | None  # [Bp] int64 batch requests of the piece
-    b1_cu_q_len: torch.Tensor  # [Bp+1] int32
+    b_index: torch.Tensor | None  # [Bp] int64 batch requests of the piece (its prefix sums: saves.cu_seqlens)
     b_has_initial_state: torch.Tensor | None  # [Bp] bool (None: the batch's)
     saves: StateSaves
 
@@ -112,10 +111,9 @@ def build_snapshot_plan(
     pieces = []
     if all(len(x) == 1 for x in segs):
         saves = [(b, t, slot) for b, x in enumerate(segs) for t, slot in x[0][2]]
-        pieces.append(SnapshotPiece(None, None, torch.empty(0), None,
-                                    make_state_saves([n for _, n in chunks], saves, device)))  # fmt: skip
+        pieces.append(SnapshotPiece(None, None, None, make_state_saves([n for _, n in chunks], saves, device)))
     for i in range(max(len(x) for x in segs) if not pieces else 0):
-        rows, b_index, cu, init, lens, saves = [], [], [0], [], [], []
+        rows, b_index, init, lens, saves = [], [], [], [], []
         for b, ((s, _), x) in enumerate(zip(chunks, segs)):
             if i >= len(x):
                 continue
@@ -123,11 +121,10 @@ def build_snapshot_plan(
             rows += range(row0[b] + lo - s, row0[b] + hi - s)
             saves += [(len(b_index), t, slot) for t, slot in seg_saves]
             b_index.append(b)
-            cu.append(cu[-1] + hi - lo)
             lens.append(hi - lo)
             init.append(has_state[b] or i > 0)
         pieces.append(SnapshotPiece(*(to_device_async(torch.tensor(v, dtype=t), device) for v, t in (
-            (rows, torch.int64), (b_index, torch.int64), (cu, torch.int32), (init, torch.bool))),
+            (rows, torch.int64), (b_index, torch.int64), (init, torch.bool))),
             make_state_saves(lens, saves, device)))  # fmt: skip
     conv_index, conv_slots = [], []
     for b, ((s, _), c) in enumerate(zip(chunks, cuts)):

@@ -144,7 +144,7 @@ class GatedDeltaNet(Layer):
             r = piece.rows
             out[r] = gated_delta_rule_prefill_states(
                 q[r], k[r], v[r], g[r], beta[r], ssm_state, snaps, b_state_idx=b_ssm_row[piece.b_index],
-                b1_cu_q_len=piece.b1_cu_q_len, b_has_initial_state=piece.b_has_initial_state, saves=piece.saves,
+                b1_cu_q_len=piece.saves.cu_seqlens, b_has_initial_state=piece.b_has_initial_state, saves=piece.saves,
                 qk_normalized=True,
             )
         return out
