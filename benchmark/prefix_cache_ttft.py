@@ -41,14 +41,40 @@ def ttft_ms(engine, prompt: list[int]) -> tuple[float, int]:
     return (time.perf_counter() - start) * 1e3, req.num_cached_tokens
 
 
-def warm_breakdown(engine, prompt: list[int]) -> dict:
-    """One warm request under torch.profiler: engine steps (host wall per step), host time in the prefix cache's
-    methods, and the top device kernels / host ops, to say where a warm TTFT goes."""
+def python_profile(engine, prompt: list[int], top: int = 45) -> dict:
+    """One request under cProfile: the Python functions by their own time and by cumulative time, to say which host
+    code a request's steps spend their wall time in (cProfile slows Python down; compare the functions, not the sum)."""
+    import cProfile
+    import io
+    import pstats
+
+    sync = torch.cuda.synchronize if engine.args.device.type == "cuda" else (lambda: None)
+    sync()
+    profiler = cProfile.Profile()
+    start = time.perf_counter()
+    profiler.enable()
+    engine.add_request(prompt, SamplingParams(temperature=0.0, max_new_tokens=1, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    sync()
+    profiler.disable()
+    total = (time.perf_counter() - start) * 1e3
+    tables = {}
+    for key in ("tottime", "cumulative"):
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats(key).print_stats(top)
+        tables[key] = text.getvalue()
+    return {"ttft_ms_cprofiled": total, "by_own_time": tables["tottime"], "by_cumulative_time": tables["cumulative"]}
+
+
+def request_breakdown(engine, prompt: list[int]) -> dict:
+    """One request under torch.profiler: engine steps (host wall per step), host time in the prefix cache's
+    methods, and the top device kernels / host ops, to say where a TTFT goes."""
     from torch.profiler import ProfilerActivity, profile
 
     cache, host = engine.prefix_cache, {}
     originals = {}
-    for name in ("match", "admitted", "restore", "plan", "after_launch", "on_finish"):
+    for name in ("match", "admitted", "restore", "plan", "after_launch", "on_finish") if cache else ():
         originals[name] = fn = getattr(cache, name)
 
         def timed(*a, _fn=fn, _name=name, **kw):
@@ -81,7 +107,7 @@ def warm_breakdown(engine, prompt: list[int]) -> dict:
         "step_host_ms": steps,
         "prefix_cache_host_ms": host,
         "device_kernel_ms": device_us / 1e3,
-        "top_device": events.table(sort_by="self_cuda_time_total", row_limit=15) if len(activities) > 1 else "",
+        "top_device": events.table(sort_by="self_cuda_time_total", row_limit=25) if len(activities) > 1 else "",
         "top_host": events.table(sort_by="self_cpu_time_total", row_limit=15),
     }
 
@@ -104,7 +130,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--mtp_mode", default=None)
     p.add_argument("--mtp_step", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--breakdown", action="store_true", help="profile one more warm request (results: warm_breakdown)")
+    p.add_argument("--breakdown", action="store_true", help="profile a cold request (both engines) and warm ones: torch.profiler, then cProfile")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     ns = argparse.Namespace(model_dir=args.model_dir, model_shape=args.model_shape, seed=args.seed, device=args.device,
@@ -148,10 +174,15 @@ def main(argv: list[str] | None = None) -> dict:
         rows[label] = {"kv_tokens": budget.kv_tokens, "snapshots": budget.num_snapshots, "cold_ms": cold,
                        "warm_ms": warm, "warm_cached_tokens": cached, "cold_median_ms": statistics.median(cold),
                        "warm_median_ms": statistics.median(warm)}  # fmt: skip
-        if cache and args.breakdown:  # the last cold prefix again, a new question
-            again = prompts[-1][0][: args.prefix_len] + tokens(args.question_len)
-            b = rows[label]["warm_breakdown"] = warm_breakdown(engine, again)
-            print(b["top_device"], b["top_host"], {k: v for k, v in b.items() if not k.startswith("top")}, sep="\n")
+        if args.breakdown:  # a fresh prefix (cold), then on the cache its prefix again with new questions (warm)
+            fresh = tokens(args.prefix_len)
+            b = rows[label]["cold_breakdown"] = request_breakdown(engine, fresh + tokens(args.question_len))
+            print(b["top_device"], {k: v for k, v in b.items() if not k.startswith("top")}, sep="\n")
+            if cache:
+                b = rows[label]["warm_breakdown"] = request_breakdown(engine, fresh + tokens(args.question_len))
+                print(b["top_device"], b["top_host"], {k: v for k, v in b.items() if not k.startswith("top")}, sep="\n")
+                b = rows[label]["warm_python_profile"] = python_profile(engine, fresh + tokens(args.question_len))
+                print(b["by_own_time"], b["by_cumulative_time"], sep="\n")
         print(label, json.dumps({k: v for k, v in rows[label].items() if "median" in k}), flush=True)
         del engine
         free_device_memory(torch.device(args.device))
