@@ -16,8 +16,9 @@ from lightllm_mtp.kernels.gdn.fla_prefill import prefill_chunks
 from lightllm_mtp.kernels.gdn.gated_delta_rule import gated_delta_rule_decode_fused, gated_delta_rule_prefill
 from lightllm_mtp.kernels.gdn.gated_delta_rule_states import gated_delta_rule_prefill_states
 from lightllm_mtp.kernels.gdn.gated_delta_rule_verify import gated_delta_rule_verify_fused_gates
-from lightllm_mtp.kernels.norm.gated_rmsnorm import gated_rmsnorm
 from lightllm_mtp.kernels.gdn.gdn_gating import gdn_gating
+from lightllm_mtp.kernels.gdn.snapshot_conv import snapshot_conv_windows
+from lightllm_mtp.kernels.norm.gated_rmsnorm import gated_rmsnorm
 
 
 class GatedDeltaNet(Layer):
@@ -120,14 +121,10 @@ class GatedDeltaNet(Layer):
         """Each snapshot's conv window: the K-1 pre-conv inputs before its boundary, from the chunk's rows or the
         request's conv history (read before the conv kernel updates it)."""
         plan, snaps = batch.snapshot_plan, caches.snapshots
-        cols = snaps.conv_cols
-        history = conv_state[batch.b_req_idx.to(torch.int64), :, :cols]  # [B, C, K-1]
-        history = torch.where(batch.b_has_initial_state[:, None, None], history, torch.zeros_like(history))
-        history = history.transpose(1, 2).reshape(-1, x.shape[1])
-        index, rows = plan.conv_index, x.shape[0]  # gathers of N x (K-1) rows, no copy of the chunk
-        in_chunk = (index < rows)[..., None]
-        windows = torch.where(in_chunk, x[index.clamp(max=rows - 1)], history[(index - rows).clamp(min=0)])
-        snaps.conv[self.state_layer, plan.conv_slots] = windows.transpose(1, 2).to(snaps.conv.dtype)
+        snapshot_conv_windows(
+            x, conv_state, snaps.conv[self.state_layer], conv_index=plan.conv_index, conv_slots=plan.conv_slots,
+            b_state_idx=batch.b_req_idx, b_has_initial_state=batch.b_has_initial_state,
+        )
 
     def _prefill_with_snapshots(self, q, k, v, g, beta, ssm_state, b_ssm_row, batch, caches) -> torch.Tensor:
         """The chunk's recurrence in the plan's pieces (one unless a boundary is off the kernel's alignment), each

@@ -156,7 +156,7 @@ def _prefill_states_fla(q, k, v, g, beta, ssm_state, states_out, b_state_idx, b_
     l2norm_fwd, chunk_local_cumsum, rcp_ln2, fwd_intra, fwd_h_kernel, chunk_fwd_o = _fla_parts()
     nk, nv, dk, dv = q.shape[1], v.shape[1], q.shape[2], v.shape[2]
     slots = b_state_idx.long()
-    init = torch.where(b_has_initial_state[:, None, None, None], ssm_state[slots], torch.zeros_like(ssm_state[slots]))
+    init = ssm_state.index_select(0, slots).masked_fill_(~b_has_initial_state[:, None, None, None], 0.0)
     cu, chunk_indices = saves.cu_seqlens, saves.chunk_indices
     q, k, v = (x.unsqueeze(0).contiguous() for x in (q, k, v))
     g, beta = g.unsqueeze(0).contiguous(), beta.to(v.dtype).unsqueeze(0).contiguous()
