@@ -97,3 +97,23 @@ def step_bytes(
 
 def floor_ms(num_bytes: float, bandwidth_bytes_per_s: float) -> float:
     return num_bytes / bandwidth_bytes_per_s * 1e3
+
+
+def prefill_gemm_flops(cfg: ModelConfig, specs: list[TensorSpec], tokens: int) -> float:
+    """Matmul FLOPs of a prefill over `tokens` prompt tokens: 2 * tokens * the weight elements each token multiplies
+    (every 2-D projection; of the routed experts top_k / E; no embedding, no lm_head: logits of one row per request;
+    no norms, depthwise conv or attention scores). The prefill floor is this at the measured bf16 matmul peak."""
+    embed = f"{cfg.weight_prefix}embed_tokens.weight"
+    per_token = 0.0
+    for spec in specs:
+        if spec.name == embed or spec.name.endswith("lm_head.weight") or len(spec.shape) < 2:
+            continue
+        n = 1
+        for d in spec.shape:
+            n *= d
+        if spec.name.endswith(ROUTED_EXPERT_SUFFIXES):
+            assert cfg.moe is not None
+            per_token += n * cfg.moe.num_experts_per_tok / cfg.moe.num_experts
+        elif len(spec.shape) == 2:
+            per_token += n
+    return 2.0 * tokens * per_token

@@ -38,6 +38,7 @@
 #                                       # warm prefix cache and without it; then the prefix-cache GPU-path tests
 #   bash benchmark/gpu_runs.sh prefill16k  # 27B 1x16k prefill (static_inference, the issue-17 figure), then a kernel
 #                                       # breakdown of one 16k prefill by category (profile_step.py --prefill)
+#   bash benchmark/gpu_runs.sh 35b_prefill  # 35B-A3B 1x16k prefill against the matmul peak, and its profile
 #   bash benchmark/gpu_runs.sh prefill_attention_tiles  # the flash prefill attention kernel's launch configurations at
 #                                       # the 27B shape, the four 4k chunks of a 16k prompt (which tile to make default)
 #   bash benchmark/gpu_runs.sh tests_prefill  # the GPU tests of the prefill kernels (GDN conv planes, fla chunk
@@ -63,6 +64,11 @@ case "${1:-}" in
       --output_len 4 --out "$out/static_qwen3.5-27b_prefill16k_fused_h100.json"
     python3 benchmark/profile_step.py --model_shape qwen3.5-27b --prefill --input_len 16384 \
       --out "$out/profile_prefill16k_qwen3.5-27b_h100.json" ;;
+  35b_prefill)  # 35B-A3B 1x16k prefill: GEMM FLOPs / wall against the measured bf16 matmul peak, and its profile
+    python3 benchmark/static_inference.py --model_shape qwen3.5-35b-a3b --device cuda --batch_sizes 1 --input_len 16384 \
+      --output_len 4 --out "$out/static_qwen3.5-35b-a3b_prefill16k_h100.json"
+    python3 benchmark/profile_step.py --model_shape qwen3.5-35b-a3b --prefill --input_len 16384 \
+      --out "$out/profile_prefill16k_qwen3.5-35b-a3b_h100.json" ;;
   prefill_attention_tiles) python3 benchmark/check_prefill_attention_gpu.py \
       --out "$out/prefill_attention_tiles_qwen3.5-27b_h100.json" ;;
   tests_prefill) python3 -m pytest -q -m gpu unit_tests/kernels/gdn unit_tests/kernels/attention \
@@ -182,5 +188,5 @@ case "${1:-}" in
       --mtp_mode eagle_with_att --mtp_step 1 --out "$out/profile_35b_a3b_bs32_mtp_k1_moe_kernels.json" ;;
   peer) bench --model_shape qwen3.5-27b --batch_sizes 1,8 --output_len 32 --hf_peer --hf_batch_sizes 1,8 \
       --out "$out/static_qwen3.5-27b_hf_peer_h100.json" ;;
-  *) echo "usage: $0 tests|tests_spec|tests_prefill|prefill16k|prefill_attention_tiles|train_mtp3_ptd|draft_cost|draft_vocab|adaptive_grid|draft_model_cost|train_drafts|27b|27b_k1|27b_large_batch|35b|35b_k1|moe_kernels|profile_35b|peer|mixed|serving_27b|serving_35b|serving_tiny|prefix_cache|prefix_serving|prefix_serving_27b|tp2_27b|pp_one_gpu" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|tests_spec|tests_prefill|prefill16k|35b_prefill|prefill_attention_tiles|train_mtp3_ptd|draft_cost|draft_vocab|adaptive_grid|draft_model_cost|train_drafts|27b|27b_k1|27b_large_batch|35b|35b_k1|moe_kernels|profile_35b|peer|mixed|serving_27b|serving_35b|serving_tiny|prefix_cache|prefix_serving|prefix_serving_27b|tp2_27b|pp_one_gpu" >&2; exit 2 ;;
 esac

@@ -22,6 +22,12 @@ def print_tables(report: dict) -> None:
         print(f"{r['batch_size']:>4} {_fmt(r['prefill']['ms'], '.1f'):>11} {_fmt(r['prefill']['tokens_per_s'], '.0f'):>14} "
               f"{_fmt(d.get('median_ms')):>9} {spread:>15} {_fmt(d.get('tokens_per_s'), '.1f'):>10} "
               f"{_fmt(gb / 1e9 if gb else None, '.3f'):>8} {_fmt(f.get('floor_ms')):>9} {_fmt(f.get('pct_of_floor'), '.1f'):>8}")  # fmt: skip
+    peak = report["bandwidth"].get("matmul_peak")
+    for r in report["results"]:
+        if r["prefill"].get("gemm_pct_of_matmul_peak") is not None:
+            print(f"prefill bs={r['batch_size']}: GEMM {r['prefill']['gemm_flops'] / 1e12:.1f} TFLOP in "
+                  f"{r['prefill']['ms']:.1f} ms = {r['prefill']['gemm_pct_of_matmul_peak']:.1f}% of the measured "
+                  f"{peak['tflops']:.0f} TFLOP/s bf16 matmul peak")  # fmt: skip
     mtp = report.get("mtp")
     if mtp and mtp.get("results"):
         print(f"\nMTP {mtp['mode']} k={mtp['mtp_step']} (simulated acceptance)")

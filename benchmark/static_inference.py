@@ -30,7 +30,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmark` and `lightllm
 import torch
 from tqdm import tqdm
 
-from benchmark.floor import floor_ms, spec_bytes, step_bytes
+from benchmark.floor import floor_ms, prefill_gemm_flops, spec_bytes, step_bytes
 from benchmark.hf_peer import build_hf_model, time_hf_generate
 from benchmark.model_shapes import MODEL_SHAPES
 from benchmark.model_source import ModelSource, build_engine, engine_field_names, resolve_source
@@ -41,6 +41,7 @@ from benchmark.timing import (
     calls_ms,
     device_info,
     measure_copy_bandwidth,
+    measure_matmul_peak,
     percentile,
     summary,
     sync,
@@ -133,11 +134,17 @@ def no_spec_result(rec: GenRecord, args, cfg, specs, dtype, bw: dict) -> dict:
             "tokens_per_s": prompt_tokens / (rec.prefill_ms / 1e3) if rec.prefill_ms else None,
             "forwards": rec.prefill_forwards,
             "prompt_tokens": prompt_tokens,
+            "gemm_flops": prefill_gemm_flops(cfg, specs, prompt_tokens),
         },
         "decode": None,
         "e2e": {"ms": rec.e2e_ms, "output_tokens_per_s": bs * args.output_len / (rec.e2e_ms / 1e3)},
         "floor": None,
     }
+    peak = bw.get("matmul_peak")
+    if peak and rec.prefill_ms:  # GEMM FLOPs / wall / peak: the prefill's fraction of its floor
+        res["prefill"]["gemm_pct_of_matmul_peak"] = (
+            res["prefill"]["gemm_flops"] / (rec.prefill_ms / 1e3) / (peak["tflops"] * 1e12) * 100.0
+        )
     stats = summary(rec.step_ms)
     if stats is None:
         res["decode_note"] = "no full-batch decode step (output_len too short after chunked prefill)"
@@ -423,6 +430,7 @@ def main(argv: list[str] | None = None) -> dict:
     jobs += len(args.hf_batch_sizes) if args.hf_peer else 0
     bar = tqdm(total=jobs, desc="copy bandwidth", disable=ENV.disable_progress_bars)
     bw = measure_copy_bandwidth(device, args.bw_repeats)
+    bw["matmul_peak"] = measure_matmul_peak(device)
     bar.update(1)
 
     report: dict = {

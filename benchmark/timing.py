@@ -36,6 +36,27 @@ def summary(xs: list[float]) -> dict | None:
     }
 
 
+def measure_matmul_peak(device: torch.device, size: int = 8192, repeats: int = 20) -> dict | None:
+    """bf16 matmul throughput of one [size x size] @ [size x size] product (cuBLAS), best of `repeats`: the prefill
+    floor's peak. None off CUDA."""
+    if device.type != "cuda":
+        return None
+    a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+    b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ b
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return {"tflops": 2 * size**3 / (min(times) / 1e3) / 1e12, "size": size, "repeats": repeats,
+            "method": "best of bf16 torch.matmul, CUDA events"}  # fmt: skip
+
+
 def measure_copy_bandwidth(device: torch.device, repeats: int) -> dict:
     """Device copy bandwidth: (bytes read + bytes written) / time of dst.copy_(src), median of `repeats`."""
     if device.type == "cuda":

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from benchmark.floor import expected_distinct_experts, step_bytes
+from benchmark.floor import expected_distinct_experts, prefill_gemm_flops, step_bytes
 from lightllm_mtp.common.kv_pool import KvPool
 from lightllm_mtp.common.linear_att_state import LinearAttState
 from lightllm_mtp.config.model_config import ModelConfig
@@ -120,3 +120,19 @@ def test_expected_distinct_experts():
     picks = torch.rand(trials, n_tokens, E, generator=gen).argsort(dim=-1)[..., :TOPK]
     hit = torch.zeros(trials, E, dtype=torch.bool).scatter_(1, picks.reshape(trials, -1), True)
     assert hit.sum(1).float().mean().item() == pytest.approx(expected_distinct_experts(E, TOPK, n_tokens), rel=0.02)
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_prefill_gemm_flops_hand_count(moe):
+    """2 * tokens * the projection weights a token multiplies: GDN in/out projections, attention q/k/v/o, the MLP (of
+    the routed experts top_k of E, the router and the shared expert with its gate in full); no embedding, lm_head,
+    norms or conv."""
+    cfg = ModelConfig.from_hf(MOE if moe else DENSE)
+    gdn = CONV_DIM * H + NV * DV * H + 2 * NV * H + H * NV * DV
+    attn = HEADS * D * 2 * H + 2 * HKV * D * H + H * HEADS * D
+    if moe:
+        mlp = E * H + TOPK * 3 * H * MOE_I + 3 * H * SHARED_I + H  # router, top-k experts, shared expert + its gate
+    else:
+        mlp = 3 * H * INTER
+    tokens = 37
+    assert prefill_gemm_flops(cfg, _specs(cfg), tokens) == 2 * tokens * (3 * gdn + attn + 4 * mlp)
