@@ -2,7 +2,8 @@
 top-8, H 2048, I 512, bf16, softmax top-k routing of random logits) at T = 4096 and 16384 tokens: the current path
 (sort_by_expert + moe_permute + two grouped GEMMs + moe_unpermute) against the previous one (argsort, scatter_add_
 counts, x[token] gather, fp32 weighted index_add_; kept below as `previous_grouped`) and the per-expert reference,
-then the time of each and of their pieces (CUDA events, median of --iters).
+then the time of each and of their pieces (CUDA events, median of --iters), and a sweep of the permute / unpermute
+kernels' launch tiles (GB/s = bytes read + written / time).
 
     python benchmark/check_moe_prefill_gpu.py [--tokens 4096,16384] [--iters 20] [--out results.json]
 
@@ -21,10 +22,20 @@ import torch
 
 from lightllm_mtp.kernels.activation.silu_and_mul import silu_and_mul
 from lightllm_mtp.kernels.moe.fused_moe import fused_moe_grouped, fused_moe_ref
-from lightllm_mtp.kernels.moe.moe_permute import moe_permute, moe_unpermute, sort_by_expert
+from lightllm_mtp.kernels.moe.moe_permute import (
+    CopyTile,
+    moe_permute,
+    moe_permute_triton,
+    moe_unpermute,
+    moe_unpermute_triton,
+    sort_by_expert,
+)  # fmt: skip
 from lightllm_mtp.kernels.moe.moe_routing import select_experts
 
 EXPERTS, TOP_K, HIDDEN, INTER = 256, 8, 2048, 512
+# launch shapes of the permute / unpermute kernels timed beside the default (the first)
+TILES = [CopyTile(4, 1024, 4), CopyTile(2, 1024, 4), CopyTile(8, 512, 4), CopyTile(1, 2048, 8), CopyTile(8, 1024, 8),
+         CopyTile(16, 256, 4)]  # fmt: skip
 
 
 def previous_grouped(x, w_gate_up, w_down, topk_weights, topk_ids):
@@ -98,7 +109,6 @@ def main():
             "grouped_gemm_down": time_ms(lambda: torch._grouped_mm(act, w_d.transpose(1, 2), offs=ends), it),
             "moe_unpermute": time_ms(lambda: moe_unpermute(down, pos, weights), it),
         }
-        del rows, gate_up, act, down
         ms_prev = time_ms(lambda: previous_grouped(x, w_gu, w_d, weights, ids), it)
         ms_now = time_ms(lambda: fused_moe_grouped(x, w_gu, w_d, weights, ids), it)
         gemm_ms = pieces["grouped_gemm_gate_up"] + pieces["grouped_gemm_down"]
@@ -111,6 +121,21 @@ def main():
               f"{err_prev:.1e} vs previous, {err_ref:.1e} vs reference; GEMMs {gemm_ms:.3f} ms "
               f"({flops / gemm_ms / 1e9:.0f} TFLOP/s), {gemm_ms / ms_now:.0%} of the current path")  # fmt: skip
         print("  " + ", ".join(f"{k} {v:.3f} ms" for k, v in pieces.items()))
+        permute_bytes = 2 * t * TOP_K * HIDDEN * x.element_size()  # rows read (x's, k times) + written
+        unpermute_bytes = (TOP_K + 1) * t * HIDDEN * x.element_size()  # down read, out written
+        tiles = {}
+        for tile in TILES:
+            r2, p2 = moe_permute_triton(x, order, top_k=TOP_K, tile=tile)
+            assert torch.equal(r2, rows) and torch.equal(p2, pos), tile
+            got = moe_unpermute_triton(down, pos, weights, tile=tile)
+            torch.testing.assert_close(got, out, rtol=1e-3, atol=1e-3)  # the same sum order; bits may differ by FMA
+            ms_p = time_ms(lambda: moe_permute_triton(x, order, top_k=TOP_K, tile=tile), it)
+            ms_u = time_ms(lambda: moe_unpermute_triton(down, pos, weights, tile=tile), it)
+            tiles[str(tuple(tile))] = dict(permute_ms=ms_p, unpermute_ms=ms_u)
+            print(f"  tile {tuple(tile)}: permute {ms_p:.3f} ms ({permute_bytes / ms_p / 1e6:.0f} GB/s), unpermute "
+                  f"{ms_u:.3f} ms ({unpermute_bytes / ms_u / 1e6:.0f} GB/s)")  # fmt: skip
+        row["tiles"] = tiles
+        del rows, gate_up, act, down
     if args.out:
         meta = dict(command=" ".join(sys.argv), device=torch.cuda.get_device_name(), torch=torch.__version__,
                     shape=dict(experts=EXPERTS, top_k=TOP_K, hidden=HIDDEN, inter=INTER, dtype="bfloat16"))

@@ -18,7 +18,19 @@ from lightllm_mtp.kernels.triton_utils import triton_available, use_triton
 
 _PERMUTE_OP = "moe_permute"
 _UNPERMUTE_OP = "moe_unpermute"
-_TILE = 4096  # elements of a [rows, columns] tile of the copy kernels (32 per thread on 4 warps)
+
+
+class CopyTile(NamedTuple):
+    """Launch shape of the permute / unpermute kernels: a [rows, cols] tile (powers of two) per program."""
+
+    rows: int
+    cols: int
+    num_warps: int = 4
+
+
+def _default_tile(hidden: int) -> CopyTile:
+    cols = min(triton.next_power_of_2(hidden), 1024)
+    return CopyTile(4096 // cols, cols, 4)  # 4096 elements: 32 per thread on 4 warps
 
 
 class ExpertOrder(NamedTuple):
@@ -63,7 +75,9 @@ def moe_permute(x: torch.Tensor, order: torch.Tensor, *, top_k: int) -> tuple[to
     return moe_permute_ref(x, order, top_k=top_k)
 
 
-def moe_permute_triton(x: torch.Tensor, order: torch.Tensor, *, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def moe_permute_triton(
+    x: torch.Tensor, order: torch.Tensor, *, top_k: int, tile: CopyTile | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     n_rows, hidden = order.numel(), x.shape[1]
     rows = torch.empty(n_rows, hidden, dtype=x.dtype, device=x.device)
     pos = torch.empty(n_rows, dtype=torch.int32, device=x.device)
@@ -71,12 +85,11 @@ def moe_permute_triton(x: torch.Tensor, order: torch.Tensor, *, top_k: int) -> t
         return rows, pos.view(-1, top_k)
     if x.stride(1) != 1:
         x = x.contiguous()
-    block_h = min(triton.next_power_of_2(hidden), 1024)
-    block_r = _TILE // block_h
+    block_r, block_h, warps = tile or _default_tile(hidden)
     grid = (triton.cdiv(n_rows, block_r), triton.cdiv(hidden, block_h))
     _permute_kernel[grid](
         x, order.contiguous(), rows, pos, n_rows, hidden, x.stride(0),
-        TOP_K=top_k, BLOCK_R=block_r, BLOCK_H=block_h, num_warps=4,
+        TOP_K=top_k, BLOCK_R=block_r, BLOCK_H=block_h, num_warps=warps,
     )  # fmt: skip
     return rows, pos.view(-1, top_k)
 
@@ -103,7 +116,9 @@ def moe_unpermute(down: torch.Tensor, pos: torch.Tensor, topk_weights: torch.Ten
     return moe_unpermute_ref(down, pos, topk_weights)
 
 
-def moe_unpermute_triton(down: torch.Tensor, pos: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+def moe_unpermute_triton(
+    down: torch.Tensor, pos: torch.Tensor, topk_weights: torch.Tensor, *, tile: CopyTile | None = None
+) -> torch.Tensor:
     t, top_k = pos.shape
     hidden = down.shape[1]
     out = torch.empty(t, hidden, dtype=down.dtype, device=down.device)
@@ -111,13 +126,12 @@ def moe_unpermute_triton(down: torch.Tensor, pos: torch.Tensor, topk_weights: to
         return out
     if down.stride(1) != 1:
         down = down.contiguous()
-    block_h = min(triton.next_power_of_2(hidden), 1024)
-    block_t = _TILE // block_h
+    block_t, block_h, warps = tile or _default_tile(hidden)
     grid = (triton.cdiv(t, block_t), triton.cdiv(hidden, block_h))
     _unpermute_kernel[grid](
         down, pos, topk_weights, out, t, hidden, down.stride(0), pos.stride(0), pos.stride(1),
         topk_weights.stride(0), topk_weights.stride(1),
-        TOP_K=top_k, BLOCK_T=block_t, BLOCK_H=block_h, num_warps=4,
+        TOP_K=top_k, BLOCK_T=block_t, BLOCK_H=block_h, num_warps=warps,
     )  # fmt: skip
     return out
 

@@ -96,6 +96,12 @@ PERMUTE_INTERPRET_SCRIPT = textwrap.dedent(
         assert out.dtype == dt
         tol = 1e-5 if dt == torch.float32 else 1e-2  # fp32 sums in another order, then one rounding to bf16
         torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
+        if hidden > 64:
+            continue
+        tile = m.CopyTile(2, 16, 1)  # several column programs; pos written by the first only
+        rows2, pos2 = m.moe_permute_triton(x, order, top_k=k, tile=tile)
+        assert torch.equal(rows2, rows_ref) and torch.equal(pos2, pos_ref)
+        assert torch.equal(m.moe_unpermute_triton(down, pos, w, tile=tile), out)  # the same sum per element
     print("OK")
     """
 )
