@@ -1,6 +1,6 @@
 """Routed-expert SwiGLU MLPs weighted by the router; `fused_moe_shared` adds the gated shared expert as one more
 expert of the same pass. Small T (decode, verify): the expert-major Triton pass (moe_expert_pass); large T
-(prefill): torch._grouped_mm over the expert-sorted rows."""
+(prefill): torch._grouped_mm over the expert-sorted rows (moe_permute)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from lightllm_mtp.kernels._validate import check_device, check_float, check_index, check_same_dtype, check_shape
 from lightllm_mtp.kernels.activation.silu_and_mul import silu_and_mul
 from lightllm_mtp.kernels.moe.moe_expert_pass import expert_pass_ref, expert_pass_triton
+from lightllm_mtp.kernels.moe.moe_permute import moe_permute, moe_unpermute, sort_by_expert
 from lightllm_mtp.kernels.triton_utils import use_triton
 
 _OP = "fused_moe"
@@ -134,17 +135,12 @@ def _grouped_mm_fits(x, w_gate_up, w_down) -> bool:
 
 
 def fused_moe_grouped(x, w_gate_up, w_down, topk_weights, topk_ids) -> torch.Tensor:
-    """Prefill path: (token, expert) rows sorted by expert, two grouped GEMMs over the experts' weights (each
-    read once), weighted scatter-add back to the tokens in fp32. No host sync."""
-    t, top_k = topk_ids.shape
-    experts = w_gate_up.shape[0]
-    flat = topk_ids.reshape(-1).long()
-    order = torch.argsort(flat, stable=True)
-    token = order // top_k
-    counts = torch.zeros(experts, dtype=torch.int64, device=x.device).scatter_add_(0, flat, torch.ones_like(flat))
-    offs = counts.cumsum(0).to(torch.int32)  # end row of each expert's group
-    gate_up = torch._grouped_mm(x[token], w_gate_up.transpose(1, 2), offs=offs)
-    down = torch._grouped_mm(silu_and_mul(gate_up), w_down.transpose(1, 2), offs=offs)
-    weighted = down.float() * topk_weights.reshape(-1)[order].float()[:, None]
-    out = torch.zeros(t, x.shape[1], dtype=torch.float32, device=x.device).index_add_(0, token, weighted)
-    return out.to(x.dtype)
+    """Prefill path: (token, slot) rows sorted by expert and gathered into that order (moe_permute), two grouped
+    GEMMs over the experts' weights (each read once), then each token's k rows weighted and summed in fp32
+    (moe_unpermute: a gather, no scatter or atomics). No host sync."""
+    top_k = topk_ids.shape[1]
+    order, group_ends = sort_by_expert(topk_ids, num_experts=w_gate_up.shape[0])
+    rows, pos = moe_permute(x, order, top_k=top_k)
+    gate_up = torch._grouped_mm(rows, w_gate_up.transpose(1, 2), offs=group_ends)
+    down = torch._grouped_mm(silu_and_mul(gate_up), w_down.transpose(1, 2), offs=group_ends)
+    return moe_unpermute(down, pos, topk_weights)
