@@ -66,8 +66,9 @@ class EngineArgs:
     dist_timeout_s: float = 120.0  # a collective that waits longer ends the whole tp x pp group with an error
     prefix_cache: bool = True  # share cached prompt prefixes between requests (radix tree + GDN state snapshots)
     prefix_cache_interval: int = 256  # tokens between GDN state snapshots taken during prefill
-    # share of the memory budget (max_total_token_num KV slots' bytes) held by GDN snapshots (engine/cache_budget.py)
-    prefix_cache_state_share: float = 0.1
+    # share of the memory budget (max_total_token_num KV slots' bytes) held by GDN snapshots (engine/cache_budget.py);
+    # None: sized for a few snapshots per request slot, between 0.1 and 0.5 of the budget
+    prefix_cache_state_share: float | None = None
     prefix_cache_host_gb: float = 0.0  # pinned host memory for evicted GDN snapshots (0: none)
     spec: SpecConfig | None = field(init=False)  # the speculative settings, None without MTP
     parallel: ParallelConfig = field(init=False)  # tp x pp
@@ -111,7 +112,7 @@ class EngineArgs:
             raise ValueError(f"prefix_cache_interval must be >= 1, got {self.prefix_cache_interval}")
         if not self.prefix_cache_host_gb >= 0.0:
             raise ValueError(f"prefix_cache_host_gb must be >= 0, got {self.prefix_cache_host_gb}")
-        if not 0.0 < self.prefix_cache_state_share < 1.0:
+        if self.prefix_cache_state_share is not None and not 0.0 < self.prefix_cache_state_share < 1.0:
             raise ValueError(f"prefix_cache_state_share must be in (0, 1), got {self.prefix_cache_state_share}")
         if self.graph_max_batch_size < 0:
             raise ValueError(f"graph_max_batch_size must be >= 0, got {self.graph_max_batch_size}")

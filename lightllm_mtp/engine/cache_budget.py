@@ -1,7 +1,7 @@
 """One memory budget for the full-attention KV pool and the prefix cache's GDN state snapshots.
 
 The budget is the bytes of `max_total_token_num` KV token slots (default max_batch_size * max_model_len). With the
-prefix cache on, the KV pool gets (1 - prefix_cache_state_share) of it, never less than one max_model_len request
+prefix cache on, the KV pool gets (1 - prefix_cache_state_share) of it (default: auto_state_share), never less than one max_model_len request
 where the budget holds one, and snapshots the rest, at least MIN_SNAPSHOTS:
 a few cached prefixes stay resumable where one snapshot outweighs many KV slots (small models, small budgets); only
 that floor's excess comes on top of the budget. Eviction (common/radix_cache.py) runs across both: KV pressure drops
@@ -19,6 +19,10 @@ from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.config.model_config import LayerType, ModelConfig
 
 MIN_SNAPSHOTS = 4
+# prefix_cache_state_share None: room for this many snapshots per request slot (a running prompt's boundaries and
+# the end snapshots that finished requests leave for their next turn), within AUTO_SHARE_RANGE of the budget
+AUTO_SNAPSHOTS_PER_REQUEST = 4
+AUTO_SHARE_RANGE = (0.1, 0.5)
 
 
 @dataclass(frozen=True)
@@ -62,11 +66,24 @@ def split_budget(budget_tokens: int, kv_per_token: int, snap_bytes: int, share: 
     return CacheBudget(kv_tokens, num, kv_per_token, snap_bytes)
 
 
+def auto_state_share(budget_bytes: int, snap_bytes: int, max_batch_size: int) -> float:
+    """The default snapshot share: AUTO_SNAPSHOTS_PER_REQUEST snapshots per request slot, clamped to
+    AUTO_SHARE_RANGE (a share of 0.1 gave a 27B-shape server 5 snapshots for 16 request slots: no multi-turn hits)."""
+    lo, hi = AUTO_SHARE_RANGE
+    want = AUTO_SNAPSHOTS_PER_REQUEST * max_batch_size * snap_bytes / max(1, budget_bytes)
+    return min(max(want, lo), hi)
+
+
 def cache_budget_of(args: EngineArgs, cfg: ModelConfig, max_model_len: int) -> CacheBudget:
     """The engine's split of its KV budget: model-wide figures, so every tp / pp rank gets the same slot counts."""
     dtype_bytes = torch.empty(0, dtype=args.dtype).element_size()
     spec = args.spec
     kv = kv_bytes_per_token(cfg, dtype_bytes, spec.num_draft_modules if spec else 0)
-    share = args.prefix_cache_state_share if args.prefix_cache else None
     budget = args.resolved_kv_pool_size(max_model_len)
-    return split_budget(budget, kv, snapshot_bytes(cfg, dtype_bytes), share, min_kv_tokens=max_model_len)
+    snap = snapshot_bytes(cfg, dtype_bytes)
+    share = None
+    if args.prefix_cache:
+        share = args.prefix_cache_state_share
+        if share is None:
+            share = auto_state_share(budget * kv, snap, args.max_batch_size)
+    return split_budget(budget, kv, snap, share, min_kv_tokens=max_model_len)

@@ -53,7 +53,7 @@ class LLM:
         dist_timeout_s: float = 120.0,
         prefix_cache: bool = True,
         prefix_cache_interval: int = 256,
-        prefix_cache_state_share: float = 0.1,
+        prefix_cache_state_share: float | None = None,
         prefix_cache_host_gb: float = 0.0,
     ):
         """tp / pp > 1: this process drives tp x pp - 1 follower processes (engine/parallel/); `shutdown()` ends

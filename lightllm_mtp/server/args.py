@@ -116,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens between GDN state snapshots taken during prefill (default: %(default)s)")
     c.add_argument("--prefix_cache_state_share", type=float, default=d["prefix_cache_state_share"].default,
                    help="share of the memory budget (the bytes of --max_total_token_num KV slots) held by GDN state "
-                   "snapshots, the KV pool gets the rest; at least 4 snapshots (default: %(default)s)")
+                   "snapshots, the KV pool gets the rest; at least 4 snapshots (default: room for 4 snapshots per "
+                   "request slot, between 0.1 and 0.5 of the budget)")
     c.add_argument("--prefix_cache_host_gb", type=float, default=d["prefix_cache_host_gb"].default,
                    help="pinned host memory (GiB) that evicted GDN state snapshots move to, brought back on a hit "
                    "(default: %(default)s, off)")

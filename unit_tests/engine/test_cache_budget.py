@@ -5,7 +5,7 @@ import torch
 
 from lightllm_mtp import LLM, SamplingParams
 from lightllm_mtp.common.state_snapshots import StateSnapshotPool
-from lightllm_mtp.engine.cache_budget import MIN_SNAPSHOTS, split_budget
+from lightllm_mtp.engine.cache_budget import AUTO_SHARE_RANGE, MIN_SNAPSHOTS, auto_state_share, split_budget
 
 
 def test_split_follows_the_share_with_a_floor():
@@ -17,6 +17,17 @@ def test_split_follows_the_share_with_a_floor():
     assert split_budget(600, 100, 1000, 0.5, min_kv_tokens=800).kv_tokens == 600  # the budget is below one request
     small = split_budget(1000, 100, 1000, 0.001)  # KV keeps its part; the snapshot floor comes on top
     assert (small.num_snapshots, small.kv_tokens) == (MIN_SNAPSHOTS, 999)
+
+
+def test_auto_share_holds_snapshots_per_request_slot_within_its_range():
+    lo, hi = AUTO_SHARE_RANGE
+    assert auto_state_share(100_000, 1000, 4) == 16 * 1000 / 100_000  # 4 slots x 4 snapshots of 1 kB
+    assert auto_state_share(1_000_000, 1000, 4) == lo  # 1.6%: raised to the floor
+    assert auto_state_share(100_000, 1000, 64) == hi  # 256 kB wanted of 100 kB: capped
+    # the 27B shape behind a 16-slot server (8192-token requests): 0.1 gave 5 snapshots of 147 MiB, auto 29
+    kv_per_token, snap = 69632, 153_944_064  # cache_budget.kv_bytes_per_token (one MTP layer), snapshot_bytes
+    budget = split_budget(16 * 8192, kv_per_token, snap, auto_state_share(16 * 8192 * kv_per_token, snap, 16))
+    assert budget.num_snapshots == 29 and budget.kv_tokens == 16 * 8192 // 2
 
 
 def test_pools_hold_the_budget_and_evicting_returns_it(tiny_dense_mtp3_dir):
