@@ -6,6 +6,7 @@ which spread each request's KV over many programs; longer blocks run a flash-att
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -132,8 +133,9 @@ def flash_attention_triton(
     block_d, block_dv = max(16, triton.next_power_of_2(d)), max(16, triton.next_power_of_2(dv))
     compute_fp32 = q.dtype != k_buffer.dtype or k_buffer.dtype == torch.float32
     # sm_90 builds, D=256 bf16: M=64, N=64, 8 warps ~205 registers and 160 KiB shared memory, no spills
-    if block_m is None:
-        block_m = min(64 if max(block_d, block_dv) > 128 else 128, max(16, triton.next_power_of_2(max_q_len * group)))
+    if block_m is None:  # 128-row tiles at head dim 256 in bf16 need ~192 KiB of shared memory (sm90: 227 KiB)
+        wide = max(block_d, block_dv) > 128 and (compute_fp32 or _smem_per_block(q.device) < 200 * 1024)
+        block_m = min(64 if wide else 128, max(16, triton.next_power_of_2(max_q_len * group)))
     if block_n is None:
         block_n = 32 if compute_fp32 else 64
     grid = (triton.cdiv(max_q_len * group, block_m), bsz, hkv)
@@ -145,6 +147,12 @@ def flash_attention_triton(
         num_warps=num_warps or (8 if block_m * block_dv >= 128 * 128 else 4), num_stages=num_stages,
     )
     return out
+
+
+@functools.cache
+def _smem_per_block(device: torch.device) -> int:
+    props = torch.cuda.get_device_properties(device) if device.type == "cuda" else None
+    return getattr(props, "shared_memory_per_block_optin", 0) if props is not None else 0
 
 
 if triton_available():
