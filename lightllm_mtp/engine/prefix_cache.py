@@ -14,6 +14,16 @@ verify's first row (the newest token, committed) is snapshotted and enters the t
 token, the last key's lookahead, reaches the host (eagle / PTD). Under multi-layer MTP (L modules) the tree's end lags
 the committed state by L - 1 positions: its snapshot is the last verify's SSM row / conv window L - 1 before the
 committed one, when that verify accepted at least L rows (else the request leaves no end snapshot).
+
+With an external draft model (mtp_mode draft_model) a snapshot slot holds the draft's GDN state beside the target's
+(a second StateSnapshotPool, same slot indices, one budget) and a tree KV slot the draft's KV too (the draft's pool is
+indexed by the target's slots). The draft's KV at position p depends on tokens 0..p only, so L = 0. Prompt chunks run
+through both models with the same SnapshotPlan, so boundary snapshots hold both states at the same depth, and a hit
+restores both and recomputes the rest of the prompt in both. The draft has read one token more than the target once
+a request generates (its window pass reads the newest token), so a finished request's end snapshot takes the
+draft's state one position before its committed one: the last verify's row accept_len - 2, kept when that verify
+accepted a draft (else, and when a verify of it is still queued, the request leaves no end snapshot; its prompt's
+snapshots stay).
 """
 
 from __future__ import annotations
@@ -50,9 +60,10 @@ class PrefixCacheStats:
 
 class PrefixCache:
     def __init__(self, tree: RadixCache, snapshots: StateSnapshotPool, req_manager: ReqManager, interval: int,
-                 lookahead: int):  # fmt: skip
+                 lookahead: int, draft_snapshots: StateSnapshotPool | None = None):  # fmt: skip
         self.tree = tree
         self.snapshots = snapshots
+        self.draft_snapshots = draft_snapshots  # the draft model's half of every snapshot slot (mtp_mode draft_model)
         self.req_manager = req_manager
         self.interval = interval
         self.lookahead = lookahead  # L: draft-KV lookahead of the MTP proposer (0 without MTP)
@@ -113,6 +124,8 @@ class PrefixCache:
         if snap is None:
             return
         self.snapshots.restore(snap.slot, req.req_idx)
+        if self.draft_snapshots is not None:
+            self.draft_snapshots.restore(snap.slot, req.req_idx)
         slots = torch.cat(req.kv_slots)
         table = self.req_manager.req_to_token
         table[req.req_idx, : slots.numel()] = slots.to(table.device, non_blocking=True)
@@ -219,11 +232,18 @@ class PrefixCache:
             # the state after position depth - 1: the committed one (plain, eagle: depth == total), or under
             # multi-layer MTP (depth = total + 1 - L) a verify row L - 1 before it, if that verify kept it
             state_offset = state_at(total - depth) if req.req_idx is not None and node.snapshot is None else None
-            if state_offset is not None:
+            draft_offset = None
+            if state_offset is not None and self.draft_snapshots is not None:  # one ahead once it generates
+                draft_offset = state_at(total - depth + (1 if req.blocks else 0))
+            if state_offset is not None and (self.draft_snapshots is None or draft_offset is not None):
                 snap = self.tree.alloc_snapshot()
                 if snap is not None:
                     self.snapshots.save(snap.slot, req.req_idx, state_offset)
+                    if self.draft_snapshots is not None:
+                        self.draft_snapshots.save(snap.slot, req.req_idx, draft_offset)
                     node.snapshot = snap
+            # (a draft model, L = 0, takes no deferred snapshot: its state after the held row is gone once the
+            # queued verify's window pass has run)
             if held is not None and self.lookahead == 1 and depth == total == req.num_tokens - 1 and req.req_idx is not None:
                 snap = self.tree.alloc_snapshot()
                 if snap is not None:
