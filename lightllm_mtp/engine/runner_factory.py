@@ -103,7 +103,7 @@ def _build_prefix_cache(args: EngineArgs, model: TpPartBaseModel, runner: StepRu
     if draft_snapshots is None:  # a draft model's KV needs no lookahead (L = 0, engine/prefix_cache.py)
         assert proposer is None or proposer.lookahead == lookahead, (proposer.lookahead, lookahead)
     return PrefixCache(tree, caches.snapshots, caches.req_manager, args.prefix_cache_interval, lookahead,
-                       draft_snapshots)  # fmt: skip
+                       draft_snapshots, proposer.catch_up if draft_snapshots is not None else None)  # fmt: skip
 
 
 def draft_snapshot_pool(proposer, model: TpPartBaseModel, num_snapshots: int) -> StateSnapshotPool | None:

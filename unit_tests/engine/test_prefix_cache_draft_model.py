@@ -71,71 +71,105 @@ def test_outputs_and_acceptance_identical_with_the_cache(pard, overlap):
     check_accounting(llm)
 
 
-@pytest.mark.parametrize("pard", [False, True], ids=["draft_model", "pard"])
-def test_draft_state_cached_and_resumed_equals_recompute(pard):
-    """The draft's half of each prompt snapshot and its KV in the tree's slots equal a fresh prefill of the draft;
-    a request resuming from them has, after every step, the draft state of a fresh prefill over its committed tokens;
-    a request whose last verify accepted a draft leaves an end snapshot whose draft half is that of a fresh prefill
-    (the draft row before its committed one), and a resend resumes there with the acceptance it has without the cache."""
-    llm = build(True, pard, disable_overlap=True)
-    engine = llm.engine
-    cache, pool, draft = engine.prefix_cache, engine.model.caches.kv_pool, engine.runner.proposer.draft
-    dstate, snaps = draft.caches.req_manager.linear_state, cache.draft_snapshots
-    k1 = dstate.conv_cols
-    prompt = [(13 * i) % 500 + 7 for i in range(27)]
-    llm.generate([prompt], greedy(2))
+def check_node(engine, tokens, depth) -> bool:
+    """The node at `depth` on tokens' path has a snapshot; the draft's KV in the tree's slots and (unless the snapshot
+    is partial) the draft's half of the snapshot equal a fresh prefill of the draft. Returns whether it is partial."""
+    cache, draft = engine.prefix_cache, engine.runner.proposer.draft
+    node = cache.tree.match(key_elements(tokens, depth, 0))[-1]
+    assert node.depth == depth and node.snapshot is not None
+    (k_ref, v_ref), conv_ref, ssm_ref = _recompute(draft, engine.model.caches.kv_pool, tokens[:depth])
+    tree_slots = cache.tree.path_slots(node).long()
+    assert close(draft.caches.kv_pool.k_buffer[:, tree_slots], k_ref)
+    assert close(draft.caches.kv_pool.v_buffer[:, tree_slots], v_ref)
+    if not node.snapshot.partial:
+        slot = node.snapshot.slot
+        assert close(cache.draft_snapshots.conv[:, slot], conv_ref) and close(cache.draft_snapshots.ssm[:, slot], ssm_ref)
+    return node.snapshot.partial
 
-    def check_node(tokens, depth):
-        node = cache.tree.match(key_elements(tokens, depth, 0))[-1]
-        assert node.depth == depth and node.snapshot is not None
-        (k_ref, v_ref), conv_ref, ssm_ref = _recompute(draft, pool, tokens[:depth])
-        slot, tree_slots = node.snapshot.slot, cache.tree.path_slots(node).long()
-        assert torch_close(snaps.conv[:, slot], conv_ref) and torch_close(snaps.ssm[:, slot], ssm_ref)
-        assert torch_close(draft.caches.kv_pool.k_buffer[:, tree_slots], k_ref)
-        assert torch_close(draft.caches.kv_pool.v_buffer[:, tree_slots], v_ref)
 
-    for b in (8, 16, 24, 27):
-        check_node(prompt, b)
-    state = engine.runner.state
-    req = engine.add_request(prompt[:20] + [901, 902, 903], greedy(12))
-    steps = 0
+def run_checking_draft_state(engine, prompt, params) -> list[int]:
+    """Runs one request to its end; after every step past its prompt the draft's committed state (conv window and SSM
+    row at accept_len - 1) and its KV at every position equal a fresh prefill of the draft over the committed tokens."""
+    draft, state = engine.runner.proposer.draft, engine.runner.state
+    lin = draft.caches.req_manager.linear_state
+    req, steps = engine.add_request(prompt, params), 0
     while engine.has_unfinished():
         engine.step_outputs()
         if req.req_idx is None or req.in_prefill:
             continue
         tokens = req.prompt_ids + req.output_ids
         accept = int(state.accept_len[req.req_idx])
-        (k_ref, v_ref), conv_ref, ssm_ref = _recompute(draft, pool, tokens)
-        assert torch_close(dstate.conv[:, req.req_idx, :, accept - 1 : accept - 1 + k1], conv_ref)
-        assert torch_close(dstate.ssm[:, req.req_idx * dstate.rows_per_req + accept - 1], ssm_ref)
+        (k_ref, v_ref), conv_ref, ssm_ref = _recompute(draft, engine.model.caches.kv_pool, tokens)
+        assert close(lin.conv[:, req.req_idx, :, accept - 1 : accept - 1 + lin.conv_cols], conv_ref)
+        assert close(lin.ssm[:, req.req_idx * lin.rows_per_req + accept - 1], ssm_ref)
         live = draft.caches.req_manager.req_to_token[req.req_idx, : len(tokens)].long()
-        assert torch_close(draft.caches.kv_pool.k_buffer[:, live], k_ref)
-        assert torch_close(draft.caches.kv_pool.v_buffer[:, live], v_ref)
+        assert close(draft.caches.kv_pool.k_buffer[:, live], k_ref)
+        assert close(draft.caches.kv_pool.v_buffer[:, live], v_ref)
         steps += 1
-    assert req.num_cached_tokens == 16 and steps >= 3
-    # end snapshots: over a few output lengths, some last verifies accept a draft (an end snapshot) and some not
-    ends = set()
-    for n in range(3, 9):
+    assert steps >= 1
+    return req
+
+
+@pytest.mark.parametrize("pard", [False, True], ids=["draft_model", "pard"])
+def test_draft_state_cached_and_resumed_equals_recompute(pard):
+    """The draft's half of each prompt snapshot and its KV in the tree's slots equal a fresh prefill of the draft; a
+    request resuming from them has after every step the draft state of a fresh prefill over its committed tokens. A
+    finished request's end snapshot holds the draft's state one row before its committed one when its last verify
+    accepted a draft, else it is partial and a hit advances the draft from the snapshot above (catch-up): both resume
+    with the draft state, tokens and acceptance of no cache."""
+    llm = build(True, pard, disable_overlap=True)
+    engine = llm.engine
+    prompt = [(13 * i) % 500 + 7 for i in range(27)]
+    llm.generate([prompt], greedy(2))
+    for b in (8, 16, 24, 27):
+        assert not check_node(engine, prompt, b)
+    req = run_checking_draft_state(engine, prompt[:20] + [901, 902, 903], greedy(12))
+    assert req.num_cached_tokens == 16
+    partial = set()
+    for n in range(3, 10):
         out = llm.generate([prompt[:12] + [700 + n, 5, 6]], greedy(n))[0]
         tokens = out.prompt_token_ids + out.token_ids
-        depth = len(tokens)  # L = 0: the tree may hold the last output token (verify rows past a length cut too)
-        path = cache.tree.match(key_elements(tokens, depth, 0))
-        end = max(n.depth for n in path)
-        has_end = path[-1].depth == end and path[-1].snapshot is not None and end > len(out.prompt_token_ids)
-        ends.add(has_end)
-        if has_end:
-            check_node(tokens, end)
-            resend = tokens[:end] + [5, 6]
-            got = llm.generate([resend], greedy(4))[0]
-            want = build(False, pard, disable_overlap=True).generate([resend], greedy(4))[0]
-            assert got.num_cached_tokens == end and (got.token_ids, got.spec) == (want.token_ids, want.spec)
-        if ends == {True, False}:
+        end = llm.engine.prefix_cache.tree.match(key_elements(tokens, len(tokens), 0))[-1].depth
+        assert end >= len(tokens) - 1  # the end (verify rows past the length cut: the last token too)
+        is_partial = check_node(engine, tokens, end)
+        partial.add(is_partial)
+        before = engine.prefix_cache_stats().draft_catch_up_tokens
+        resend = tokens[:end] + [5, 6]
+        got = run_checking_draft_state(engine, resend, greedy(4))
+        want = build(False, pard, disable_overlap=True).generate([resend], greedy(4))[0]
+        assert got.num_cached_tokens == end and (got.output_ids, got.spec_stats) == (want.token_ids, want.spec)
+        caught_up = engine.prefix_cache_stats().draft_catch_up_tokens - before
+        assert caught_up == (end - len(out.prompt_token_ids) if is_partial else 0)  # from the prompt's end
+        if partial == {True, False}:
             break
-    assert ends == {True, False}
+    assert partial == {True, False}
     check_accounting(llm)
 
 
-def torch_close(a, b) -> bool:
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "sync"])
+def test_request_ending_on_a_stop_token_leaves_its_end(overlap):
+    """A chat that stops on a stop token is cached up to its end, also when its next verify was already queued
+    (overlap: that verify's first row, past the stop token, with a partial snapshot): the resend resumes there with
+    the tokens and acceptance of no cache, the draft catching up."""
+    prompt = SYSTEM + [5, 6]
+    full = build(False, False, disable_overlap=not overlap).generate([prompt], greedy(12))[0].token_ids
+    i = next(j for j in range(3, 10) if full[j] not in full[:j])
+    stop = SamplingParams(temperature=0.0, max_new_tokens=12, stop_token_ids=[full[i]])
+    resend = prompt + full[: i + 3] + [777]
+    ref = build(False, False, disable_overlap=not overlap).generate([resend], greedy())[0]
+    llm = build(True, False, disable_overlap=not overlap)
+    first = llm.generate([prompt], stop)[0]
+    assert first.token_ids == full[: i + 1] and first.finish_reason == "stop"
+    llm.engine.overlap = False  # the state checks read the device state the host has seen
+    out = run_checking_draft_state(llm.engine, resend, greedy())
+    assert (out.output_ids, out.spec_stats) == (ref.token_ids, ref.spec)
+    assert out.num_cached_tokens == len(prompt) + i + overlap  # up to the stop token, or past it (overlap)
+    if overlap:  # the draft's state after the queued verify's row was gone: it caught up from the prompt's end
+        assert llm.engine.prefix_cache_stats().draft_catch_up_tokens == i + 1
+    check_accounting(llm)
+
+
+def close(a, b) -> bool:
     torch.testing.assert_close(a, b, **ATOL)
     return True
 
