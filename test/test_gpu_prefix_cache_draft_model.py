@@ -24,7 +24,8 @@ def test_greedy_and_acceptance_identical_with_the_cache(pard, interval):
 
     def run(cache):
         llm = LLM(TARGET, device="cuda", dtype="float32", max_model_len=160, graph_max_batch_size=8,
-                  chunked_prefill_size=32 if interval == 16 else 128, prefix_cache=cache, prefix_cache_interval=interval,
+                  chunked_prefill_size=32 if interval == 16 else 128, prefix_cache=cache,
+                  prefix_cache_interval=interval,
                   prefix_cache_state_share=0.5, max_total_token_num=8192, mtp_mode="draft_model", mtp_step=K,
                   mtp_draft_model_dir=DRAFTS[pard], parallel_drafting=pard)  # fmt: skip
         outs = [o for b in batches for o in llm.generate(b, params)]

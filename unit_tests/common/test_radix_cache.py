@@ -74,7 +74,8 @@ def test_partial_snapshots_stay_partial_through_the_host_tier():
     from lightllm_mtp.common.linear_att_state import LinearAttState
     from lightllm_mtp.common.state_snapshots import StateSnapshotPool
 
-    states = [LinearAttState(2, 2, 6, 4, 1, 2, 3, torch.float32, torch.device("cpu"), num_draft_tokens=k) for k in (2, 3)]
+    cpu = torch.device("cpu")
+    states = [LinearAttState(2, 2, 6, 4, 1, 2, 3, torch.float32, cpu, num_draft_tokens=k) for k in (2, 3)]
     pools = [StateSnapshotPool(s, 2) for s in states]
     kv = KvPool(1, 64, 1, 2, torch.float32, torch.device("cpu"))
     tree = RadixCache(kv, 2, HostSnapshotTier(pools[0], 2, pools[1]))
@@ -91,4 +92,5 @@ def test_partial_snapshots_stay_partial_through_the_host_tier():
         p.ssm.zero_()
     assert tree.fetch(node) and not node.snapshot.on_host and node.snapshot.partial
     for i, p in enumerate(pools):
-        assert bool((p.conv[:, node.snapshot.slot] == i + 1.0).all()) and bool((p.ssm[:, node.snapshot.slot] == i + 3.0).all())
+        slot = node.snapshot.slot
+        assert bool((p.conv[:, slot] == i + 1.0).all()) and bool((p.ssm[:, slot] == i + 3.0).all())

@@ -83,7 +83,8 @@ def check_node(engine, tokens, depth) -> bool:
     assert close(draft.caches.kv_pool.v_buffer[:, tree_slots], v_ref)
     if not node.snapshot.partial:
         slot = node.snapshot.slot
-        assert close(cache.draft_snapshots.conv[:, slot], conv_ref) and close(cache.draft_snapshots.ssm[:, slot], ssm_ref)
+        half = cache.draft_snapshots
+        assert close(half.conv[:, slot], conv_ref) and close(half.ssm[:, slot], ssm_ref)
     return node.snapshot.partial
 
 
