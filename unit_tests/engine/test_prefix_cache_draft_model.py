@@ -31,7 +31,8 @@ def greedy(n=6):
 def build(cache, pard, **kw):
     kw.setdefault("max_total_token_num", 32 * 8 * 96)  # ~115 snapshots: none evicted in these workloads
     kw.setdefault("prefix_cache_state_share", 0.9)
-    return LLM(TARGET, max_model_len=96, chunked_prefill_size=16, prefix_cache=cache, prefix_cache_interval=INTERVAL,
+    kw.setdefault("chunked_prefill_size", 16)
+    return LLM(TARGET, max_model_len=96, prefix_cache=cache, prefix_cache_interval=INTERVAL,
                mtp_mode="draft_model", mtp_step=K, mtp_draft_model_dir=DRAFTS[pard], parallel_drafting=pard,
                **kw)  # fmt: skip
 
@@ -213,3 +214,26 @@ def test_a_draft_with_another_conv_kernel_is_refused():
     with pytest.raises(ValueError, match="linear_conv_kernel_dim"):
         draft_snapshot_pool(proposer, model, 4)
     assert draft_snapshot_pool(SimpleNamespace(), model, 4) is None  # MTP proposers: no draft model
+
+
+def test_abort_mid_prefill_of_a_request_resumed_from_a_partial_snapshot():
+    """A request resumed from a partial end snapshot (the draft caught up) is aborted mid-prefill: its pins and locks
+    go, and the next request on the same prefix resumes there with the output and acceptance of no cache."""
+    prompt = SYSTEM + [5, 6]
+    full = build(False, False).generate([prompt], greedy(12))[0].token_ids
+    i = next(j for j in range(3, 10) if full[j] not in full[:j])
+    stop = SamplingParams(temperature=0.0, max_new_tokens=12, stop_token_ids=[full[i]])
+    llm = build(True, False, chunked_prefill_size=4)
+    engine = llm.engine
+    assert llm.generate([prompt], stop)[0].token_ids == full[: i + 1]  # overlap: its end is a partial snapshot
+    turn = prompt + full[: i + 1]
+    victim = engine.add_request(turn + list(range(100, 120)), greedy())
+    engine.step()
+    assert victim.num_cached_tokens == len(turn) and victim.in_prefill
+    assert engine.prefix_cache_stats().draft_catch_up_tokens == i + 1
+    engine.abort(victim)
+    after = turn + [7, 8, 9]
+    want = build(False, False).generate([after], greedy())[0]
+    got = llm.generate([after], greedy())[0]
+    assert (got.token_ids, got.spec, got.num_cached_tokens) == (want.token_ids, want.spec, len(turn))
+    check_accounting(llm)
