@@ -136,7 +136,8 @@ case "${1:-}" in
     python3 benchmark/prefix_cache_ttft.py --model_shape qwen3.5-27b --device cuda --prefix_len 8192 --question_len 128 \
       --mtp_mode eagle_with_att --mtp_step 1 --prefix_cache_interval 256 --max_total_token_num 65536 --breakdown \
       --out "$out/prefix_cache_ttft_qwen3.5-27b_h100.json"
-    python3 -m pytest -q -m gpu test/test_gpu_prefix_cache.py unit_tests/kernels/gdn/test_gated_delta_rule_states.py ;;
+    python3 -m pytest -q -m gpu test/test_gpu_prefix_cache.py test/test_gpu_prefix_cache_draft_model.py \
+      unit_tests/spec_decode/test_draft_model_gpu.py unit_tests/kernels/gdn/test_gated_delta_rule_states.py ;;
   mixed)
     mixed=(python3 benchmark/mixed_workload.py --model_shape qwen3.5-27b --device cuda --concurrency 32 --num_requests 96
            --input_len 1024 --output_len 64 --chunked_prefill_size 2048 --mtp_mode eagle_with_att --mtp_step 1)

@@ -40,6 +40,9 @@ class Snapshot:
     pins: int = 0  # admitted requests that still have to restore it
     last_access: int = 0
     on_host: bool = False  # slot is a HostSnapshotTier slot (offloaded; fetched back on a hit)
+    # a draft model's half is not valid (its state there was gone): the draft resumes from an ancestor's snapshot
+    # and catches up (engine/prefix_cache.py)
+    partial: bool = False
 
 
 @dataclass(eq=False)
@@ -184,7 +187,7 @@ class RadixCache:
             host_slot = int(self.host.allocator.alloc(1)[0])
             self.host.offload(snap.slot, host_slot)
             self.free_snapshot(snap)
-            node.snapshot = Snapshot(host_slot, last_access=snap.last_access, on_host=True)
+            node.snapshot = Snapshot(host_slot, last_access=snap.last_access, on_host=True, partial=snap.partial)
             return True
         self._drop_snapshot(node)
         return True
@@ -208,6 +211,7 @@ class RadixCache:
             return False
         self.host.fetch(snap.slot, device.slot)
         self.free_snapshot(snap)
+        device.partial = snap.partial
         node.snapshot = device
         return True
 

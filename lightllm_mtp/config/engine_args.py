@@ -104,10 +104,6 @@ class EngineArgs:
         for name in ("max_batch_size", "chunked_prefill_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.prefix_cache and self.spec and self.spec.mode is MtpMode.DRAFT_MODEL:
-            # not built yet: a draft model's own GDN state has no snapshots
-            logger.warning("prefix cache off: not supported with mtp_mode draft_model yet")
-            set_field(self, "prefix_cache", False)
         if self.prefix_cache_interval < 1:
             raise ValueError(f"prefix_cache_interval must be >= 1, got {self.prefix_cache_interval}")
         if not self.prefix_cache_host_gb >= 0.0:

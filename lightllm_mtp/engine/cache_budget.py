@@ -12,11 +12,13 @@ nothing can resume in any more.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.config.model_config import LayerType, ModelConfig
+from lightllm_mtp.config.spec_config import MtpMode
 
 MIN_SNAPSHOTS = 4
 # prefix_cache_state_share None: room for this many snapshots per request slot (a running prompt's boundaries and
@@ -75,12 +77,19 @@ def auto_state_share(budget_bytes: int, snap_bytes: int, max_batch_size: int) ->
 
 
 def cache_budget_of(args: EngineArgs, cfg: ModelConfig, max_model_len: int) -> CacheBudget:
-    """The engine's split of its KV budget: model-wide figures, so every tp / pp rank gets the same slot counts."""
+    """The engine's split of its KV budget: model-wide figures, so every tp / pp rank gets the same slot counts.
+    With a draft model (mtp_mode draft_model) a KV slot also holds the draft's KV (its pool is indexed by the
+    target's slots) and a snapshot also the draft's GDN state (engine/prefix_cache.py): both count."""
     dtype_bytes = torch.empty(0, dtype=args.dtype).element_size()
     spec = args.spec
     kv = kv_bytes_per_token(cfg, dtype_bytes, spec.num_draft_modules if spec else 0)
-    budget = args.resolved_kv_pool_size(max_model_len)
     snap = snapshot_bytes(cfg, dtype_bytes)
+    if spec is not None and spec.mode is MtpMode.DRAFT_MODEL and Path(spec.draft_model_dir).is_dir():
+        # (a missing directory is refused by the draft loader, spec_decode/draft_model_loader.py)
+        draft = ModelConfig.from_model_dir(spec.draft_model_dir)
+        kv += kv_bytes_per_token(draft, dtype_bytes, 0)
+        snap += snapshot_bytes(draft, dtype_bytes)
+    budget = args.resolved_kv_pool_size(max_model_len)
     share = None
     if args.prefix_cache:
         share = args.prefix_cache_state_share

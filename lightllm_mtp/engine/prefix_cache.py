@@ -14,6 +14,19 @@ verify's first row (the newest token, committed) is snapshotted and enters the t
 token, the last key's lookahead, reaches the host (eagle / PTD). Under multi-layer MTP (L modules) the tree's end lags
 the committed state by L - 1 positions: its snapshot is the last verify's SSM row / conv window L - 1 before the
 committed one, when that verify accepted at least L rows (else the request leaves no end snapshot).
+
+With an external draft model (mtp_mode draft_model) a snapshot slot holds the draft's GDN state beside the target's
+(a second StateSnapshotPool, same slot indices, one budget) and a tree KV slot the draft's KV too (the draft's pool is
+indexed by the target's slots). The draft's KV at position p depends on tokens 0..p only, so L = 0. Prompt chunks run
+through both models with the same SnapshotPlan, so boundary snapshots hold both states at the same depth, and a hit
+restores both and recomputes the rest of the prompt in both. The draft has read one token more than the target once
+a request generates (its window pass reads the newest token), so a finished request's end snapshot takes the
+draft's state one position before its committed one: the last verify's row accept_len - 2, when that verify accepted
+a draft. Otherwise (accept length 1, or a verify of it still queued: the end is then the state after that verify's
+row 0, entering the tree at once since L = 0) the draft's state there is gone and the snapshot is `partial`, the
+target's half only: a hit on it restores the draft from the deepest complete snapshot above it (or none) and advances
+the draft's GDN state over the tokens between (DraftModelProposer.catch_up: a draft-only prefill of those tokens, whose
+draft KV the tree's slots already hold), then both recompute the rest of the prompt.
 """
 
 from __future__ import annotations
@@ -42,6 +55,7 @@ class PrefixCacheStats:
     snapshot_capacity: int
     host_snapshots: int = 0  # offloaded snapshots in the pinned host tier
     host_fetches: int = 0  # offloaded snapshots brought back for a hit
+    draft_catch_up_tokens: int = 0  # draft model: tokens its GDN state was advanced over on hits of partial snapshots
 
     @property
     def hit_rate(self) -> float:
@@ -50,9 +64,13 @@ class PrefixCacheStats:
 
 class PrefixCache:
     def __init__(self, tree: RadixCache, snapshots: StateSnapshotPool, req_manager: ReqManager, interval: int,
-                 lookahead: int):  # fmt: skip
+                 lookahead: int, draft_snapshots: StateSnapshotPool | None = None,
+                 draft_catch_up: Callable[[int, list[int], int], None] | None = None):  # fmt: skip
         self.tree = tree
         self.snapshots = snapshots
+        self.draft_snapshots = draft_snapshots  # the draft model's half of every snapshot slot (mtp_mode draft_model)
+        self.draft_catch_up = draft_catch_up  # (request slot, tokens, start): DraftModelProposer.catch_up
+        self._catch_up_tokens = 0
         self.req_manager = req_manager
         self.interval = interval
         self.lookahead = lookahead  # L: draft-KV lookahead of the MTP proposer (0 without MTP)
@@ -80,10 +98,25 @@ class PrefixCache:
             return 0
         self.tree.lock(node)
         node.snapshot.pins += 1
+        req.draft_resume = self._draft_resume(path, node) if node.snapshot.partial else None
         req.cache_node, req.resume_snapshot, req.cached_len = node, node.snapshot, node.depth
         req.kv_slots = [self.tree.path_slots(node)]
         req.num_computed = node.depth
         return node.depth
+
+    def _draft_resume(self, path: list, node) -> tuple[Snapshot | None, int]:
+        """For a snapshot without the draft's half: the deepest complete snapshot above it on the path (pinned until
+        the restore) and its depth, where the draft resumes; (None, 0): the draft starts from nothing."""
+        for x in reversed(path[: path.index(node)]):
+            if x.snapshot is not None and not x.snapshot.partial and (not x.snapshot.on_host or self._fetch(x)):
+                x.snapshot.pins += 1
+                return x.snapshot, x.depth
+        return None, 0
+
+    def _unpin_draft_resume(self, req: Request) -> None:
+        if req.draft_resume is not None and req.draft_resume[0] is not None:
+            req.draft_resume[0].pins -= 1
+        req.draft_resume = None
 
     def _fetch(self, node) -> bool:
         fetched = self.tree.fetch(node)
@@ -96,6 +129,7 @@ class PrefixCache:
             self.journal.cache_unmatch(req)
         if req.cache_node is not None:
             req.resume_snapshot.pins -= 1
+            self._unpin_draft_resume(req)
             self.tree.unlock(req.cache_node)
         req.cache_node, req.resume_snapshot, req.cached_len, req.kv_slots, req.num_computed = None, None, 0, [], 0
 
@@ -116,8 +150,23 @@ class PrefixCache:
         slots = torch.cat(req.kv_slots)
         table = self.req_manager.req_to_token
         table[req.req_idx, : slots.numel()] = slots.to(table.device, non_blocking=True)
+        if self.draft_snapshots is not None:
+            self._restore_draft(req, snap, slots.numel())
         snap.pins -= 1
         req.resume_snapshot = None
+
+    def _restore_draft(self, req: Request, snap: Snapshot, depth: int) -> None:
+        """The draft's half of the snapshot; for a partial one, the draft's own resume point and its catch-up over
+        the tokens from there to `depth` (its KV there is in the tree's slots, which the page table now points at)."""
+        if req.draft_resume is None:
+            self.draft_snapshots.restore(snap.slot, req.req_idx)
+            return
+        draft_snap, start = req.draft_resume
+        if draft_snap is not None:
+            self.draft_snapshots.restore(draft_snap.slot, req.req_idx)
+        self._unpin_draft_resume(req)
+        self.draft_catch_up(req.req_idx, req.prompt_ids[start:depth], start)
+        self._catch_up_tokens += depth - start
 
     # ---- prompt chunks ------------------------------------------------------------------------------------------
     def plan(self, chunks: list[tuple[Request, int, int]], num_rows: int, device: torch.device) -> SnapshotPlan | None:
@@ -198,6 +247,7 @@ class PrefixCache:
         if req.resume_snapshot is not None:  # ended before its first step
             req.resume_snapshot.pins -= 1
             req.resume_snapshot = None
+            self._unpin_draft_resume(req)
         kv = torch.cat(req.kv_slots) if req.kv_slots else torch.empty(0, dtype=torch.int32)
         total = kv.numel()
         depth = max(0, min(total, req.num_tokens - self.lookahead))
@@ -223,7 +273,15 @@ class PrefixCache:
                 snap = self.tree.alloc_snapshot()
                 if snap is not None:
                     self.snapshots.save(snap.slot, req.req_idx, state_offset)
+                    if self.draft_snapshots is not None:  # its state is one ahead once it generates
+                        draft_offset = state_at(total - depth + (1 if req.blocks else 0))
+                        if draft_offset is None:
+                            snap.partial = True
+                        else:
+                            self.draft_snapshots.save(snap.slot, req.req_idx, draft_offset)
                     node.snapshot = snap
+            if held is not None and self.draft_snapshots is not None and depth == total == req.num_tokens - 1:
+                held = self._end_after_queued_verify(req, tokens, depth, tree_slots, held)
             if held is not None and self.lookahead == 1 and depth == total == req.num_tokens - 1 and req.req_idx is not None:
                 snap = self.tree.alloc_snapshot()
                 if snap is not None:
@@ -242,6 +300,22 @@ class PrefixCache:
             req.cache_node = None
         self.tree.kv_pool.free(torch.cat(to_free))
         req.kv_slots = []
+
+    def _end_after_queued_verify(self, req: Request, tokens: list[int], depth: int, tree_slots: torch.Tensor,
+                                 held: torch.Tensor) -> torch.Tensor | None:  # fmt: skip
+        """Draft model (L = 0): position `depth` (its newest token, slot `held`, committed by the queued verify) joins
+        the tree now, its key being its own token, with a partial snapshot of the state after that verify's row 0
+        (queued after it). Returns held, or None when the tree took it."""
+        snap = self.tree.alloc_snapshot() if req.req_idx is not None else None
+        if snap is None:
+            return held
+        self.snapshots.save(snap.slot, req.req_idx, 0)
+        snap.partial = True  # the draft's state after that row was overwritten by the verify's window pass
+        _, slots, unused = self.tree.insert(key_elements(tokens, depth + 1, 0), torch.cat([tree_slots, held]),
+                                            {depth + 1: snap})  # fmt: skip
+        for s in unused:
+            self.tree.free_snapshot(s)
+        return None if int(slots[-1]) == int(held[0]) else held
 
     def _after_queued_verify(self, tokens: list[int], node, held: torch.Tensor, snap: Snapshot,
                              emitted: list[int] | None) -> None:  # fmt: skip
@@ -277,4 +351,4 @@ class PrefixCache:
     def stats(self) -> PrefixCacheStats:
         return PrefixCacheStats(self._queries, self._hits, self._prompt_tokens, self._cached_tokens,
                                 self.tree.num_tokens, self.tree.num_snapshots, self.snapshots.size,
-                                self.tree.num_host_snapshots, self._host_hits)  # fmt: skip
+                                self.tree.num_host_snapshots, self._host_hits, self._catch_up_tokens)  # fmt: skip

@@ -45,6 +45,8 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens it resumed past (cached_len at admission)
     cache_node: Any = None  # common/radix_cache.Node
     resume_snapshot: Any = None  # common/radix_cache.Snapshot to restore on its first step
+    # draft model, resume_snapshot without the draft's half: (the draft's Snapshot or None, its depth)
+    draft_resume: Any = None
     pending_snapshots: list = field(default_factory=list)  # (position, Snapshot) that enter the tree at its end
     # ended while a verify of it was queued (overlap): called with that verify's emitted tokens (None: never read)
     on_verified: Any = None

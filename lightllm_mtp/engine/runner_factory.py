@@ -91,16 +91,37 @@ def _build_prefix_cache(args: EngineArgs, model: TpPartBaseModel, runner: StepRu
     caches = model.caches
     state, kv = caches.req_manager.linear_state, caches.kv_pool
     caches.snapshots = StateSnapshotPool(state, budget.num_snapshots)
+    proposer = getattr(runner, "proposer", None)  # on the last pipeline stage only
+    draft_snapshots = draft_snapshot_pool(proposer, model, budget.num_snapshots)
     host = None
     if args.prefix_cache_host_gb > 0:
         num_host = HostSnapshotTier.slots_for(budget.snapshot_bytes, args.prefix_cache_host_gb)
-        host = HostSnapshotTier(caches.snapshots, num_host)
+        host = HostSnapshotTier(caches.snapshots, num_host, draft_snapshots)
     tree = RadixCache(kv, budget.num_snapshots, host)
     kv.reclaim = tree.evict
     lookahead = args.spec.num_draft_modules if args.spec is not None else 0  # L: one position per MTP module
-    proposer = getattr(runner, "proposer", None)  # on the last pipeline stage only
-    assert proposer is None or proposer.lookahead == lookahead, (proposer.lookahead, lookahead)
-    return PrefixCache(tree, caches.snapshots, caches.req_manager, args.prefix_cache_interval, lookahead)
+    if draft_snapshots is None:  # a draft model's KV needs no lookahead (L = 0, engine/prefix_cache.py)
+        assert proposer is None or proposer.lookahead == lookahead, (proposer.lookahead, lookahead)
+    return PrefixCache(tree, caches.snapshots, caches.req_manager, args.prefix_cache_interval, lookahead,
+                       draft_snapshots, proposer.catch_up if draft_snapshots is not None else None)  # fmt: skip
+
+
+def draft_snapshot_pool(proposer, model: TpPartBaseModel, num_snapshots: int) -> StateSnapshotPool | None:
+    """mtp_mode draft_model: the draft's half of every snapshot slot, which its GDN layers fill from the same
+    SnapshotPlan as the target's (its prompt chunks are the target's batch); None for other proposers. The plan's conv
+    windows are laid out for the target's conv kernel, so the draft must have the same one."""
+    draft = getattr(proposer, "draft", None)
+    if draft is None:
+        return None
+    if draft.cfg.linear_conv_kernel_dim != model.cfg.linear_conv_kernel_dim:
+        raise ValueError(
+            f"the prefix cache with a draft model needs the draft's linear_conv_kernel_dim "
+            f"({draft.cfg.linear_conv_kernel_dim}) equal to the target's ({model.cfg.linear_conv_kernel_dim}); "
+            "pass prefix_cache=False (--disable_prefix_cache) for this draft"
+        )
+    pool = StateSnapshotPool(draft.caches.req_manager.linear_state, num_snapshots)
+    draft.caches.snapshots = pool
+    return pool
 
 
 def _graph_max_batch_size(args: EngineArgs, rank: RankInfo) -> int:

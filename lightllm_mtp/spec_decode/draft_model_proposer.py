@@ -14,6 +14,7 @@ prompt's last chunk: a virtual block with accept length 1):
       position accept-2+j and writing accept-1+j (b_state_write), so the committed one is never touched; their
       KV goes into the new block's slots and the next window rewrites what was rejected.
 Prompt chunks first run through the draft like through the target (same batch, its own KV and GDN state).
+A prefix-cache hit whose snapshot lacks the draft's half first advances the draft's GDN state alone (`catch_up`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 
 from lightllm_mtp.common.basemodel.basemodel import TpPartBaseModel
 from lightllm_mtp.common.basemodel.cuda_graph import GraphedForward
-from lightllm_mtp.common.basemodel.forward_batch import ForwardMode
+from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode
 from lightllm_mtp.spec_decode.proposer import DraftInput, Proposer
 from lightllm_mtp.spec_decode.step_builder import StepBuilder
 
@@ -58,6 +59,24 @@ class DraftModelProposer(Proposer):
     def window_rows(self) -> int:
         """k+1 (the most tokens a verify commits), PARD 2k (then at most k-1 mask rows)."""
         return 2 * self.num_draft_tokens if self.parallel else self.num_draft_tokens + 1
+
+    def catch_up(self, req_idx: int, tokens: list[int], start: int) -> None:
+        """Prefix cache (engine/prefix_cache.py): advances request slot req_idx's draft GDN state, restored at
+        position `start` (0: none), over `tokens` at positions start.., whose draft KV the page table already points
+        at (the tree's slots): one eager EXTEND pass whose own KV writes go to the padding slot."""
+        n, dev = len(tokens), self.draft.rt.device
+
+        def on_dev(values, dtype):
+            return torch.tensor(values, dtype=dtype).to(dev, non_blocking=True)
+
+        self.draft.forward(ForwardBatch(
+            mode=ForwardMode.EXTEND, input_ids=on_dev(tokens, torch.int64),
+            positions=torch.arange(start, start + n, device=dev),
+            mem_index=torch.full((n,), self.draft.caches.kv_pool.hold_slot, dtype=torch.int32, device=dev),
+            b_req_idx=on_dev([req_idx], torch.int32), b_seq_len=on_dev([start + n], torch.int32),
+            b1_cu_q_len=on_dev([0, n], torch.int32), b_has_initial_state=on_dev([start > 0], torch.bool),
+            b_logits_index=on_dev([n - 1], torch.int64), max_q_len=n, host_q_lens=(n,),
+        ))  # fmt: skip
 
     def _argmax(self, logits: torch.Tensor) -> torch.Tensor:
         best = logits.argmax(dim=-1)

@@ -65,3 +65,32 @@ def test_pool_reclaims_from_the_tree_and_snapshot_lru():
     insert(tree, pool, [9], snap_at=[1])
     snap = tree.alloc_snapshot()  # both slots in use: the older snapshot goes, and its leaf with it
     assert snap is not None and tree.num_tokens == 1
+
+
+def test_partial_snapshots_stay_partial_through_the_host_tier():
+    """A draft model's partial snapshot (the target's half only) keeps the flag when it is offloaded and fetched back,
+    and the host tier carries every pool a snapshot slot spans (target and draft)."""
+    from lightllm_mtp.common.host_snapshots import HostSnapshotTier
+    from lightllm_mtp.common.linear_att_state import LinearAttState
+    from lightllm_mtp.common.state_snapshots import StateSnapshotPool
+
+    cpu = torch.device("cpu")
+    states = [LinearAttState(2, 2, 6, 4, 1, 2, 3, torch.float32, cpu, num_draft_tokens=k) for k in (2, 3)]
+    pools = [StateSnapshotPool(s, 2) for s in states]
+    kv = KvPool(1, 64, 1, 2, torch.float32, torch.device("cpu"))
+    tree = RadixCache(kv, 2, HostSnapshotTier(pools[0], 2, pools[1]))
+    node, _ = insert(tree, kv, [1, 2, 3], snap_at=[3])
+    node.snapshot.partial = True
+    for i, p in enumerate(pools):
+        p.conv[:, node.snapshot.slot] = i + 1.0
+        p.ssm[:, node.snapshot.slot] = i + 3.0
+    insert(tree, kv, [4, 5], snap_at=[2])
+    insert(tree, kv, [6, 7], snap_at=[2])  # the first snapshot is the least recently used: offloaded
+    assert node.snapshot.on_host and node.snapshot.partial
+    for p in pools:
+        p.conv.zero_()
+        p.ssm.zero_()
+    assert tree.fetch(node) and not node.snapshot.on_host and node.snapshot.partial
+    for i, p in enumerate(pools):
+        slot = node.snapshot.slot
+        assert bool((p.conv[:, slot] == i + 1.0).all()) and bool((p.ssm[:, slot] == i + 3.0).all())
