@@ -92,13 +92,16 @@ class RequestRecord:
     error: str | None = None
     cached_tokens: int = 0  # usage.prompt_tokens_details.cached_tokens
     text: str = ""
+    token_ids: list[int] = field(default_factory=list)  # with return_token_ids: the answer's ids
 
 
 async def send(http: httpx.AsyncClient, model: str, prompt: list[int], max_tokens: int, temperature: float,
-               seed: int) -> RequestRecord:  # fmt: skip
+               seed: int, return_token_ids: bool = False) -> RequestRecord:  # fmt: skip
     rec = RequestRecord(input_len=len(prompt))
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}, "return_mtp_stats": True}
+    if return_token_ids:
+        body["return_token_ids"] = True
     start = last = time.perf_counter()
     try:
         async with http.stream("POST", "/v1/completions", json=body) as r:
@@ -114,6 +117,7 @@ async def send(http: httpx.AsyncClient, model: str, prompt: list[int], max_token
                     rec.error = event["error"]["message"]
                 elif event.get("choices"):  # one chunk per model step (several tokens with MTP)
                     rec.text += event["choices"][0].get("text") or ""
+                    rec.token_ids += event["choices"][0].get("token_ids") or []
                     if rec.ttft_s is None:
                         rec.ttft_s = now - start
                     else:
@@ -250,11 +254,14 @@ def versions() -> dict:
 
 
 async def run_multi_turn(url: str, headers: dict, model: str, workload: dict, out_len: int, concurrency: int,
-                         temperature: float, encode, bar: tqdm) -> dict:  # fmt: skip
+                         temperature: float, bar: tqdm) -> dict:  # fmt: skip
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    ids = workload["resend"] == "ids"
+    encode = workload["encode"]
     async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=httpx.Timeout(3600)) as http:
         records, duration = await multi_turn(
-            lambda prompt: send(http, model, prompt, out_len, temperature, seed=len(prompt)), encode,
+            lambda prompt: send(http, model, prompt, out_len, temperature, seed=len(prompt), return_token_ids=ids),
+            (lambda rec: rec.token_ids) if ids else (lambda rec: encode(rec.text)),
             workload["first"], workload["user_turns"], concurrency, lambda: bar.update(1),
         )
     return summarize(records, duration, concurrency)
@@ -279,7 +286,7 @@ def run_config(url: str, args, prompts, out_lens, label: str, bar: tqdm) -> dict
         before = httpx.get(f"{url}/server_info", headers=headers, timeout=30).json()
         if isinstance(prompts, dict):  # multi-turn conversations
             level = asyncio.run(run_multi_turn(url, headers, model, prompts, args.output_len, c, args.temperature,
-                                               prompts["encode"], bar))  # fmt: skip
+                                               bar))  # fmt: skip
         else:
             level = asyncio.run(run_level(url, headers, model, prompts, out_lens, c, args.temperature, bar))
         after = httpx.get(f"{url}/server_info", headers=headers, timeout=30).json()
@@ -373,6 +380,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--num_groups", type=int, default=4, help="shared_prefix: distinct prefixes")
     p.add_argument("--question_len", type=int, default=128, help="shared_prefix / multi_turn: tokens of a question")
     p.add_argument("--turns", type=int, default=4, help="multi_turn: turns per conversation")
+    p.add_argument("--resend", choices=["text", "ids"], default="text",
+                   help="multi_turn: the answer goes into the next turn re-tokenized from its text (a chat client) or "
+                   "as the server's token ids (return_token_ids; random weights, whose text does not round-trip)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="JSON path (default: benchmark/results/serving_<model>_<...>.json)")
@@ -414,7 +424,7 @@ def main(argv: list[str] | None = None) -> dict:
         turns = [make_prompts(tokenizer, texts, [args.question_len] * (args.turns - 1), rng) if args.turns > 1 else []
                  for _ in first]  # fmt: skip
         prompts = {"first": first, "user_turns": turns,
-                   "encode": lambda text: tokenizer.encode(text, add_special_tokens=False),
+                   "encode": lambda text: tokenizer.encode(text, add_special_tokens=False), "resend": args.resend,
                    "longest": max(in_lens) + (args.turns - 1) * (args.question_len + 2 * args.output_len) + args.output_len}
     else:
         prompts = make_prompts(tokenizer, texts, in_lens, rng)

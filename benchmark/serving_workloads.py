@@ -1,6 +1,6 @@
 """Prefix-cache workloads of benchmark/serving.py: shared prefixes (a few long "system prompts", each followed by
 distinct questions) and multi-turn chats (each turn resends the conversation so far: the previous prompt, the
-answer the server gave, re-tokenized, and a new user message)."""
+answer the server gave, re-tokenized or as the server's token ids, and a new user message)."""
 
 from __future__ import annotations
 
@@ -21,12 +21,13 @@ def shared_prefix_prompts(windows: Callable[[list[int]], list[list[int]]], num_p
     return [prefixes[i % num_groups] + questions[i] for i in order]
 
 
-async def multi_turn(send: Callable[[list[int]], Awaitable], encode: Callable[[str], list[int]],
+async def multi_turn(send: Callable[[list[int]], Awaitable], answer_ids: Callable[[object], list[int]],
                      first: list[list[int]], user_turns: list[list[list[int]]], concurrency: int,
                      on_done: Callable[[], None]) -> tuple[list, float]:  # fmt: skip
     """Conversations (first prompt, then the user messages of later turns), at most `concurrency` at once, each
-    turn after the previous one's answer: prompt = previous prompt + encode(answer) + user message. send(prompt)
-    -> a record with `.text`. Returns the records of every turn and the wall time."""
+    turn after the previous one's answer: prompt = previous prompt + answer_ids(record) + user message (the answer's
+    text re-encoded, as a chat client does, or the server's token ids). send(prompt) -> a record. Returns the
+    records of every turn and the wall time."""
     sem = asyncio.Semaphore(concurrency)
     records = []
 
@@ -39,7 +40,7 @@ async def multi_turn(send: Callable[[list[int]], Awaitable], encode: Callable[[s
                 on_done()
                 if rec.error is not None or turn == len(user_turns[i]):
                     return
-                prompt = prompt + encode(rec.text) + user_turns[i][turn]
+                prompt = prompt + answer_ids(rec) + user_turns[i][turn]
 
     start = time.perf_counter()
     await asyncio.gather(*(conversation(i) for i in range(len(first))))

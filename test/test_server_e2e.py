@@ -123,6 +123,32 @@ def test_openai_client_completions_and_chat(mtp_server, trained_dense_dir):
     assert "".join(parts) == chat.choices[0].message.content
 
 
+def test_return_token_ids_lets_a_client_resend_without_retokenizing(mtp_server, trained_dense_dir):
+    """return_token_ids (vLLM's extension): the prompt's and the answer's ids, streamed per chunk or whole; resending
+    prompt + answer ids hits the prefix cache past the prompt (a re-tokenized answer need not)."""
+    from transformers import AutoTokenizer
+
+    c, model = client(mtp_server), model_name(mtp_server)
+    extra = {"ignore_eos": True, "return_token_ids": True}
+    full = c.completions.create(model=model, prompt=PROMPTS[1] * 6, max_tokens=9, temperature=0, extra_body=extra)
+    choice = full.choices[0].model_extra
+    tok = AutoTokenizer.from_pretrained(trained_dense_dir)
+    assert choice["prompt_token_ids"] == tok.encode(PROMPTS[1] * 6, add_special_tokens=False)
+    assert len(choice["token_ids"]) == 9 and tok.decode(choice["token_ids"]) == full.choices[0].text
+    chunks = list(c.completions.create(model=model, prompt=PROMPTS[1] * 6, max_tokens=9, temperature=0, stream=True,
+                                       extra_body=extra))  # fmt: skip
+    streamed = [x for ch in chunks if ch.choices for x in ch.choices[0].model_extra.get("token_ids", [])]
+    assert streamed == choice["token_ids"]
+    assert chunks[0].choices[0].model_extra["prompt_token_ids"] == choice["prompt_token_ids"]
+    again = c.completions.create(model=model, prompt=choice["prompt_token_ids"] + choice["token_ids"] + [11, 12],
+                                 max_tokens=2, temperature=0, extra_body={"ignore_eos": True})  # fmt: skip
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert cached > len(choice["prompt_token_ids"]), cached
+    chat = c.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi."}], max_tokens=4,
+                                     temperature=0, extra_body=extra)  # fmt: skip
+    assert len(chat.choices[0].model_extra["token_ids"]) == 4 and chat.choices[0].model_extra["prompt_token_ids"]
+
+
 def test_mtp_on_and_off_give_identical_greedy_text(mtp_server, dp_server):
     """The trained checkpoint: MTP accepts long blocks (the multi-token accept path), and the text is unchanged."""
     with_mtp, without = greedy_texts(mtp_server), greedy_texts(dp_server, key="unused")

@@ -34,12 +34,14 @@ def openai_routes(client: EngineClient, encoder: PromptEncoder, model_name: str,
         meta = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": model_name}  # fmt: skip
         if req.stream:
-            return sse_response(client, stream, _completion_chunks(stream, req, meta))
+            return sse_response(client, stream, _completion_chunks(stream, req, meta, prompt_ids))
         try:
             out = await collect(client, stream, request)
         except ClientDisconnected:
             return Response(status_code=499)
         choice = {"index": 0, "text": out.text, "logprobs": None, "finish_reason": out.last.finish_reason}
+        if req.return_token_ids:
+            choice.update(prompt_token_ids=prompt_ids, token_ids=out.token_ids)
         return JSONResponse({**meta, "choices": [choice], "usage": usage(out.last, req.return_mtp_stats)})
 
     @router.post("/v1/chat/completions")
@@ -54,13 +56,15 @@ def openai_routes(client: EngineClient, encoder: PromptEncoder, model_name: str,
                 "model": model_name}  # fmt: skip
         if req.stream:
             chunk_meta = {**meta, "object": "chat.completion.chunk"}
-            return sse_response(client, stream, _chat_chunks(stream, req, chunk_meta, len(prompt_ids)))
+            return sse_response(client, stream, _chat_chunks(stream, req, chunk_meta, prompt_ids))
         try:
             out = await collect(client, stream, request)
         except ClientDisconnected:
             return Response(status_code=499)
         message = {"role": "assistant", "content": out.text}
         choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": out.last.finish_reason}
+        if req.return_token_ids:
+            choice.update(prompt_token_ids=prompt_ids, token_ids=out.token_ids)
         return JSONResponse({**meta, "choices": [choice], "usage": usage(out.last, req.return_mtp_stats)})
 
     return router
@@ -95,22 +99,30 @@ def submit(client: EngineClient, req: SamplingRequest, prompt_ids: list[int], ma
     return client.submit(prompt_ids, params, req.stop_strings, endpoint)
 
 
-async def _completion_chunks(stream: RequestStream, req: CompletionRequest, meta: dict) -> AsyncIterator[dict]:
+async def _completion_chunks(stream: RequestStream, req: CompletionRequest, meta: dict, prompt_ids: list[int]
+                             ) -> AsyncIterator[dict]:  # fmt: skip
+    first = True
     async for d in stream:
         if d.finish_reason == "error":
             yield error_event(d)
             return
         if d.text or d.token_ids or d.finish_reason:
             choice = {"index": 0, "text": d.text, "logprobs": None, "finish_reason": d.finish_reason}
+            if req.return_token_ids:
+                choice["token_ids"] = d.token_ids
+                if first:
+                    choice["prompt_token_ids"], first = prompt_ids, False
             yield _with_usage({**meta, "choices": [choice]}, d, req)
         if d.finish_reason and (req.include_usage or req.return_mtp_stats):
             yield {**meta, "choices": [], "usage": usage(d, req.return_mtp_stats)}
 
 
-async def _chat_chunks(stream: RequestStream, req: ChatCompletionRequest, meta: dict, num_prompt_tokens: int
+async def _chat_chunks(stream: RequestStream, req: ChatCompletionRequest, meta: dict, prompt_ids: list[int]
                        ) -> AsyncIterator[dict]:  # fmt: skip
     first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-    so_far = {"usage": _usage_so_far(num_prompt_tokens, 0)} if req.continuous_usage else {}
+    if req.return_token_ids:
+        first.update(prompt_token_ids=prompt_ids, token_ids=[])
+    so_far = {"usage": _usage_so_far(len(prompt_ids), 0)} if req.continuous_usage else {}
     yield {**meta, "choices": [first], **so_far}
     async for d in stream:
         if d.finish_reason == "error":
@@ -119,6 +131,8 @@ async def _chat_chunks(stream: RequestStream, req: ChatCompletionRequest, meta: 
         if d.text or d.token_ids or d.finish_reason:
             delta = {"content": d.text} if d.text or not d.finish_reason else {}
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": d.finish_reason}
+            if req.return_token_ids:
+                choice["token_ids"] = d.token_ids
             yield _with_usage({**meta, "choices": [choice]}, d, req)
         if d.finish_reason and (req.include_usage or req.return_mtp_stats):
             yield {**meta, "choices": [], "usage": usage(d, req.return_mtp_stats)}

@@ -126,6 +126,9 @@ class SamplingRequest(BaseModel):
     frequency_penalty: float = 0.0
     logit_bias: dict | None = None  # not supported: any non-empty map is refused unread (no per-item errors)
     return_mtp_stats: bool = False  # extension: the request's MTP acceptance in usage["mtp"]
+    # extension (vLLM's name): each choice carries the generated `token_ids` (per chunk when streaming), the first
+    # response also `prompt_token_ids`: a client can resend a conversation without re-tokenizing the answers
+    return_token_ids: bool = False
 
     @field_validator("max_tokens")
     @classmethod

@@ -3,6 +3,8 @@ figure lands in the JSON."""
 
 import json
 
+import pytest
+
 from benchmark import serving
 
 
@@ -42,19 +44,22 @@ def test_launch_compares_configs_and_writes_json(tmp_path, tiny_dense_dir):
     assert [row["concurrency"] for row in on_disk["speedup_vs_no_mtp"]] == [1, 3]
 
 
-def test_multi_turn_workload_hits_the_prefix_cache(tmp_path, tiny_dense_dir):
-    """Each turn resends the conversation: with the cache later turns resume past earlier ones; /nocache: none."""
+@pytest.mark.parametrize("resend", ["text", "ids"])
+def test_multi_turn_workload_hits_the_prefix_cache(tmp_path, tiny_dense_dir, resend):
+    """Each turn resends the conversation (the answer re-tokenized, or its ids from return_token_ids): with the cache
+    later turns resume past earlier ones (with ids past the previous answer too); /nocache: none."""
     out = tmp_path / "multi_turn.json"
     argv = ["--launch", "--model_dir", str(tiny_dense_dir), "--device", "cpu", "--mtp_configs",
             "eagle_with_att:2,eagle_with_att:2/nocache", "--server_args",
             "--max_req_total_len 256 --running_max_req_size 4 --prefix_cache_interval 16 --prefix_cache_state_share 0.5",
             "--concurrency", "2", "--num_prompts", "2", "--input_len", "40", "--output_len", "6", "--workload",
-            "multi_turn", "--turns", "3", "--question_len", "8", "--out", str(out)]  # fmt: skip
+            "multi_turn", "--turns", "3", "--question_len", "8", "--resend", resend, "--out", str(out)]  # fmt: skip
     report = serving.main(argv)
     cached, nocache = report["results"]
     assert [cached["label"], nocache["label"]] == ["eagle_with_att_k2", "eagle_with_att_k2_nocache"]
     for cfg in report["results"]:
         lv = cfg["levels"][0]
         assert lv["completed"] == lv["num_requests"] == 6 and not lv["errors"]
-    assert cached["levels"][0]["prefix_hit_rate"] > 0.3 and nocache["levels"][0]["cached_tokens"] == 0
+    assert cached["levels"][0]["prefix_hit_rate"] > (0.5 if resend == "ids" else 0.3)
+    assert nocache["levels"][0]["cached_tokens"] == 0
     assert cached["server"]["prefix_cache"] and not nocache["server"]["prefix_cache"]
