@@ -170,7 +170,7 @@ case "${1:-}" in
   prefix_serving_27b)  # the multi-turn trace at the 27B shape, MTP k=1, with vs without the prefix cache
     python3 benchmark/serving.py --launch --device cuda --model_shape qwen3.5-27b \
       --mtp_configs eagle_with_att:1,eagle_with_att:1/nocache --workload multi_turn --turns 4 --input_len 1024 \
-      --question_len 128 --output_len 64 --num_prompts 16 --concurrency 8 \
+      --question_len 128 --output_len 64 --num_prompts 16 --concurrency 8 --resend ids \
       --server_args "--max_req_total_len 8192 --running_max_req_size 16 --prefix_cache_interval 256" \
       --out "$out/serving_prefix_multi_turn_qwen3.5-27b_h100.json" ;;
   27b_large_batch)  # one engine per batch size (the engine is sized for its largest batch), graphs up to that size

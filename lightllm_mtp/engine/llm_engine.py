@@ -191,8 +191,13 @@ class LLMEngine:
         return outputs
 
     def _launch_next(self, step: LaunchedStep) -> LaunchedStep | None:
-        """The step after `step`, queued before `step`'s results reach the host; None when there is nothing to run."""
-        ends = {id(r) for r in step.reqs if self._room(r) <= 1}  # this step brings their last token
+        """The step after `step`, queued before `step`'s results reach the host; None when there is nothing to run.
+        Left out: the requests `step` certainly ends (by length); with the prefix cache also those it may end (MTP:
+        within the k+1 tokens a verify can bring of their limit). Such a request then ends with nothing queued, so its
+        committed state is the host's and its end snapshot joins the tree (the next turn of a conversation resumes
+        past its answer); one that does not end skips one step."""
+        near = self.runner.max_tokens_per_step if self.prefix_cache is not None else 1
+        ends = {id(r) for r in step.reqs if self._room(r) <= near}
         scheduled = self.scheduler.schedule(skip=ends)
         return self.runner.launch(scheduled, after=step) if scheduled else None
 
