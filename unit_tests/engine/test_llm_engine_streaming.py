@@ -44,7 +44,8 @@ def test_step_outputs_stream_every_token_once(tiny_dense_dir, mtp):
 
 def test_abort_frees_slots_in_every_state(tiny_dense_dir):
     """Waiting, mid-prompt (chunked) and generating MTP requests (with a pending draft block) all free at once."""
-    e = engine(tiny_dense_dir, chunked_prefill_size=12, mtp_mode="eagle_with_att", mtp_step=2, disable_overlap=True)
+    e = engine(tiny_dense_dir, chunked_prefill_size=12, mtp_mode="eagle_with_att", mtp_step=2, disable_overlap=True,
+               prefix_cache_state_share=0.1)  # KV for the three requests below (the auto share would halve it)
     gen = e.add_request(PROMPTS[1], greedy(30))
     e.step()  # gen prefilled, its first draft block allocated
     assert gen.blocks and all(b.numel() == 3 for b in gen.blocks)  # one more when the next step is queued
