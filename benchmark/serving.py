@@ -276,6 +276,12 @@ def run_config(url: str, args, prompts, out_lens, label: str, bar: tqdm) -> dict
                          f"{info['max_model_len']}")
     model = info["model_name"]
     warm = min(args.num_warmup, len(prompts)) if not isinstance(prompts, dict) else 0
+    if isinstance(prompts, dict) and prompts["warmup"]["first"]:
+        # whole conversations of their own (the measured ones are not cached by it): a fresh server JIT-compiles and
+        # autotunes the Triton kernels of every path (prompt chunks with snapshots, hits, verify) on first use
+        bar.set_description(f"{label} warm-up")
+        asyncio.run(run_multi_turn(url, headers, model, {**prompts, **prompts["warmup"]}, args.output_len,
+                                   len(prompts["warmup"]["first"]), args.temperature, tqdm(disable=True)))  # fmt: skip
     if warm:  # first requests pay one-off costs (CUDA graph capture is at start-up, allocator growth is not)
         bar.set_description(f"{label} warm-up")
         asyncio.run(run_level(url, headers, model, prompts[:warm], [min(n, 16) for n in out_lens[:warm]], warm,
@@ -368,7 +374,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--corpus", default=None, help="directory of text files (default: held-out Python stdlib)")
     p.add_argument("--concurrency", default="1,8,32", help="comma list of in-flight request limits")
     p.add_argument("--num_prompts", type=int, default=64, help="requests per concurrency level")
-    p.add_argument("--num_warmup", type=int, default=2, help="short warm-up requests per server config")
+    p.add_argument("--num_warmup", type=int, default=2,
+                   help="short warm-up requests per server config (multi_turn: whole conversations of their own)")
     p.add_argument("--input_len", type=int, default=512)
     p.add_argument("--output_len", type=int, default=128)
     p.add_argument("--len_dist", choices=["fixed", "uniform"], default="fixed",
@@ -420,10 +427,14 @@ def main(argv: list[str] | None = None) -> dict:
                                         args.num_groups, args.shared_prefix_len, args.question_len, rng)  # fmt: skip
         out_lens = [args.output_len] * args.num_prompts
     elif args.workload == "multi_turn":
-        first = make_prompts(tokenizer, texts, in_lens, rng)
-        turns = [make_prompts(tokenizer, texts, [args.question_len] * (args.turns - 1), rng) if args.turns > 1 else []
-                 for _ in first]  # fmt: skip
-        prompts = {"first": first, "user_turns": turns,
+        def conversations(lens):
+            first = make_prompts(tokenizer, texts, lens, rng)
+            return first, [make_prompts(tokenizer, texts, [args.question_len] * (args.turns - 1), rng)
+                           if args.turns > 1 else [] for _ in first]  # fmt: skip
+
+        first, turns = conversations(in_lens)
+        warm_first, warm_turns = conversations(in_lens[: args.num_warmup])
+        prompts = {"first": first, "user_turns": turns, "warmup": {"first": warm_first, "user_turns": warm_turns},
                    "encode": lambda text: tokenizer.encode(text, add_special_tokens=False), "resend": args.resend,
                    "longest": max(in_lens) + (args.turns - 1) * (args.question_len + 2 * args.output_len) + args.output_len}
     else:
