@@ -42,6 +42,7 @@ from lightllm_mtp.common.req_manager import ReqManager
 from lightllm_mtp.common.state_snapshots import SnapshotPlan, StateSnapshotPool, build_snapshot_plan
 from lightllm_mtp.engine.request import Request
 from lightllm_mtp.kernels.gdn.gated_delta_rule_states import state_save_alignment
+from lightllm_mtp.kernels.triton_utils import to_device_async
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,7 @@ class PrefixCache:
         self.snapshots.restore(snap.slot, req.req_idx)
         slots = torch.cat(req.kv_slots)
         table = self.req_manager.req_to_token
-        table[req.req_idx, : slots.numel()] = slots.to(table.device, non_blocking=True)
+        table[req.req_idx, : slots.numel()] = to_device_async(slots, table.device)  # pinned: never waits for the device
         if self.draft_snapshots is not None:
             self._restore_draft(req, snap, slots.numel())
         snap.pins -= 1
@@ -220,7 +221,7 @@ class PrefixCache:
             table = self.req_manager.req_to_token
             pos = dup.nonzero().flatten()
             dev = table.device  # non-blocking: a blocking copy would wait for the forward just queued
-            table[req.req_idx, pos.to(dev, non_blocking=True)] = tree_slots[dup].to(dev, non_blocking=True)
+            table[req.req_idx, to_device_async(pos, dev)] = to_device_async(tree_slots[dup], dev)
             self.tree.kv_pool.free(own[dup])
         req.kv_slots = [tree_slots, kv[depth:]]
         self.tree.lock(node)
