@@ -140,7 +140,8 @@ def test_return_token_ids_lets_a_client_resend_without_retokenizing(mtp_server, 
     streamed = [x for ch in chunks if ch.choices for x in ch.choices[0].model_extra.get("token_ids", [])]
     assert streamed == choice["token_ids"]
     assert chunks[0].choices[0].model_extra["prompt_token_ids"] == choice["prompt_token_ids"]
-    wait_idle(mtp_server)  # under overlap the answer's end snapshot joins the tree once its queued verify is read
+    wait_idle(mtp_server)  # the answer's end joins the tree when the request ends (nothing of it queued: overlap
+    # leaves a request out of the queued step when the step being read may end it)
     again = c.completions.create(model=model, prompt=choice["prompt_token_ids"] + choice["token_ids"] + [11, 12],
                                  max_tokens=2, temperature=0, extra_body={"ignore_eos": True})  # fmt: skip
     cached = again.usage.prompt_tokens_details.cached_tokens

@@ -31,6 +31,8 @@ def key_elements(tokens: list[int], n: int, lookahead: int) -> list[Key]:
     """The keys of positions 0..n-1 (tokens must reach position n - 1 + lookahead)."""
     if n + lookahead > len(tokens):
         raise ValueError(f"keys of {n} positions need {n + lookahead} tokens, got {len(tokens)}")
+    if n <= 0:
+        return []
     return list(zip(*(tokens[i : i + n] for i in range(lookahead + 1))))  # tuples tokens[p : p + lookahead + 1]
 
 

@@ -19,6 +19,7 @@ import torch
 from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.config.model_config import LayerType, ModelConfig
 from lightllm_mtp.config.spec_config import MtpMode
+from lightllm_mtp.engine.step import kv_lookahead_slots
 
 MIN_SNAPSHOTS = 4
 # prefix_cache_state_share None: room for this many snapshots per request slot (a running prompt's boundaries and
@@ -95,4 +96,6 @@ def cache_budget_of(args: EngineArgs, cfg: ModelConfig, max_model_len: int) -> C
         share = args.prefix_cache_state_share
         if share is None:
             share = auto_state_share(budget * kv, snap, args.max_batch_size)
-    return split_budget(budget, kv, snap, share, min_kv_tokens=max_model_len)
+    # the KV pool keeps one request of max_model_len tokens and its lookahead slots (Scheduler.kv_need) admissible
+    lookahead = kv_lookahead_slots(spec.num_draft_tokens if spec is not None else 0)
+    return split_budget(budget, kv, snap, share, min_kv_tokens=max_model_len + lookahead)

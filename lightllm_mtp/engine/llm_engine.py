@@ -158,7 +158,8 @@ class LLMEngine:
         """Runs one step; returns every request that got tokens in it (for streaming), finished ones flagged.
 
         With overlap (the default), the next step is queued on the device before this one's results are read: the
-        scheduler's next step, without the requests this step certainly ends (by length). Decode / verify rows take
+        scheduler's next step, without the requests this step certainly ends (by length; with the prefix cache also
+        those it may end: `_launch_next`). Decode / verify rows take
         their inputs from the device (plain decoding: this step's sampled tokens; MTP: the blocks the proposer
         opened), prompt chunks from the host. The host then does this step's bookkeeping while the device runs the
         next one. A request that stops in this step (a stop token, eos) wastes its rows of the queued step; `collect`

@@ -10,7 +10,7 @@ from lightllm_mtp.common.basemodel.cuda_graph import CudaGraphSet
 from lightllm_mtp.common.basemodel.stage_graphs import graphed_model_forward, model_graph_set
 from lightllm_mtp.common.parallel_state import pp_broadcast_from_last
 from lightllm_mtp.engine.prefix_cache import PrefixCache
-from lightllm_mtp.engine.step import DecodeStep, HostCopy
+from lightllm_mtp.engine.step import DecodeStep, HostCopy, kv_lookahead_slots
 from lightllm_mtp.engine.request import Request
 from lightllm_mtp.engine.scheduler import ScheduledRequest
 from lightllm_mtp.kernels.sampling.sampling import greedy_sample, sample
@@ -142,7 +142,7 @@ class ModelRunner:
         return batch, sampled
 
     max_tokens_per_step = 1
-    lookahead_slots = 1  # a decode row queued for a request that finishes in the step before (overlap)
+    lookahead_slots = kv_lookahead_slots(0)
 
     @torch.inference_mode()
     def launch(self, scheduled: list[ScheduledRequest], after: DecodeStep | None = None) -> DecodeStep:

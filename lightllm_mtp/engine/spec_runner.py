@@ -23,7 +23,7 @@ from lightllm_mtp.common.parallel_state import pp_broadcast_from_last
 from lightllm_mtp.engine.model_runner import ModelRunner
 from lightllm_mtp.engine.request import Request, RequestStatus
 from lightllm_mtp.engine.scheduler import ScheduledRequest
-from lightllm_mtp.engine.step import HostCopy, PromptChunksLaunch, SpecStep, VerifyLaunch
+from lightllm_mtp.engine.step import HostCopy, PromptChunksLaunch, SpecStep, VerifyLaunch, kv_lookahead_slots
 from lightllm_mtp.spec_decode.adaptive import SpecLengthController
 from lightllm_mtp.spec_decode.draft_state import DRAFTS, NUM_DRAFTS, START
 from lightllm_mtp.spec_decode.proposer import CommittedBlocks, DraftInput, Proposer
@@ -47,8 +47,7 @@ class SpecRunner:
         self.device = runner.device
         self.max_tokens_per_step = self.block_rows
         self.controller = controller
-        # open blocks per request: the one a step verifies, the one it opens, and one more queued ahead (overlap)
-        self.lookahead_slots = 3 * self.block_rows
+        self.lookahead_slots = kv_lookahead_slots(self.num_draft_tokens)
 
     @torch.inference_mode()
     def launch(self, scheduled: list[ScheduledRequest], after: SpecStep | None = None) -> SpecStep:

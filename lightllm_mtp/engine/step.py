@@ -74,6 +74,13 @@ class SpecStep:
 LaunchedStep = Union[DecodeStep, SpecStep]
 
 
+def kv_lookahead_slots(num_draft_tokens: int) -> int:
+    """KV slots a request may hold beyond its tokens (Scheduler.kv_need): plain decoding (0 drafts) 1, a decode row
+    queued for a request that finishes in the step before; MTP 3 blocks of k+1 rows, the one a step verifies, the
+    one it opens and one more queued ahead (overlap)."""
+    return 1 if num_draft_tokens == 0 else 3 * (num_draft_tokens + 1)
+
+
 class StepRunner(Protocol):
     """What the engine drives: ModelRunner (plain decoding) and SpecRunner (speculative decoding)."""
 

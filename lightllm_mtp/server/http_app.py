@@ -110,7 +110,7 @@ def create_app(args: ServerArgs, client: EngineClient, metrics: ServerMetrics, o
             "mtp_step": e.mtp_step,
             "prefix_cache": e.prefix_cache,
             "prefix_cache_interval": e.prefix_cache_interval,
-            "prefix_cache_state_share": e.prefix_cache_state_share,
+            "prefix_cache_state_share": "auto" if e.prefix_cache_state_share is None else e.prefix_cache_state_share,
             "prefix_cache_hit_rate": _hit_rate(client.worker_stats.values()),
             "outstanding": list(client.router.outstanding),
             "workers": [dataclasses.asdict(client.worker_stats[r]) for r in sorted(client.worker_stats)],

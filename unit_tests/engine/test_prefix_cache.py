@@ -107,7 +107,7 @@ def test_small_pool_forces_evictions(tiny_dense_mtp3_dir, mode):
     ref = run(build(tiny_dense_mtp3_dir, False, max_batch_size=2, **MODES[mode]), batches)
     llm = build(tiny_dense_mtp3_dir, True, max_batch_size=2, max_model_len=48, max_total_token_num=480,
                 prefix_cache_state_share=0.9, **MODES[mode])  # fmt: skip
-    assert llm.engine.model.caches.kv_pool.size == 48
+    assert llm.engine.model.caches.kv_pool.size == 48 + llm.engine.scheduler.lookahead_slots  # one request fits
     pool, evicted = llm.engine.model.caches.kv_pool, []
     reclaim = pool.reclaim
     pool.reclaim = lambda n: evicted.append(reclaim(n)) or evicted[-1]
@@ -175,6 +175,21 @@ def test_request_ending_on_a_stop_token_leaves_its_end(tiny_dense_mtp3_dir, over
     out = llm.generate([resend], greedy())[0]
     assert out.token_ids == ref.token_ids and out.spec == ref.spec
     assert out.num_cached_tokens == len(prompt) + i + overlap  # up to the stop token, or past it (overlap)
+    check_accounting(llm)
+
+
+def test_length_capped_answer_is_cached_to_its_end_under_overlap(trained_dense_dir):
+    """Eagle MTP with overlap: an answer that ends by max_new_tokens leaves the tree its end (the queued step never
+    holds a request the step being read may end), so a resend of prompt + answer + a new turn recomputes only the new
+    turn and the draft lookahead, whatever the length the answer ended at. (A trained checkpoint: its steps bring
+    several tokens, so a step may end a request without certainly ending it.)"""
+    llm = build(trained_dense_dir, True, **MODES["eagle"])
+    lookahead = 1
+    for n in range(3, 12):
+        prompt = SYSTEM + [n, 900 + n]
+        answer = llm.generate([prompt], greedy(n))[0].token_ids
+        out = llm.generate([prompt + answer + [11, 12]], greedy(2))[0]
+        assert len(prompt) + n + 2 - out.num_cached_tokens == 2 + lookahead, n
     check_accounting(llm)
 
 

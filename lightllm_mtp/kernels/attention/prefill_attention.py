@@ -134,8 +134,9 @@ def flash_attention_triton(
     compute_fp32 = q.dtype != k_buffer.dtype or k_buffer.dtype == torch.float32
     # sm_90 builds, D=256 bf16: M=64, N=64, 8 warps ~205 registers and 160 KiB shared memory, no spills
     if block_m is None:  # 128-row tiles at head dim 256 in bf16 need ~192 KiB of shared memory (sm90: 227 KiB)
-        wide = max(block_d, block_dv) > 128 and (compute_fp32 or _smem_per_block(q.device) < 200 * 1024)
-        block_m = min(64 if wide else 128, max(16, triton.next_power_of_2(max_q_len * group)))
+        big = max(block_d, block_dv)
+        fits = big <= 256 and not compute_fp32 and num_stages <= 2 and _smem_per_block(q.device) >= 200 * 1024
+        block_m = min(64 if big > 128 and not fits else 128, max(16, triton.next_power_of_2(max_q_len * group)))
     if block_n is None:
         block_n = 32 if compute_fp32 else 64
     grid = (triton.cdiv(max_q_len * group, block_m), bsz, hkv)
