@@ -267,7 +267,7 @@ async def run_multi_turn(url: str, headers: dict, model: str, workload: dict, ou
     return summarize(records, duration, concurrency)
 
 
-def run_config(url: str, args, prompts, out_lens, label: str, bar: tqdm) -> dict:
+def run_config(url: str, args, prompts, out_lens, label: str, bar: tqdm, level_prompts: list | None = None) -> dict:
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     info = httpx.get(f"{url}/server_info", headers=headers, timeout=30).json()
     longest = prompts["longest"] if isinstance(prompts, dict) else max(len(p) + n for p, n in zip(prompts, out_lens))
@@ -287,14 +287,15 @@ def run_config(url: str, args, prompts, out_lens, label: str, bar: tqdm) -> dict
         asyncio.run(run_level(url, headers, model, prompts[:warm], [min(n, 16) for n in out_lens[:warm]], warm,
                               args.temperature, tqdm(disable=True)))  # fmt: skip
     levels = []
-    for c in args.concurrency:
+    for i, c in enumerate(args.concurrency):
         bar.set_description(f"{label} concurrency {c}")
         before = httpx.get(f"{url}/server_info", headers=headers, timeout=30).json()
         if isinstance(prompts, dict):  # multi-turn conversations
-            level = asyncio.run(run_multi_turn(url, headers, model, prompts, args.output_len, c, args.temperature,
-                                               bar))  # fmt: skip
+            level = asyncio.run(run_multi_turn(url, headers, model, {**prompts, **level_prompts[i]}, args.output_len, c,
+                                               args.temperature, bar))  # fmt: skip
         else:
-            level = asyncio.run(run_level(url, headers, model, prompts, out_lens, c, args.temperature, bar))
+            these = level_prompts[i] if level_prompts else prompts
+            level = asyncio.run(run_level(url, headers, model, these, out_lens, c, args.temperature, bar))
         after = httpx.get(f"{url}/server_info", headers=headers, timeout=30).json()
         level["server_side"] = server_side(before, after, level["duration_s"])
         levels.append(level)
@@ -422,9 +423,14 @@ def main(argv: list[str] | None = None) -> dict:
     in_lens = sample_lengths(args.num_prompts, args.input_len, args.len_dist, args.range_ratio, rng)
     out_lens = sample_lengths(args.num_prompts, args.output_len, args.len_dist, args.range_ratio, rng)
     texts = corpus_texts(args.corpus)
+    level_prompts = None  # prefix-cache workloads: fresh questions / conversations per concurrency level, so that a
+    # level does not hit what the levels before it cached
     if args.workload == "shared_prefix":
-        prompts = shared_prefix_prompts(lambda lens: make_prompts(tokenizer, texts, lens, rng), args.num_prompts,
-                                        args.num_groups, args.shared_prefix_len, args.question_len, rng)  # fmt: skip
+        prefixes = make_prompts(tokenizer, texts, [args.shared_prefix_len] * args.num_groups, rng)
+        level_prompts = [shared_prefix_prompts(prefixes, make_prompts(tokenizer, texts, [args.question_len] *
+                                                                      args.num_prompts, rng), rng)
+                         for _ in args.concurrency]  # fmt: skip
+        prompts = level_prompts[0]
         out_lens = [args.output_len] * args.num_prompts
     elif args.workload == "multi_turn":
         def conversations(lens):
@@ -432,9 +438,9 @@ def main(argv: list[str] | None = None) -> dict:
             return first, [make_prompts(tokenizer, texts, [args.question_len] * (args.turns - 1), rng)
                            if args.turns > 1 else [] for _ in first]  # fmt: skip
 
-        first, turns = conversations(in_lens)
+        level_prompts = [dict(zip(("first", "user_turns"), conversations(in_lens))) for _ in args.concurrency]
         warm_first, warm_turns = conversations(in_lens[: args.num_warmup])
-        prompts = {"first": first, "user_turns": turns, "warmup": {"first": warm_first, "user_turns": warm_turns},
+        prompts = {**level_prompts[0], "warmup": {"first": warm_first, "user_turns": warm_turns},
                    "encode": lambda text: tokenizer.encode(text, add_special_tokens=False), "resend": args.resend,
                    "longest": max(in_lens) + (args.turns - 1) * (args.question_len + 2 * args.output_len) + args.output_len}
     else:
@@ -450,7 +456,7 @@ def main(argv: list[str] | None = None) -> dict:
     bar = tqdm(total=total, desc="serving benchmark", disable=ENV.disable_progress_bars)
     for label, flags in configs:
         if not args.launch:
-            report["results"].append(run_config(args.url, args, prompts, out_lens, label, bar))
+            report["results"].append(run_config(args.url, args, prompts, out_lens, label, bar, level_prompts))
             continue
         from lightllm_mtp.server.launcher import ServerProcess
 
@@ -459,7 +465,7 @@ def main(argv: list[str] | None = None) -> dict:
                         *extra_flags, "--log_level", "warning", *shlex.split(args.server_args)]  # fmt: skip
         log = Path(tempfile.mkdtemp(prefix="serving_bench_")) / f"{label}.log"
         with ServerProcess(server_flags, log).start(timeout_s=args.start_timeout) as server:
-            result = run_config(server.url, args, prompts, out_lens, label, bar)
+            result = run_config(server.url, args, prompts, out_lens, label, bar, level_prompts)
         result["server_command"] = " ".join(shlex.quote(a) for a in server.cmd)
         report["results"].append(result)
     bar.close()

@@ -10,15 +10,12 @@ import time
 from typing import Awaitable, Callable
 
 
-def shared_prefix_prompts(windows: Callable[[list[int]], list[list[int]]], num_prompts: int, num_groups: int,
-                          prefix_len: int, question_len: int, rng: random.Random) -> list[list[int]]:  # fmt: skip
-    """num_prompts prompts: group i % num_groups's prefix of prefix_len tokens + a fresh question of question_len
-    (windows(lengths) -> token windows of the corpus)."""
-    prefixes = windows([prefix_len] * num_groups)
-    questions = windows([question_len] * num_prompts)
-    order = list(range(num_prompts))
+def shared_prefix_prompts(prefixes: list[list[int]], questions: list[list[int]], rng: random.Random) -> list[list[int]]:
+    """One prompt per question: prefix i % len(prefixes) (a few long "system prompts") + the question, in an order
+    that interleaves the groups."""
+    order = list(range(len(questions)))
     rng.shuffle(order)  # groups interleave
-    return [prefixes[i % num_groups] + questions[i] for i in order]
+    return [prefixes[i % len(prefixes)] + questions[i] for i in order]
 
 
 async def multi_turn(send: Callable[[list[int]], Awaitable], answer_ids: Callable[[object], list[int]],

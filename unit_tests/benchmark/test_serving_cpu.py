@@ -63,3 +63,16 @@ def test_multi_turn_workload_hits_the_prefix_cache(tmp_path, tiny_dense_dir, res
     assert cached["levels"][0]["prefix_hit_rate"] > (0.5 if resend == "ids" else 0.3)
     assert nocache["levels"][0]["cached_tokens"] == 0
     assert cached["server"]["prefix_cache"] and not nocache["server"]["prefix_cache"]
+
+
+def test_shared_prefix_levels_ask_fresh_questions(tmp_path, tiny_dense_dir):
+    """Each concurrency level sends the same prefixes with new questions: a level hits the prefixes (the levels
+    before it cached them too) but never a whole earlier prompt."""
+    out = tmp_path / "shared_prefix.json"
+    prefix_len, n = 48, 4
+    argv = ["--launch", "--model_dir", str(tiny_dense_dir), "--device", "cpu", "--mtp_configs", "none", "--server_args",
+            "--max_req_total_len 256 --running_max_req_size 4 --prefix_cache_interval 16", "--concurrency", "2,2",
+            "--num_prompts", str(n), "--workload", "shared_prefix", "--shared_prefix_len", str(prefix_len),
+            "--num_groups", "2", "--question_len", "8", "--output_len", "4", "--out", str(out)]  # fmt: skip
+    first, second = serving.main(argv)["results"][0]["levels"]
+    assert 0 < second["cached_tokens"] <= n * prefix_len and first["cached_tokens"] <= n * prefix_len
