@@ -146,12 +146,16 @@ def test_evictions_stops_and_aborts_replay_alike(tp, pp, host_snapshots):
     per = snapshot_bytes(ModelConfig.from_model_dir(DENSE), 4)
     small = dict(prefix_cache=True, prefix_cache_interval=INTERVAL, max_total_token_num=2400,
                  prefix_cache_state_share=0.95, prefix_cache_host_gb=host_snapshots * per / 2**30)  # fmt: skip
-    # 128 KV slots, 16 device snapshots
     want = [run(engine(DENSE, mtp)) for _ in range(2)]
     ref = engine(DENSE, mtp, **small)
     ref_out = [run(ref) for _ in range(2)]
     eng = engine(DENSE, mtp, tp=tp, pp=pp, **small)
-    assert eng.model.caches.kv_pool.size == 128 and eng.prefix_cache.snapshots.size == 16
+    try:  # one max-length request (128 tokens and its MTP lookahead slots) of KV, 16 device snapshots
+        assert eng.model.caches.kv_pool.size == ref.model.caches.kv_pool.size == 128 + ref.scheduler.lookahead_slots
+        assert eng.prefix_cache.snapshots.size == ref.prefix_cache.snapshots.size == 16
+    except AssertionError:
+        eng.shutdown()  # the followers wait for the driver otherwise
+        raise
     pool, evicted = eng.model.caches.kv_pool, []
     reclaim = pool.reclaim
     pool.reclaim = lambda n: evicted.append(reclaim(n)) or evicted[-1]
