@@ -26,8 +26,11 @@ import torch
 from lightllm_mtp.common.basemodel.basemodel import TpPartBaseModel
 from lightllm_mtp.common.basemodel.cuda_graph import GraphedForward
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode
+from lightllm_mtp.kernels.triton_utils import to_device_async
 from lightllm_mtp.spec_decode.proposer import DraftInput, Proposer
 from lightllm_mtp.spec_decode.step_builder import StepBuilder
+
+CATCH_UP_ROWS = 4096  # rows of one catch-up pass (the engine's default prompt chunk)
 
 
 class DraftModelProposer(Proposer):
@@ -63,20 +66,24 @@ class DraftModelProposer(Proposer):
     def catch_up(self, req_idx: int, tokens: list[int], start: int) -> None:
         """Prefix cache (engine/prefix_cache.py): advances request slot req_idx's draft GDN state, restored at
         position `start` (0: none), over `tokens` at positions start.., whose draft KV the page table already points
-        at (the tree's slots): one eager EXTEND pass whose own KV writes go to the padding slot."""
-        n, dev = len(tokens), self.draft.rt.device
+        at (the tree's slots): eager EXTEND passes of at most CATCH_UP_ROWS rows (a prompt chunk's activations at
+        most) whose own KV writes go to the padding slot."""
+        dev = self.draft.rt.device
 
         def on_dev(values, dtype):
-            return torch.tensor(values, dtype=dtype).to(dev, non_blocking=True)
+            return to_device_async(torch.tensor(values, dtype=dtype), dev)
 
-        self.draft.forward(ForwardBatch(
-            mode=ForwardMode.EXTEND, input_ids=on_dev(tokens, torch.int64),
-            positions=torch.arange(start, start + n, device=dev),
-            mem_index=torch.full((n,), self.draft.caches.kv_pool.hold_slot, dtype=torch.int32, device=dev),
-            b_req_idx=on_dev([req_idx], torch.int32), b_seq_len=on_dev([start + n], torch.int32),
-            b1_cu_q_len=on_dev([0, n], torch.int32), b_has_initial_state=on_dev([start > 0], torch.bool),
-            b_logits_index=on_dev([n - 1], torch.int64), max_q_len=n, host_q_lens=(n,),
-        ))  # fmt: skip
+        for at in range(0, len(tokens), CATCH_UP_ROWS):
+            piece, pos = tokens[at : at + CATCH_UP_ROWS], start + at
+            n = len(piece)
+            self.draft.forward(ForwardBatch(
+                mode=ForwardMode.EXTEND, input_ids=on_dev(piece, torch.int64),
+                positions=torch.arange(pos, pos + n, device=dev),
+                mem_index=torch.full((n,), self.draft.caches.kv_pool.hold_slot, dtype=torch.int32, device=dev),
+                b_req_idx=on_dev([req_idx], torch.int32), b_seq_len=on_dev([pos + n], torch.int32),
+                b1_cu_q_len=on_dev([0, n], torch.int32), b_has_initial_state=on_dev([pos > 0], torch.bool),
+                b_logits_index=on_dev([n - 1], torch.int64), max_q_len=n, host_q_lens=(n,),
+            ))  # fmt: skip
 
     def _argmax(self, logits: torch.Tensor) -> torch.Tensor:
         best = logits.argmax(dim=-1)

@@ -12,6 +12,7 @@ from lightllm_mtp import LLM, SamplingParams
 from lightllm_mtp.common.radix_cache import key_elements
 from lightllm_mtp.common.state_snapshots import StateSnapshotPool
 from lightllm_mtp.engine.runner_factory import draft_snapshot_pool
+from lightllm_mtp.spec_decode import draft_model_proposer
 from lightllm_mtp.tools.default_checkpoint import FIXTURES_DIR
 from unit_tests.engine.test_prefix_cache import check_accounting
 from unit_tests.spec_decode.test_draft_model import _recompute
@@ -114,13 +115,15 @@ def run_checking_draft_state(engine, prompt, params) -> list[int]:
     return req
 
 
-@pytest.mark.parametrize("pard", [False, True], ids=["draft_model", "pard"])
-def test_draft_state_cached_and_resumed_equals_recompute(pard):
+@pytest.mark.parametrize("pard,catch_up_rows", [(False, 4096), (True, 4096), (False, 1)],
+                         ids=["draft_model", "pard", "draft_model-catch_up_in_1_row_passes"])
+def test_draft_state_cached_and_resumed_equals_recompute(pard, catch_up_rows, monkeypatch):
     """The draft's half of each prompt snapshot and its KV in the tree's slots equal a fresh prefill of the draft; a
     request resuming from them has after every step the draft state of a fresh prefill over its committed tokens. A
     finished request's end snapshot holds the draft's state one row before its committed one when its last verify
     accepted a draft, else it is partial and a hit advances the draft from the snapshot above (catch-up): both resume
-    with the draft state, tokens and acceptance of no cache."""
+    with the draft state, tokens and acceptance of no cache (also when the catch-up runs in passes of a few rows)."""
+    monkeypatch.setattr(draft_model_proposer, "CATCH_UP_ROWS", catch_up_rows)
     llm = build(True, pard, disable_overlap=True)
     engine = llm.engine
     prompt = [(13 * i) % 500 + 7 for i in range(27)]
