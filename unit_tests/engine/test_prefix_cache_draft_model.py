@@ -14,14 +14,13 @@ from lightllm_mtp.common.state_snapshots import StateSnapshotPool
 from lightllm_mtp.engine.runner_factory import draft_snapshot_pool
 from lightllm_mtp.spec_decode import draft_model_proposer
 from lightllm_mtp.tools.default_checkpoint import FIXTURES_DIR
-from unit_tests.engine.test_prefix_cache import check_accounting
+from unit_tests.engine.test_prefix_cache import INTERVAL, SYSTEM, check_accounting
+from unit_tests.engine.test_prefix_cache import rounds as prefix_cache_rounds
 from unit_tests.spec_decode.test_draft_model import _recompute
 
 TARGET = FIXTURES_DIR / "tiny_qwen3_5_trained"
 DRAFTS = {False: FIXTURES_DIR / "tiny_qwen3_5_draft_trained", True: FIXTURES_DIR / "tiny_qwen3_5_draft_pard_trained"}
 K = 2
-INTERVAL = 8
-SYSTEM = [(37 * i) % 700 + 3 for i in range(21)]
 ATOL = dict(atol=2e-5, rtol=1e-4)  # window / verify rows vs a prefill: fp32 rounding of differently shaped GEMMs
 
 
@@ -39,17 +38,10 @@ def build(cache, pard, **kw):
 
 
 def rounds(first_output):
-    """A cold request; two concurrent questions on the system prompt; a branch at every offset of a snapshot
-    interval; a multi-turn resend of the first chat with 0..3 new tokens; its prompt + 1..k+1 new tokens."""
+    """test_prefix_cache's batches (a cold request, concurrent questions on the system prompt, a branch at every
+    offset of a snapshot interval, a multi-turn resend), then the first chat's prompt + 1..k+1 new tokens."""
     q1 = SYSTEM + [11, 12, 13, 14]
-    turn = q1 + first_output
-    return [
-        [q1],
-        [SYSTEM + [21, 22, 23], SYSTEM + [31, 32, 33, 34, 35, 36]],
-        [SYSTEM[: 2 * INTERVAL + j] + [600 + j, 601, 602] for j in range(INTERVAL)],
-        [turn + [40 + i for i in range(j)] for j in range(4)],
-        [q1 + [50 + i for i in range(j)] for j in range(1, K + 2)],
-    ]
+    return prefix_cache_rounds(first_output) + [[q1 + [50 + i for i in range(j)] for j in range(1, K + 2)]]
 
 
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "sync"])
