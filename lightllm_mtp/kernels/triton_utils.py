@@ -36,6 +36,18 @@ def num_sms(device: torch.device) -> int:
     return sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+@functools.cache
+def _smem_optin(device_index: int) -> int:
+    return getattr(torch.cuda.get_device_properties(device_index), "shared_memory_per_block_optin", 0)
+
+
+def shared_memory_per_block(device: torch.device) -> int:
+    """Bytes of shared memory one block may opt in to on a CUDA device; 0 elsewhere (or when torch does not say)."""
+    if device.type != "cuda":
+        return 0
+    return _smem_optin(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def to_device_async(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     """A host tensor made on the host for the next launch -> `device` without waiting for the queued work: on CUDA
     through pinned memory with a non-blocking copy (a pageable copy would sync the stream), elsewhere a plain copy."""

@@ -6,7 +6,6 @@ which spread each request's KV over many programs; longer blocks run a flash-att
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -14,7 +13,7 @@ import torch
 from lightllm_mtp.kernels._validate import check_device, check_index, check_shape
 from lightllm_mtp.kernels.attention.decode_attention import splitk_attention_triton
 from lightllm_mtp.kernels.attention.paged_attention import check_paged_attention_args
-from lightllm_mtp.kernels.triton_utils import triton_available, use_triton
+from lightllm_mtp.kernels.triton_utils import shared_memory_per_block, triton_available, use_triton
 
 _OP = "prefill_attention"
 _SCORE_BUDGET = 1 << 24  # fp32 score elements materialised at once by the reference
@@ -135,7 +134,7 @@ def flash_attention_triton(
     # sm_90 builds, D=256 bf16: M=64, N=64, 8 warps ~205 registers and 160 KiB shared memory, no spills
     if block_m is None:  # 128-row tiles at head dim 256 in bf16 need ~192 KiB of shared memory (sm90: 227 KiB)
         big = max(block_d, block_dv)
-        fits = big <= 256 and not compute_fp32 and num_stages <= 2 and _smem_per_block(q.device) >= 200 * 1024
+        fits = big <= 256 and not compute_fp32 and num_stages <= 2 and shared_memory_per_block(q.device) >= 200 * 1024
         block_m = min(64 if big > 128 and not fits else 128, max(16, triton.next_power_of_2(max_q_len * group)))
     if block_n is None:
         block_n = 32 if compute_fp32 else 64
@@ -148,12 +147,6 @@ def flash_attention_triton(
         num_warps=num_warps or (8 if block_m * block_dv >= 128 * 128 else 4), num_stages=num_stages,
     )
     return out
-
-
-@functools.cache
-def _smem_per_block(device: torch.device) -> int:
-    props = torch.cuda.get_device_properties(device) if device.type == "cuda" else None
-    return getattr(props, "shared_memory_per_block_optin", 0) if props is not None else 0
 
 
 if triton_available():
