@@ -16,6 +16,7 @@ Activations, the page table and the logits are left out (small next to the above
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import torch
@@ -108,9 +109,7 @@ def prefill_gemm_flops(cfg: ModelConfig, specs: list[TensorSpec], tokens: int) -
     for spec in specs:
         if spec.name == embed or spec.name.endswith("lm_head.weight") or len(spec.shape) < 2:
             continue
-        n = 1
-        for d in spec.shape:
-            n *= d
+        n = math.prod(spec.shape)
         if spec.name.endswith(ROUTED_EXPERT_SUFFIXES):
             assert cfg.moe is not None
             per_token += n * cfg.moe.num_experts_per_tok / cfg.moe.num_experts

@@ -48,17 +48,10 @@ def python_profile(engine, prompt: list[int], top: int = 45) -> dict:
     import io
     import pstats
 
-    sync = torch.cuda.synchronize if engine.args.device.type == "cuda" else (lambda: None)
-    sync()
     profiler = cProfile.Profile()
-    start = time.perf_counter()
     profiler.enable()
-    engine.add_request(prompt, SamplingParams(temperature=0.0, max_new_tokens=1, ignore_eos=True))
-    while engine.has_unfinished():
-        engine.step()
-    sync()
+    total, _ = ttft_ms(engine, prompt)
     profiler.disable()
-    total = (time.perf_counter() - start) * 1e3
     tables = {}
     for key in ("tottime", "cumulative"):
         text = io.StringIO()
