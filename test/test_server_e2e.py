@@ -1,3 +1,4 @@
+# Over 500 lines: every test shares the module's real server processes (started once, minutes on CPU).
 """End to end: the real `python -m lightllm_mtp.server.api_server` on CPU with the tiny checkpoint, driven by the
 official openai client, httpx and prometheus_client's parser.
 
