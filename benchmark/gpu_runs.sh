@@ -27,6 +27,9 @@
 #                                       # their acceptance on the GPU; packed like train_mtp3_ptd
 #   bash benchmark/gpu_runs.sh prefix_serving_27b  # 27B shape behind the server, MTP k=1: multi-turn with vs without
 #                                       # the prefix cache (server extra: carry .whl_server too)
+#   bash benchmark/gpu_runs.sh multi_turn_steps  # the multi-turn trace of prefix_serving_27b on the engine directly,
+#                                       # every step timed, cache on vs off, and the host lines that wait on the device
+#   bash benchmark/gpu_runs.sh prefix_sync_sites  # prefix_cache's TTFTs and the host lines that wait on the device
 #   bash benchmark/gpu_runs.sh 27b_large_batch  # 27B no-spec decode at B=64,96,128 (as memory allows)
 #   bash benchmark/gpu_runs.sh tp2_27b  # 27B on 2 GPUs (nvidia-h200-x2): tp=1, then tp=2 (+ MTP k=1), then pp=2 + MTP
 #                                       # k=1, at B=1,32; then the tp/pp CPU tests on the GPU machine's cores
@@ -138,6 +141,14 @@ case "${1:-}" in
       --out "$out/prefix_cache_ttft_qwen3.5-27b_h100.json"
     python3 -m pytest -q -m gpu test/test_gpu_prefix_cache.py test/test_gpu_prefix_cache_draft_model.py \
       unit_tests/spec_decode/test_draft_model_gpu.py unit_tests/kernels/gdn/test_gated_delta_rule_states.py ;;
+  multi_turn_steps)  # the multi-turn trace on the engine (no server), every step timed, cache on vs off, then where
+    # the host waits on the device during it (CUDA sync debug mode)
+    python3 benchmark/multi_turn_steps.py --model_shape qwen3.5-27b --device cuda --mtp_mode eagle_with_att --mtp_step 1 \
+      --sync_sites --out "$out/multi_turn_steps_qwen3.5-27b_h100.json" ;;
+  prefix_sync_sites)  # the warm / cold TTFT of an 8k prefix + 128 and the host lines that wait on the device in them
+    python3 benchmark/prefix_cache_ttft.py --model_shape qwen3.5-27b --device cuda --prefix_len 8192 --question_len 128 \
+      --mtp_mode eagle_with_att --mtp_step 1 --prefix_cache_interval 256 --max_total_token_num 65536 --repeats 2 \
+      --sync_sites --out "$out/prefix_cache_ttft_sync_sites_qwen3.5-27b_h100.json" ;;
   mixed)
     mixed=(python3 benchmark/mixed_workload.py --model_shape qwen3.5-27b --device cuda --concurrency 32 --num_requests 96
            --input_len 1024 --output_len 64 --chunked_prefill_size 2048 --mtp_mode eagle_with_att --mtp_step 1)
@@ -193,5 +204,5 @@ case "${1:-}" in
       --mtp_mode eagle_with_att --mtp_step 1 --out "$out/profile_35b_a3b_bs32_mtp_k1_moe_kernels.json" ;;
   peer) bench --model_shape qwen3.5-27b --batch_sizes 1,8 --output_len 32 --hf_peer --hf_batch_sizes 1,8 \
       --out "$out/static_qwen3.5-27b_hf_peer_h100.json" ;;
-  *) echo "usage: $0 tests|tests_spec|tests_prefill|prefill16k|35b_prefill|prefill_attention_tiles|train_mtp3_ptd|draft_cost|draft_vocab|adaptive_grid|draft_model_cost|train_drafts|27b|27b_k1|27b_large_batch|35b|35b_k1|moe_kernels|moe_prefill|profile_35b|peer|mixed|serving_27b|serving_35b|serving_tiny|prefix_cache|prefix_serving|prefix_serving_27b|tp2_27b|pp_one_gpu" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|tests_spec|tests_prefill|prefill16k|35b_prefill|prefill_attention_tiles|train_mtp3_ptd|draft_cost|draft_vocab|adaptive_grid|draft_model_cost|train_drafts|27b|27b_k1|27b_large_batch|35b|35b_k1|moe_kernels|moe_prefill|profile_35b|peer|mixed|serving_27b|serving_35b|serving_tiny|prefix_cache|prefix_serving|prefix_serving_27b|multi_turn_steps|prefix_sync_sites|tp2_27b|pp_one_gpu" >&2; exit 2 ;;
 esac

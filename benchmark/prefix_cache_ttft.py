@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmark.model_source import build_engine, resolve_source  # noqa: E402
 from benchmark.static_inference import free_device_memory  # noqa: E402
-from benchmark.timing import device_info, versions  # noqa: E402
+from benchmark.timing import device_info, sync_sites, versions  # noqa: E402
 from lightllm_mtp.sampling_params import SamplingParams  # noqa: E402
 
 
@@ -124,6 +124,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--mtp_step", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--breakdown", action="store_true", help="profile a cold request (both engines) and warm ones: torch.profiler, then cProfile")
+    p.add_argument("--sync_sites", action="store_true",
+                   help="a cold and a warm request under CUDA's sync debug mode: where the host waits on the device")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     ns = argparse.Namespace(model_dir=args.model_dir, model_shape=args.model_shape, seed=args.seed, device=args.device,
@@ -176,6 +178,12 @@ def main(argv: list[str] | None = None) -> dict:
                 print(b["top_device"], b["top_host"], {k: v for k, v in b.items() if not k.startswith("top")}, sep="\n")
                 b = rows[label]["warm_python_profile"] = python_profile(engine, fresh + tokens(args.question_len))
                 print(b["by_own_time"], b["by_cumulative_time"], sep="\n")
+        if args.sync_sites:
+            fresh = tokens(args.prefix_len)
+            for kind in ("cold", "warm") if cache else ("cold",):
+                _, sites = sync_sites(lambda: ttft_ms(engine, fresh + tokens(args.question_len)))
+                rows[label][f"{kind}_sync_sites"] = sites
+                print(label, kind, "sync sites", json.dumps(sites, indent=1), flush=True)
         print(label, json.dumps({k: v for k, v in rows[label].items() if "median" in k}), flush=True)
         del engine
         free_device_memory(torch.device(args.device))

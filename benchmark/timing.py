@@ -1,10 +1,15 @@
-"""Timing helpers shared by the benchmarks: device sync, percentiles, copy bandwidth, forward timers, versions."""
+"""Timing helpers shared by the benchmarks: device sync, percentiles, copy bandwidth, forward timers, versions,
+the host lines that wait on the device."""
 
 from __future__ import annotations
 
+import collections
 import math
 import platform
 import time
+import traceback
+import warnings
+from pathlib import Path
 
 import torch
 
@@ -169,3 +174,26 @@ def device_info(device: torch.device) -> dict:
         p = torch.cuda.get_device_properties(device)
         return {"type": "cuda", "name": p.name, "memory_GiB": p.total_memory / 2**30, "cuda": torch.version.cuda}
     return {"type": "cpu", "name": platform.processor() or platform.machine(), "threads": torch.get_num_threads()}
+
+
+def sync_sites(fn, depth: int = 4) -> tuple[object, list[tuple[str, int]]]:
+    """Runs fn with CUDA's sync debug mode on: where the host waited on the device (the innermost `depth` Python
+    frames of each synchronizing call), with counts, most frequent first."""
+    if not torch.cuda.is_available():
+        return fn(), []
+    counts: collections.Counter = collections.Counter()
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" in str(message):
+            frames = [f for f in traceback.extract_stack()[:-1] if "warnings" not in f.filename][-depth:]
+            counts[" <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in reversed(frames))] += 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            result = fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return result, counts.most_common(40)
