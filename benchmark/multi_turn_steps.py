@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 import sys
 import time
@@ -26,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmark.model_source import build_engine, resolve_source  # noqa: E402
 from benchmark.static_inference import free_device_memory  # noqa: E402
-from benchmark.timing import device_info, summary, sync, sync_sites, versions  # noqa: E402
+from benchmark.timing import TritonCompiles, device_info, summary, sync, sync_sites, versions  # noqa: E402
 from lightllm_mtp.sampling_params import SamplingParams  # noqa: E402
 
 CACHE_METHODS = ("match", "admitted", "restore", "plan", "after_launch", "on_finish")
@@ -71,19 +72,7 @@ def run_trace(engine, first: list[list[int]], user_turns: list[list[list[int]]],
     def start(conv: int, turn: int, prompt: list[int]) -> None:
         live[id(engine.add_request(prompt, params))] = (conv, turn, prompt, time.perf_counter())
 
-    while todo and len(live) < concurrency:
-        c = todo.popleft()
-        start(c, 0, first[c])
-    steps = []
-    sync(engine.args.device)
-    t0 = time.perf_counter()
-    while engine.has_unfinished():
-        n_launched = len(log.launched)
-        t = time.perf_counter()
-        outputs = engine.step_outputs()
-        wall = (time.perf_counter() - t) * 1e3
-        kinds = log.launched[n_launched:]
-        steps.append({"ms": wall, "launched": kinds})
+    def advance(outputs) -> None:
         now = time.perf_counter()
         for o in outputs:
             conv, turn, prompt, arrived = live[id(o.request)]
@@ -99,6 +88,21 @@ def run_trace(engine, first: list[list[int]], user_turns: list[list[list[int]]],
             elif todo:
                 c = todo.popleft()
                 start(c, 0, first[c])
+
+    while todo and len(live) < concurrency:
+        c = todo.popleft()
+        start(c, 0, first[c])
+    steps = []
+    sync(engine.args.device)
+    t0 = time.perf_counter()
+    with TritonCompiles() as compiles:
+        while engine.has_unfinished():
+            n_launched, n_compiles = len(log.launched), len(compiles.events)
+            t = time.perf_counter()
+            outputs = engine.step_outputs()
+            wall = (time.perf_counter() - t) * 1e3
+            steps.append({"ms": wall, "launched": log.launched[n_launched:], "compiles": compiles.events[n_compiles:]})
+            advance(outputs)
     sync(engine.args.device)
     total = time.perf_counter() - t0
     with_chunks = [s["ms"] for s in steps if any(k[1] for k in s["launched"])]
@@ -115,6 +119,8 @@ def run_trace(engine, first: list[list[int]], user_turns: list[list[list[int]]],
         "decode_rows": sum(k[0] for s in steps for k in s["launched"]),
         "ttft_ms": summary(ttft),
         "prefix_cache_host_ms": dict(log.cache_ms),
+        "compile_ms": sum(ms for s in steps for _, ms in s["compiles"]),
+        "steps_with_compiles": [s for s in steps if s["compiles"]][:20],
         "slowest_steps": sorted(steps, key=lambda s: -s["ms"])[:12],
     }
 
@@ -174,9 +180,10 @@ def main(argv: list[str] | None = None) -> dict:
         if stats is not None:
             row["prefix_cache"] = {k: v for k, v in vars(stats).items() if not k.startswith("_")}
         if args.sync_sites:  # fresh conversations: the same mix of hits and misses
-            _, row["sync_sites"] = sync_sites(lambda: run_trace(engine, *second, args.concurrency, args.output_len))
+            _, row["sync_sites"] = sync_sites(functools.partial(run_trace, engine, *second, args.concurrency,
+                                                                args.output_len))
         rows[label] = row
-        print(label, json.dumps({k: v for k, v in row.items() if k not in ("slowest_steps",)}, default=str), flush=True)
+        print(label, json.dumps({k: v for k, v in row.items() if k not in ("slowest_steps", "steps_with_compiles")}, default=str), flush=True)
         del engine
         free_device_memory(torch.device(args.device))
     report = {

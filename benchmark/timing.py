@@ -197,3 +197,40 @@ def sync_sites(fn, depth: int = 4) -> tuple[object, list[tuple[str, int]]]:
         finally:
             torch.cuda.set_sync_debug_mode("default")
     return result, counts.most_common(40)
+
+
+class TritonCompiles:
+    """Records each Triton compilation (a kernel specialization not in memory yet: first use, a new constexpr or
+    integer-specialization value, an autotuner trying its configs) with its wall time, through triton's JIT hooks."""
+
+    def __init__(self):
+        self.events: list[tuple[str, float]] = []  # kernel with its constexprs, ms
+        self._started: dict[object, float] = {}
+
+    def __enter__(self) -> "TritonCompiles":
+        try:
+            from triton import knobs
+
+            self._saved = knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook
+        except (ImportError, AttributeError):  # a triton without these hooks: nothing is recorded
+            self._saved = None
+            return self
+
+        def before(*, key, repr, **_):
+            self._started[str(key)] = time.perf_counter()
+            return False  # go on and compile
+
+        def after(*, key, repr, fn, **_):
+            t = self._started.pop(str(key), None)
+            ms = (time.perf_counter() - t) * 1e3 if t is not None else float("nan")
+            self.events.append((f"{fn.name} {repr[repr.find('('):][:200]}", ms))
+
+        knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook = before, after
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._saved is None:
+            return
+        from triton import knobs
+
+        knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook = self._saved
