@@ -7,9 +7,10 @@ hit rate) without the HTTP server in the way.
 
 Conversations (a first prompt, then `turns - 1` user messages) run `concurrency` at a time; a finished turn's next
 prompt is its prompt + the answer's token ids + a new user message, added before the next step (a closed loop with
-no network). Per engine (cache on, then off): wall time, steps, each step's wall split by kind (decode / verify rows
+no network). Per engine (cache on, then off) and per pass: wall time, steps, each step's wall split by kind (decode / verify rows
 only, or with prompt chunks), prompt tokens computed, time inside the prefix cache's methods, and the host code
-that synchronizes with the device during the trace (`--sync_sites`, CUDA only).
+that synchronizes with the device during the trace (`--sync_sites`, CUDA only), and the Triton kernels compiled in
+each step (a kernel variant first met mid-trace costs its step up to seconds).
 """
 
 from __future__ import annotations
@@ -146,7 +147,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--mtp_mode", default=None)
     p.add_argument("--mtp_step", type=int, default=0)
     p.add_argument("--modes", default="cache,no_cache")
-    p.add_argument("--sync_sites", action="store_true", help="a second measured pass under CUDA's sync debug mode")
+    p.add_argument("--passes", type=int, default=2,
+                   help="measured passes, each with fresh conversations (the first may still compile kernel variants)")
+    p.add_argument("--sync_sites", action="store_true", help="the last pass under CUDA's sync debug mode")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
@@ -164,8 +167,8 @@ def main(argv: list[str] | None = None) -> dict:
                  for _ in range(n)]  # fmt: skip
         return first, users
 
-    warm_up, measured, second = (conversations(n) for n in (args.num_warmup, args.num_conversations,
-                                                             args.num_conversations))  # fmt: skip
+    warm_up = conversations(args.num_warmup)
+    passes = [conversations(args.num_conversations) for _ in range(args.passes)]
     rows = {}
     for label in args.modes.split(","):
         ns.engine_extra = dict(prefix_cache=label == "cache", prefix_cache_interval=args.prefix_cache_interval,
@@ -173,17 +176,20 @@ def main(argv: list[str] | None = None) -> dict:
         engine = build_engine(source, ns, args.max_model_len, mtp=args.mtp_mode is not None)
         budget = engine.cache_budget
         print(label, f"KV pool {budget.kv_tokens} tokens, {budget.num_snapshots} snapshots", flush=True)
-        run_trace(engine, *warm_up, args.concurrency, args.output_len)
-        row = run_trace(engine, *measured, args.concurrency, args.output_len)
-        row.update(kv_tokens=budget.kv_tokens, snapshots=budget.num_snapshots)
+        warm_up_compiles = run_trace(engine, *warm_up, args.concurrency, args.output_len)["steps_with_compiles"]
+        row = {"kv_tokens": budget.kv_tokens, "snapshots": budget.num_snapshots, "warm_up_compiles": warm_up_compiles}
+        for i, convs in enumerate(passes):  # each pass its own conversations: the same mix of hits and misses
+            trace = functools.partial(run_trace, engine, *convs, args.concurrency, args.output_len)
+            if args.sync_sites and i == len(passes) - 1:
+                row[f"pass{i}"], row["sync_sites"] = sync_sites(trace)
+            else:
+                row[f"pass{i}"] = trace()
+            brief = {k: v for k, v in row[f"pass{i}"].items() if k not in ("slowest_steps", "steps_with_compiles")}
+            print(label, f"pass {i}", json.dumps(brief, default=str), flush=True)
         stats = engine.prefix_cache_stats()
         if stats is not None:
             row["prefix_cache"] = {k: v for k, v in vars(stats).items() if not k.startswith("_")}
-        if args.sync_sites:  # fresh conversations: the same mix of hits and misses
-            _, row["sync_sites"] = sync_sites(functools.partial(run_trace, engine, *second, args.concurrency,
-                                                                args.output_len))
         rows[label] = row
-        print(label, json.dumps({k: v for k, v in row.items() if k not in ("slowest_steps", "steps_with_compiles")}, default=str), flush=True)
         del engine
         free_device_memory(torch.device(args.device))
     report = {

@@ -223,7 +223,7 @@ class TritonCompiles:
         def after(*, key, repr, fn, **_):
             t = self._started.pop(str(key), None)
             ms = (time.perf_counter() - t) * 1e3 if t is not None else float("nan")
-            self.events.append((f"{fn.name} {repr[repr.find('('):][:200]}", ms))
+            self.events.append((f"{fn.name} {str(key)[:600]}", ms))
 
         knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook = before, after
         return self

@@ -229,7 +229,9 @@ def _launch_prefill(x, weight, conv_state, b_state_idx, b1_cu_q_len, b_has_initi
         return
     x = x if x.stride(1) == 1 else x.contiguous()
     kw = weight.shape[1]
-    search_steps = (bsz - 1).bit_length()  # binary search over [0, B): ceil(log2 B) halvings
+    # binary search over [0, B): ceil(log2 B) halvings suffice; rounded up to a multiple of 4 (extra halvings change
+    # nothing) so that batches of 1..16 prompts share one compiled kernel
+    search_steps = -(-max(bsz - 1, 1).bit_length() // 4) * 4
     if t > 0:
         _conv1d_prefill_kernel[(triton.cdiv(t, block_t), triton.cdiv(c, block_c))](
             x, weight, conv_state, b_state_idx, b1_cu_q_len, b_has_initial_state, out,
@@ -312,7 +314,7 @@ if triton_available():
         y = acc / (1.0 + tl.exp(-acc))
         tl.store(out_ptr + b * stride_o + offs_c, y.to(out_ptr.dtype.element_ty), mask=mask_c)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["T", "B"])  # one compiled kernel for every chunk length and prompt count
     def _conv1d_prefill_kernel(
         x_ptr, w_ptr, state_ptr, idx_ptr, cu_ptr, init_ptr, out_ptr,
         stride_x, stride_wc, stride_wk, stride_ss, stride_sc, stride_sw, stride_o, T, C, B, KEY_DIM,

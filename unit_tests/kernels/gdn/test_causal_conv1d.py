@@ -144,6 +144,7 @@ PREFILL_INTERPRET_SCRIPT = textwrap.dedent(
         ([1, 0, 3, 2, 40], [True, True, False, True, True]),
         ([2], [True]),
         ([37], [False]),
+        ([3, 0, 1, 5] * 5, [True, False] * 10),  # > 16 requests: the search takes its second round of halvings
     ]
     for kernel in (4, 3):
         for channels, cu_dtype in ((12, torch.int32), (300, torch.int32), (7, torch.int64)):  # 300: 2 blocks, ragged
