@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmark.model_source import build_engine, resolve_source  # noqa: E402
 from benchmark.static_inference import free_device_memory  # noqa: E402
 from benchmark.timing import TritonCompiles, device_info, summary, sync, sync_sites, versions  # noqa: E402
+from lightllm_mtp.engine.warm_up import warm_up as engine_warm_up  # noqa: E402
 from lightllm_mtp.sampling_params import SamplingParams  # noqa: E402
 
 CACHE_METHODS = ("match", "admitted", "restore", "plan", "after_launch", "on_finish")
@@ -133,7 +134,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--num_conversations", type=int, default=16)
-    p.add_argument("--num_warmup", type=int, default=2, help="conversations run first, unmeasured")
+    p.add_argument("--num_warmup", type=int, default=0, help="conversations run first, unmeasured (after the "
+                   "engine's own start-up warm-up, engine/warm_up.py, as a server worker runs it)")
+    p.add_argument("--no_engine_warm_up", action="store_true", help="skip engine/warm_up.py (the server's "
+                   "--disable_warm_up)")
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--input_len", type=int, default=1024)
     p.add_argument("--question_len", type=int, default=128)
@@ -176,8 +180,14 @@ def main(argv: list[str] | None = None) -> dict:
         engine = build_engine(source, ns, args.max_model_len, mtp=args.mtp_mode is not None)
         budget = engine.cache_budget
         print(label, f"KV pool {budget.kv_tokens} tokens, {budget.num_snapshots} snapshots", flush=True)
+        t = time.perf_counter()
+        if not args.no_engine_warm_up:
+            with TritonCompiles() as compiles:
+                engine_warm_up(engine)
+        row = {"engine_warm_up_s": time.perf_counter() - t,
+               "engine_warm_up_compiles": len(compiles.events) if not args.no_engine_warm_up else 0}
         warm_up_compiles = run_trace(engine, *warm_up, args.concurrency, args.output_len)["steps_with_compiles"]
-        row = {"kv_tokens": budget.kv_tokens, "snapshots": budget.num_snapshots, "warm_up_compiles": warm_up_compiles}
+        row.update(kv_tokens=budget.kv_tokens, snapshots=budget.num_snapshots, warm_up_compiles=warm_up_compiles)
         for i, convs in enumerate(passes):  # each pass its own conversations: the same mix of hits and misses
             trace = functools.partial(run_trace, engine, *convs, args.concurrency, args.output_len)
             if args.sync_sites and i == len(passes) - 1:

@@ -349,6 +349,11 @@ class PrefixCache:
         return [t.kv_pool.num_free, t.num_tokens, t.num_locked, t.num_snapshots, t.num_host_snapshots,
                 self.req_manager.num_free]  # fmt: skip
 
+    def reset_stats(self) -> None:
+        """Counters back to zero (after the start-up warm-up, engine/warm_up.py)."""
+        self._queries = self._hits = self._prompt_tokens = self._cached_tokens = self._host_hits = 0
+        self._catch_up_tokens = 0
+
     def stats(self) -> PrefixCacheStats:
         return PrefixCacheStats(self._queries, self._hits, self._prompt_tokens, self._cached_tokens,
                                 self.tree.num_tokens, self.tree.num_snapshots, self.snapshots.size,

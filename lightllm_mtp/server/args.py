@@ -110,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--disable_overlap", action="store_true", help="read each step's tokens before queuing the next "
                    "step (by default the next decode / verify step is queued on the device while the host handles "
                    "the current one's tokens)")
+    b.add_argument("--disable_warm_up", action="store_true", help="take requests right after loading (by default a "
+                   "worker on CUDA first runs a few synthetic requests, so that compiling the prompt-chunk and "
+                   "prefix-cache kernels does not fall on the first users)")
     c = p.add_argument_group("prefix cache")
     c.add_argument("--disable_prefix_cache", action="store_true", help="no sharing of cached prompt prefixes")
     c.add_argument("--prefix_cache_interval", type=int, default=d["prefix_cache_interval"].default,
@@ -199,6 +202,7 @@ def server_args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
         load_format=ns.load_format,
         graph_max_batch_size=0 if ns.disable_cudagraph else ns.graph_max_batch_size,
         disable_overlap=ns.disable_overlap,
+        warm_up=not ns.disable_warm_up,
         prefix_cache=not ns.disable_prefix_cache,
         prefix_cache_interval=ns.prefix_cache_interval,
         prefix_cache_state_share=ns.prefix_cache_state_share,

@@ -80,6 +80,7 @@ class ModelWorker:
         import torch
 
         from lightllm_mtp.engine.llm_engine import LLMEngine
+        from lightllm_mtp.engine.warm_up import warm_up
         from lightllm_mtp.env import ENV
 
         if engine_args.device.type == "cuda" and engine_args.device.index is not None:
@@ -91,6 +92,8 @@ class ModelWorker:
         self.inbox, self.outbox = inbox, outbox
         self.parent_pid = os.getppid()
         self.engine = LLMEngine(engine_args)
+        if engine_args.device.type == "cuda" and engine_args.warm_up:
+            warm_up(self.engine)
         self.group_failed = False
         self.live: dict[int, object] = {}  # server rid -> engine Request
         self.rid_of: dict[int, int] = {}  # engine request_id -> server rid
