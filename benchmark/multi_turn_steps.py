@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> dict:
         if stats is not None:
             row["prefix_cache"] = {k: v for k, v in vars(stats).items() if not k.startswith("_")}
         rows[label] = row
-        del engine
+        del engine, trace  # the partial holds the engine too
         free_device_memory(torch.device(args.device))
     report = {
         "command": " ".join(["python", "benchmark/multi_turn_steps.py", *(argv if argv is not None else sys.argv[1:])]),
