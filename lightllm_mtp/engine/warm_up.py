@@ -16,11 +16,14 @@ from lightllm_mtp.engine.llm_engine import LLMEngine
 from lightllm_mtp.sampling_params import SamplingParams
 
 
+SHORT_PROMPTS = (3, 6, 20)  # up to 64 query rows per KV head take the split-KV attention, a row tile per power of 2
+
+
 def warm_up(engine: LLMEngine) -> None:
     """Round 1: three prompts at once (several prompts in a chunk, decode / verify rows beside prompt chunks, lengths
     off and on a multiple of 16, snapshots at prefill boundaries). Round 2: a resend of the first conversation with a
-    new message (a hit that resumes from a snapshot), a branch inside it, and a one-token prompt, at once. Then the
-    prefix cache is emptied and its counters cleared."""
+    new message (a hit that resumes from a snapshot), a branch inside it, and a one-token prompt, at once. Then short
+    prompts one at a time. Then the prefix cache is emptied and its counters cleared."""
     cache = engine.prefix_cache
     interval = cache.interval if cache is not None else 256
     room = engine.max_model_len - 1
@@ -45,6 +48,9 @@ def warm_up(engine: LLMEngine) -> None:
     answer = round1[0].output_ids if round1 and round1[0].prompt_ids == first else []
     add([first + answer + tokens(5), first[: interval + 1] + tokens(40), tokens(1)])
     _run(engine)
+    for n in SHORT_PROMPTS:  # each alone: a step's longest chunk picks the attention kernel's row tile
+        add([tokens(n)])
+        _run(engine)
     if cache is not None:
         engine.evict_prefix_cache()
         cache.reset_stats()

@@ -5,7 +5,7 @@ import pytest
 
 from lightllm_mtp import SamplingParams
 from lightllm_mtp.engine.prefix_cache import PrefixCache
-from lightllm_mtp.engine.warm_up import warm_up
+from lightllm_mtp.engine.warm_up import SHORT_PROMPTS, warm_up
 
 from unit_tests.engine.test_prefix_cache import build, check_accounting
 
@@ -23,7 +23,7 @@ def test_warm_up_hits_the_cache_then_leaves_no_trace(tiny_dense_mtp3_dir, mode, 
     warm_up(llm.engine)
     (before_reset,) = seen
     assert before_reset.hits >= 2 and before_reset.cached_tokens > 0  # the resend and the branch resumed
-    assert before_reset.queries == 6
+    assert before_reset.queries == 6 + len(SHORT_PROMPTS)
     stats = llm.engine.prefix_cache_stats()
     assert (stats.queries, stats.hits, stats.cached_tokens, stats.tree_tokens, stats.snapshots) == (0, 0, 0, 0, 0)
     check_accounting(llm)
