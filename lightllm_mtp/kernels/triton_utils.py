@@ -55,3 +55,18 @@ def to_device_async(t: torch.Tensor, device: torch.device | str) -> torch.Tensor
     if device.type != "cuda":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
+
+
+def unspecialized(*names: str) -> dict:
+    """triton.jit keyword arguments that compile one kernel whatever the values of these arguments: integers not
+    specialized on 1 or on divisibility by 16, pointers not on 16-byte alignment (where this triton can say so). For
+    index kernels whose runtime counts, offsets and views of packed buffers would otherwise each compile a variant,
+    seconds apiece in the middle of serving."""
+    import inspect
+
+    import triton
+
+    kw = {"do_not_specialize": list(names)}
+    if "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters:
+        kw["do_not_specialize_on_alignment"] = list(names)
+    return kw

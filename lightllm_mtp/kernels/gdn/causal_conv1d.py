@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from lightllm_mtp.kernels._validate import check_device, check_dtype, check_float, check_index, check_shape
-from lightllm_mtp.kernels.triton_utils import triton_available, use_triton
+from lightllm_mtp.kernels.triton_utils import triton_available, unspecialized, use_triton
 
 
 def causal_conv1d_prefill_ref(
@@ -314,7 +314,7 @@ if triton_available():
         y = acc / (1.0 + tl.exp(-acc))
         tl.store(out_ptr + b * stride_o + offs_c, y.to(out_ptr.dtype.element_ty), mask=mask_c)
 
-    @triton.jit(do_not_specialize=["T", "B"])  # one compiled kernel for every chunk length and prompt count
+    @triton.jit(**unspecialized("T", "B"))  # one compiled kernel for every chunk length and prompt count
     def _conv1d_prefill_kernel(
         x_ptr, w_ptr, state_ptr, idx_ptr, cu_ptr, init_ptr, out_ptr,
         stride_x, stride_wc, stride_wk, stride_ss, stride_sc, stride_sw, stride_o, T, C, B, KEY_DIM,

@@ -62,11 +62,14 @@ def make_state_saves(q_lens: list[int], saves: list[tuple[int, int, int]], devic
             inner.append((offsets[b] + t // CHUNK, dest))  # exact only when t % CHUNK == 0 (checked on use)
     parts = [cu, chunk_idx, offsets, [c for c, _ in inner], [d for _, d in inner], [b for b, _ in final],
              [d for _, d in final]]  # fmt: skip
-    flat = to_device_async(torch.tensor([x for p in parts for x in p], dtype=torch.int64), device)
-    views, at = [], 0
-    for p in parts:
-        views.append(flat[at : at + len(p)])
-        at += len(p)
+    # each part starts 16-byte aligned: Triton specializes pointers on it, and a part at an odd offset (B even) would
+    # compile fla's kernels a second time, seconds in the middle of serving
+    starts = [sum(len(q) + len(q) % 2 for q in parts[:i]) for i in range(len(parts))]
+    host = torch.zeros(starts[-1] + len(parts[-1]), dtype=torch.int64)
+    for p, at in zip(parts, starts):
+        host[at : at + len(p)] = torch.tensor(p, dtype=torch.int64)
+    flat = to_device_async(host, device)
+    views = [flat[at : at + len(p)] for p, at in zip(parts, starts)]
     views[1] = views[1].view(-1, 2)
     return StateSaves(tuple(q_lens), tuple(saves), *views)
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from lightllm_mtp.kernels._validate import check_device, check_index, check_shape
-from lightllm_mtp.kernels.triton_utils import triton_available, use_triton
+from lightllm_mtp.kernels.triton_utils import triton_available, unspecialized, use_triton
 
 _OP = "draft_window"
 
@@ -162,7 +162,10 @@ if triton_available():
     import triton
     import triton.language as tl
 
-    @triton.jit
+    @triton.jit(**unspecialized(  # an index kernel of one warp: every step's offsets and views, one compile
+        "start_ptr", "accept_ptr", "masks_ptr", "req_ptr", "row0_ptr", "tokens_ptr", "req_to_token_ptr", "pos_out",
+        "mem_out", "hidden_out", "next_out", "seq_len_out", "anchor_out", "ctx_out", "C", "stride_table", "W",
+        "hold_slot", "context_base", "mask_index"))
     def _draft_window_kernel(
         start_ptr, accept_ptr, masks_ptr, req_ptr, row0_ptr, tokens_ptr, req_to_token_ptr,
         pos_out, mem_out, hidden_out, next_out, seq_len_out, anchor_out, ctx_out,

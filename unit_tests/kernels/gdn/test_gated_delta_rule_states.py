@@ -95,3 +95,20 @@ def test_fla_saved_states_bitwise_gpu(nk, nv, dk, dv):
     q_lens = [1000, 64, 193, 512]
     saves = [(0, 256, 0), (0, 512, 1), (0, 1000, 2), (1, 64, 3), (2, 128, 4), (2, 193, 5), (3, 448, 6)]
     _check(q_lens, saves, [False, True, True, False], "cuda", torch.bfloat16, nk, nv, dk, dv)
+
+
+@pytest.mark.parametrize("q_lens", [[5], [64, 3], [130, 64, 1], [7, 7, 7, 7]])
+def test_state_saves_parts_start_16_byte_aligned(q_lens):
+    """Triton specializes pointer arguments on 16-byte alignment: every device part of a StateSaves starts aligned
+    whatever the request count, so fla's kernels compile once (an odd offset compiled them again mid-serving)."""
+    saves = make_state_saves(q_lens, [(b, n, b) for b, n in enumerate(q_lens)], torch.device("cpu"))
+    parts = [saves.cu_seqlens, saves.chunk_indices, saves.chunk_offsets, saves.inner_chunk, saves.inner_dest,
+             saves.final_b, saves.final_dest]  # fmt: skip
+    base = saves.cu_seqlens.data_ptr()
+    assert all((p.data_ptr() - base) % 16 == 0 for p in parts)
+    cu = [0]
+    for n in q_lens:
+        cu.append(cu[-1] + n)
+    assert saves.cu_seqlens.tolist() == cu
+    assert saves.chunk_indices.tolist() == [[b, i] for b, n in enumerate(q_lens) for i in range(-(-n // 64))]
+    assert saves.final_b.tolist() == list(range(len(q_lens))) and saves.final_dest.tolist() == list(range(len(q_lens)))
