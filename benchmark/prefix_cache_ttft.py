@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import statistics
 import sys
 import time
@@ -129,7 +128,6 @@ def main(argv: list[str] | None = None) -> dict:
                    help="a cold and a warm request under CUDA's sync debug mode: where the host waits on the device")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     ns = argparse.Namespace(model_dir=args.model_dir, model_shape=args.model_shape, seed=args.seed, device=args.device,
                             dtype=args.dtype, batch_sizes=[2], chunked_prefill_size=args.chunked_prefill_size,
                             graph_max_batch_size=None, mtp_layers=max(1, args.mtp_step), mtp_mode=args.mtp_mode,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from itertools import product
 
 import torch
@@ -195,11 +194,8 @@ class PrefillGraphSet:
 
 def prefill_graph_set(fn, caches: ModelCaches, keep_all_hidden: bool, pool) -> PrefillGraphSet | None:
     """The prefill graphs, or None (with a warning) when a forward cannot be captured (then chunks run eagerly)."""
-    start = time.perf_counter()
     try:
-        graphs = PrefillGraphSet(fn, caches, keep_all_hidden, pool)
-        logger.info("prefill CUDA graphs: %d captured in %.1f s", len(graphs.graphs), time.perf_counter() - start)
-        return graphs
+        return PrefillGraphSet(fn, caches, keep_all_hidden, pool)
     except Exception as e:  # e.g. an operation that reads the device inside the capture
         logger.warning("prefill CUDA graphs disabled: capturing a prompt-chunk forward failed (%s)", e)
         return None
