@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmark.model_source import build_engine, resolve_source  # noqa: E402
 from benchmark.static_inference import free_device_memory  # noqa: E402
-from benchmark.timing import TritonCompiles, device_info, summary, sync, sync_sites, versions  # noqa: E402
+from benchmark.timing import TritonCompiles, result_header, summary, sync, sync_sites, write_json  # noqa: E402
 from lightllm_mtp.engine.warm_up import warm_up as engine_warm_up  # noqa: E402
 from lightllm_mtp.sampling_params import SamplingParams  # noqa: E402
 
@@ -202,17 +202,8 @@ def main(argv: list[str] | None = None) -> dict:
         rows[label] = row
         del engine, trace  # the partial holds the engine too
         free_device_memory(torch.device(args.device))
-    report = {
-        "command": " ".join(["python", "benchmark/multi_turn_steps.py", *(argv if argv is not None else sys.argv[1:])]),
-        "model": {"shape": args.model_shape, "model_dir": args.model_dir},
-        "device": device_info(torch.device(args.device)),
-        "versions": versions(),
-        "settings": vars(args),
-        "results": rows,
-    }
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=2, default=str))
+    report = {**result_header("benchmark/multi_turn_steps.py", argv, args, torch.device(args.device)), "results": rows}
+    write_json(report, args.out)
     return report
 
 

@@ -14,6 +14,7 @@ prefix's last position depends on the question's first token): with interval I i
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -25,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmark.model_source import build_engine, resolve_source  # noqa: E402
 from benchmark.static_inference import free_device_memory  # noqa: E402
-from benchmark.timing import device_info, sync_sites, versions  # noqa: E402
+from benchmark.timing import result_header, sync_sites, write_json  # noqa: E402
 from lightllm_mtp.sampling_params import SamplingParams  # noqa: E402
 
 
@@ -181,7 +182,7 @@ def main(argv: list[str] | None = None) -> dict:
         if args.sync_sites:
             fresh = tokens(args.prefix_len)
             for kind in ("cold", "warm") if cache else ("cold",):
-                _, sites = sync_sites(lambda: ttft_ms(engine, fresh + tokens(args.question_len)))
+                _, sites = sync_sites(functools.partial(ttft_ms, engine, fresh + tokens(args.question_len)))
                 rows[label][f"{kind}_sync_sites"] = sites
                 print(label, kind, "sync sites", json.dumps(sites, indent=1), flush=True)
         print(label, json.dumps({k: v for k, v in rows[label].items() if "median" in k}), flush=True)
@@ -189,20 +190,14 @@ def main(argv: list[str] | None = None) -> dict:
         free_device_memory(torch.device(args.device))
     c = rows["cache"]
     report = {
-        "command": " ".join(["python", "benchmark/prefix_cache_ttft.py", *(argv or sys.argv[1:])]),
-        "model": {"shape": args.model_shape, "model_dir": args.model_dir},
-        "device": device_info(torch.device(args.device)),
-        "versions": versions(),
-        "settings": vars(args),
+        **result_header("benchmark/prefix_cache_ttft.py", argv, args, torch.device(args.device)),
         "results": rows,
         "warm_speedup_vs_cold": c["cold_median_ms"] / c["warm_median_ms"],
         "warm_speedup_vs_no_cache": rows["no_cache"]["warm_median_ms"] / c["warm_median_ms"],
     }
     print(f"warm {c['warm_median_ms']:.1f} ms vs cold {c['cold_median_ms']:.1f} ms: "
           f"{report['warm_speedup_vs_cold']:.1f}x", flush=True)  # fmt: skip
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=2, default=str))
+    write_json(report, args.out)
     return report
 
 

@@ -176,6 +176,27 @@ def device_info(device: torch.device) -> dict:
     return {"type": "cpu", "name": platform.processor() or platform.machine(), "threads": torch.get_num_threads()}
 
 
+def result_header(script: str, argv: list[str] | None, args, device: torch.device) -> dict:
+    """What every results file starts with: the exact command, the model, the device, versions and settings."""
+    import sys
+
+    return {
+        "command": " ".join(["python", script, *(argv if argv is not None else sys.argv[1:])]),
+        "model": {"shape": getattr(args, "model_shape", None), "model_dir": getattr(args, "model_dir", None)},
+        "device": device_info(device),
+        "versions": versions(),
+        "settings": vars(args),
+    }
+
+
+def write_json(report: dict, out: str | None) -> None:
+    if out:
+        import json
+
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(report, indent=2, default=str))
+
+
 def sync_sites(fn, depth: int = 4) -> tuple[object, list[tuple[str, int]]]:
     """Runs fn with CUDA's sync debug mode on: where the host waited on the device (the innermost `depth` Python
     frames of each synchronizing call), with counts, most frequent first."""
