@@ -162,7 +162,7 @@ def test_mtp_on_and_off_give_identical_greedy_text(mtp_server, dp_server):
     assert out.usage.model_extra["mtp"]["mean_accepted_tokens_per_step"] > 1.3
 
 
-def test_stop_strings_and_lightllm_endpoints(mtp_server):
+def test_stop_strings_and_lightllm_endpoints(mtp_server, trained_dense_dir):
     body = {"inputs": PROMPTS[2], "parameters": {"max_new_tokens": 10, "ignore_eos": True}}
     full = httpx.post(f"{mtp_server.url}/generate", json=body, headers=AUTH).json()
     text = full["generated_text"][0]
@@ -183,9 +183,15 @@ def test_stop_strings_and_lightllm_endpoints(mtp_server):
                                   stop=[stop], stream=True, extra_body={"ignore_eos": True})  # fmt: skip
     assert "".join(ch.choices[0].text for ch in chunks) == cut
     out = c.completions.create(model=model_name(mtp_server), prompt=PROMPTS[2], max_tokens=10, temperature=0,
-                               stop=[stop], extra_body={"ignore_eos": True, "return_mtp_stats": True})  # fmt: skip
+                               stop=[stop], extra_body={"ignore_eos": True, "return_mtp_stats": True,
+                                                        "return_token_ids": True})  # fmt: skip
     assert out.choices[0].text == cut and out.choices[0].finish_reason == "stop"
     assert out.usage.model_extra["mtp"]["verify_steps"] > 0
+    # the answer's ids end with the token that completes the stop string, however many tokens its MTP step brought
+    from transformers import AutoTokenizer
+
+    ids, tok = out.choices[0].model_extra["token_ids"], AutoTokenizer.from_pretrained(trained_dense_dir)
+    assert out.usage.completion_tokens == len(ids) and stop in tok.decode(ids) and stop not in tok.decode(ids[:-1])
     wait_idle(mtp_server)
 
 

@@ -20,20 +20,31 @@ class IncrementalDetokenizer:
         self.text = ""  # the output text so far (cut at a stop string)
         self.sent = 0  # characters of `text` returned by push
         self.stopped = False  # a stop string was found: nothing more is decoded
+        self.used = 0  # tokens of the last push that belong to the output (up to the one completing a stop string)
 
     def push(self, token_ids: list[int], final: bool) -> str:
-        """Adds a step's tokens; returns the text that can be released now (everything when final)."""
+        """Adds a step's tokens; returns the text that can be released now (everything when final). With stop
+        strings the tokens go in one at a time, so that `used` says which of them the output keeps: a step of
+        several MTP tokens may complete a stop string before its last one."""
+        self.used = 0
         if not self.stopped:
-            self.ids += token_ids
-            prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
-            full = self._decode(self.ids[self.prefix_offset :])
-            if len(full) > len(prefix) and (final or not full.endswith("\ufffd")):
-                self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-                self._append(full[len(prefix) :])
+            for i, piece in enumerate([[t] for t in token_ids] if self.stop else [token_ids]):
+                self._add(piece, final and i == (len(token_ids) - 1 if self.stop else 0))
+                self.used += len(piece)
+                if self.stopped:
+                    break
         end = len(self.text) if final or self.stopped else len(self.text) - self._held_back()
         out = self.text[self.sent : end] if end > self.sent else ""
         self.sent = max(self.sent, end)
         return out
+
+    def _add(self, ids: list[int], final: bool) -> None:
+        self.ids += ids
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self._decode(self.ids[self.prefix_offset :])
+        if len(full) > len(prefix) and (final or not full.endswith("\ufffd")):
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+            self._append(full[len(prefix) :])
 
     def _append(self, new: str) -> None:
         longest = max((len(s) for s in self.stop), default=0)

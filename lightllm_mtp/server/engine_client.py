@@ -225,14 +225,15 @@ class EngineClient:
             self._end(stream, "stop", now, d.spec)
             return Delta("", [], "stop", None, stream.num_prompt_tokens, stream.num_output_tokens, d.spec,
                          d.num_cached_tokens)  # fmt: skip
-        if d.token_ids:
+        reason = d.finish_reason
+        text = stream.detok.push(d.token_ids, final=reason is not None)
+        token_ids = d.token_ids[: stream.detok.used]  # not the tokens past a stop string within this step
+        if token_ids:
             if stream.first_token_at is None:
                 stream.first_token_at = now
                 self.metrics.on_first_token(now - stream.arrival)
-            stream.num_output_tokens += len(d.token_ids)
-            self.metrics.on_tokens(len(d.token_ids))
-        reason = d.finish_reason
-        text = stream.detok.push(d.token_ids, final=reason is not None)
+            stream.num_output_tokens += len(token_ids)
+            self.metrics.on_tokens(len(token_ids))
         if reason is None and stream.detok.stopped:  # the text up to the stop string now, the end with the counts
             stream.stopping = True
             self.pool.send(stream.rank, AbortRequest(stream.rid))
@@ -240,7 +241,7 @@ class EngineClient:
             reason = "stop"  # the worker ended it in the same step (length, eos) after the stop string
         if reason is not None:
             self._end(stream, reason, now, d.spec)
-        return Delta(text, d.token_ids, reason, d.error, stream.num_prompt_tokens, stream.num_output_tokens, d.spec,
+        return Delta(text, token_ids, reason, d.error, stream.num_prompt_tokens, stream.num_output_tokens, d.spec,
                      d.num_cached_tokens)  # fmt: skip
 
     def _end(self, stream: RequestStream, reason: str, now: float, spec: SpecStats | None) -> None:

@@ -1,5 +1,6 @@
 """Incremental detokenization equals one full decode, however the tokens are chunked; stop strings cut the text
-and are never streamed, not even in part."""
+and are never streamed, not even in part; the token ids and completion_tokens end with the token that completes a
+stop string, even inside a step of several MTP tokens."""
 
 import random
 
@@ -80,3 +81,50 @@ def test_long_stop_strings_cost_little_per_step(tokenizer):
     for _ in range(200):
         assert detok._held_back() == 0
     assert (time.perf_counter() - started) / 200 < 2e-4  # every tail length: ~1.7 ms
+
+
+def test_a_step_that_completes_a_stop_string_keeps_only_its_tokens_up_to_it(tokenizer):
+    """An MTP step brings several tokens; the output (token ids, completion_tokens) ends with the token that
+    completes the stop string, as when tokens come one at a time."""
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)
+    text_before = [tokenizer.decode(ids[:j]) for j in range(len(ids) + 1)]
+    stop_at = next(j for j in range(len(ids) + 1) if "return a" in text_before[j])  # the completing token
+    for start in range(max(0, stop_at - 3), stop_at):  # the step holds the completing token and tokens after it
+        detok = IncrementalDetokenizer(tokenizer, [], ("return a",))
+        first = detok.push(ids[:start], final=False)
+        assert detok.used == start
+        step = ids[start : stop_at + 3]
+        rest = detok.push(step, final=False)
+        assert detok.stopped and detok.used == stop_at - start
+        assert first + rest == TEXT[: TEXT.index("return a")]
+        assert detok.push(ids[stop_at + 3 :], final=True) == "" and detok.used == 0
+    without_stop = IncrementalDetokenizer(tokenizer, [])
+    without_stop.push(ids[:5], final=False)
+    assert without_stop.used == 5
+
+
+def test_the_front_counts_and_returns_only_the_tokens_up_to_a_stop_string(tokenizer):
+    """EngineClient._advance: a worker step of several tokens that completes a stop string yields the ids up to the
+    completing token, and completion_tokens counts those (the worker is told to abort; its last delta ends the
+    stream)."""
+    from types import SimpleNamespace
+
+    from lightllm_mtp.server.engine_client import EngineClient, RequestStream
+    from lightllm_mtp.server.messages import TokenDelta
+
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)
+    stop_at = next(j for j in range(len(ids) + 1) if "return a" in tokenizer.decode(ids[:j]))
+    sent, done = [], []
+    client = object.__new__(EngineClient)
+    client.metrics = SimpleNamespace(on_first_token=lambda s: None, on_tokens=lambda n: None,
+                                     on_finish=lambda *a: done.append(a))  # fmt: skip
+    client.pool = SimpleNamespace(send=lambda rank, msg: sent.append(msg))
+    client.router = SimpleNamespace(done=lambda rank: None)
+    stream = RequestStream(7, 0, [], IncrementalDetokenizer(tokenizer, [], ("return a",)))
+    client._streams = {7: stream}
+    first = client._advance(stream, TokenDelta(7, ids[: stop_at - 1]), 0.0)
+    step = client._advance(stream, TokenDelta(7, ids[stop_at - 1 : stop_at + 2]), 0.0)  # completes it at its first
+    assert first.token_ids + step.token_ids == ids[:stop_at] and step.num_output_tokens == stop_at
+    assert first.text + step.text == TEXT[: TEXT.index("return a")] and sent  # the worker is told to stop
+    last = client._advance(stream, TokenDelta(7, ids[stop_at + 2 : stop_at + 4], "length"), 0.0)
+    assert last.token_ids == [] and last.finish_reason == "stop" and last.num_output_tokens == stop_at and done
