@@ -5,7 +5,8 @@ Decode and verify steps are captured as CUDA graphs when the engine is built; pr
 new Triton specialization (a batch of 1 or several prompts, lengths that are multiples of 16 or not, a chunk that
 resumes from a snapshot or from a running request's state) compiles on first use, up to seconds per step.
 Measured on an H100 at the 27B shape (benchmark/NOTES.md, stop 25): a multi-turn trace without this compiled
-kernels for 6.6 s in the middle of serving. What it leaves: the prefix cache empty and its counters at zero.
+kernels for 6.6 s in the middle of serving. What it leaves: the prefix cache empty, its counters at zero, and no
+acceptance history for adaptive speculation.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ def warm_up(engine: LLMEngine) -> None:
     """Round 1: three prompts at once (several prompts in a chunk, decode / verify rows beside prompt chunks, lengths
     off and on a multiple of 16, snapshots at prefill boundaries). Round 2: a resend of the first conversation with a
     new message (a hit that resumes from a snapshot), a branch inside it, and a one-token prompt, at once. Then short
-    prompts one at a time. Then the prefix cache is emptied and its counters cleared."""
+    prompts one at a time. Then the prefix cache is emptied, its counters cleared, and adaptive speculation forgets
+    the acceptance it saw."""
     cache = engine.prefix_cache
     interval = cache.interval if cache is not None else 256
     room = engine.max_model_len - 1
@@ -54,6 +56,9 @@ def warm_up(engine: LLMEngine) -> None:
     if cache is not None:
         engine.evict_prefix_cache()
         cache.reset_stats()
+    controller = getattr(engine._built.runner, "controller", None)  # adaptive k: random prompts' acceptance
+    if controller is not None:
+        controller.reset()
 
 
 def _run(engine: LLMEngine) -> None:

@@ -94,8 +94,12 @@ class SpecLengthController:
         self.costs = costs
         self.max_drafts = costs.max_drafts
         self.probe_interval = probe_interval
-        self.engine = AcceptanceEstimate(decay=_ENGINE_DECAY, prior_weight=_INITIAL_WEIGHT)
         self._initial = [initial_rate] * self.max_drafts
+        self.reset()
+
+    def reset(self) -> None:
+        """Forgets the acceptance seen so far (after the start-up warm-up's synthetic prompts)."""
+        self.engine = AcceptanceEstimate(decay=_ENGINE_DECAY, prior_weight=_INITIAL_WEIGHT)
         self._launches = 0
 
     def prior(self) -> list[float]:

@@ -34,3 +34,11 @@ def test_warm_up_without_the_cache_and_with_a_tiny_pool(tiny_dense_mtp3_dir):
     llm = build(tiny_dense_mtp3_dir, False, max_model_len=40, max_total_token_num=48)
     warm_up(llm.engine)  # the long warm-up prompts do not fit this pool and are left out
     check_accounting(llm)
+
+
+def test_warm_up_leaves_adaptive_speculation_without_history(tiny_dense_mtp3_dir):
+    llm = build(tiny_dense_mtp3_dir, True, mtp_mode="eagle_with_att", mtp_step=2, mtp_adaptive=True)
+    controller = llm.engine._built.runner.controller
+    fresh = controller.prior()
+    warm_up(llm.engine)
+    assert controller.prior() == fresh and controller._launches == 0
