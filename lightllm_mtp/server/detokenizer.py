@@ -28,8 +28,9 @@ class IncrementalDetokenizer:
         several MTP tokens may complete a stop string before its last one."""
         self.used = 0
         if not self.stopped:
-            for i, piece in enumerate([[t] for t in token_ids] if self.stop else [token_ids]):
-                self._add(piece, final and i == (len(token_ids) - 1 if self.stop else 0))
+            pieces = [[t] for t in token_ids] if self.stop and token_ids else [token_ids]
+            for i, piece in enumerate(pieces):
+                self._add(piece, final and i == len(pieces) - 1)
                 self.used += len(piece)
                 if self.stopped:
                     break

@@ -128,3 +128,14 @@ def test_the_front_counts_and_returns_only_the_tokens_up_to_a_stop_string(tokeni
     assert first.text + step.text == TEXT[: TEXT.index("return a")] and sent  # the worker is told to stop
     last = client._advance(stream, TokenDelta(7, ids[stop_at + 2 : stop_at + 4], "length"), 0.0)
     assert last.token_ids == [] and last.finish_reason == "stop" and last.num_output_tokens == stop_at and done
+
+
+def test_an_empty_final_push_releases_held_text(tokenizer):
+    """An answer that ends inside a multi-byte character (its bytes held back, waiting for the rest): the last,
+    empty push releases what there is, with stop strings set or not."""
+    ids = tokenizer.encode("ok ✓ 日本", add_special_tokens=False)
+    cut = next(j for j in range(1, len(ids)) if tokenizer.decode(ids[:j]).endswith("\ufffd"))
+    for stop in ((), ("zz",)):
+        detok = IncrementalDetokenizer(tokenizer, [], stop)
+        out = "".join(detok.push([t], final=False) for t in ids[:cut])
+        assert out + detok.push([], final=True) == tokenizer.decode(ids[:cut])
