@@ -7,10 +7,10 @@ hit rate) without the HTTP server in the way.
 
 Conversations (a first prompt, then `turns - 1` user messages) run `concurrency` at a time; a finished turn's next
 prompt is its prompt + the answer's token ids + a new user message, added before the next step (a closed loop with
-no network). Per engine (cache on, then off) and per pass: wall time, steps, each step's wall split by kind (decode /
-verify rows only, or with prompt chunks), prompt tokens computed, time inside the prefix cache's methods, and the host code
-that synchronizes with the device during the trace (`--sync_sites`, CUDA only), and the Triton kernels compiled in
-each step (a kernel variant first met mid-trace costs its step up to seconds).
+no network). Per engine (cache on, then off) and per pass: wall time, steps, each step's wall split by kind
+(decode / verify rows only, or with prompt chunks), prompt tokens computed, time inside the prefix cache's methods,
+the host code that synchronizes with the device during the trace (`--sync_sites`, CUDA only), and the Triton kernels
+compiled in each step (a kernel variant first met mid-trace costs its step up to seconds).
 """
 
 from __future__ import annotations
