@@ -117,6 +117,11 @@ class LLMEngine:
         if self.prefix_cache is not None:
             self.prefix_cache.evict_all()
 
+    @property
+    def spec_controller(self):
+        """Adaptive speculation's SpecLengthController (None without mtp_adaptive)."""
+        return getattr(self._built.runner, "controller", None)
+
     def prefix_cache_stats(self) -> PrefixCacheStats | None:
         return self.prefix_cache.stats() if self.prefix_cache is not None else None
 

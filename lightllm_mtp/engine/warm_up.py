@@ -56,9 +56,8 @@ def warm_up(engine: LLMEngine) -> None:
     if cache is not None:
         engine.evict_prefix_cache()
         cache.reset_stats()
-    controller = getattr(engine._built.runner, "controller", None)  # adaptive k: random prompts' acceptance
-    if controller is not None:
-        controller.reset()
+    if engine.spec_controller is not None:  # adaptive k: forget the random prompts' acceptance
+        engine.spec_controller.reset()
 
 
 def _run(engine: LLMEngine) -> None:

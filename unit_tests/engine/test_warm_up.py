@@ -38,7 +38,7 @@ def test_warm_up_without_the_cache_and_with_a_tiny_pool(tiny_dense_mtp3_dir):
 
 def test_warm_up_leaves_adaptive_speculation_without_history(tiny_dense_mtp3_dir):
     llm = build(tiny_dense_mtp3_dir, True, mtp_mode="eagle_with_att", mtp_step=2, mtp_adaptive=True)
-    controller = llm.engine._built.runner.controller
+    controller = llm.engine.spec_controller
     fresh = controller.prior()
     warm_up(llm.engine)
     assert controller.prior() == fresh and controller._launches == 0
