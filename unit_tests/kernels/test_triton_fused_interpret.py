@@ -6,11 +6,11 @@ a script) that reports a result per check; the pytest cases below read those res
 
 import json
 import os
-import subprocess
 import sys
 import traceback
 
 import pytest
+from unit_tests.triton_interpreter import run_interpreted
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -280,14 +280,7 @@ def _run_all() -> dict:
 @pytest.fixture(scope="module")
 def interpreter_results():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-    env.pop("LIGHTLLM_MTP_FORCE_REFERENCE_KERNELS", None)
-    proc = subprocess.run(
-        [sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300,
-        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(run_interpreted(file=__file__).strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("name", sorted(CHECKS))

@@ -3,12 +3,10 @@ expert folded in) against its reference path (top-k routing, per-expert experts,
 with the Triton kernels run by the interpreter on CPU tensors; and the launches of that path counted: 1 GEMM + 3
 kernels for a small step (T * (k+1) <= 64 pairs, T <= 8), 1 GEMM + 5 kernels above."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from unit_tests.triton_interpreter import run_interpreted
 
 LAYER_INTERPRET_SCRIPT = textwrap.dedent(
     """
@@ -76,7 +74,5 @@ LAYER_INTERPRET_SCRIPT = textwrap.dedent(
 
 def test_decode_path_matches_reference_path_with_one_gemm_and_three_or_five_kernels():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-    res = subprocess.run([sys.executable, "-c", LAYER_INTERPRET_SCRIPT], env=env, capture_output=True, text=True,
-                         timeout=300)  # fmt: skip
-    assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
+    out = run_interpreted(LAYER_INTERPRET_SCRIPT)
+    assert "OK" in out, out[-3000:]

@@ -4,18 +4,14 @@ TRITON_INTERPRET must be set before triton is imported and other tests may have 
 runs in one subprocess (this file run as a script) that prints each case's max abs error and kernel path as JSON."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from lightllm_mtp.kernels.triton_utils import triton_available
+from unit_tests.triton_interpreter import run_interpreted
 
 TOL = 2e-5
-_REPO = Path(__file__).resolve().parents[3]
 
 
 def _setup(seq_lens, q_lens, hq, hkv, d, seed, dv=None):
@@ -126,13 +122,7 @@ def _interpret_main() -> None:
 def interpreted():
     if not triton_available():
         pytest.skip("triton is not importable")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve())], env=env, cwd=_REPO, capture_output=True, text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(run_interpreted(file=__file__, timeout=600).strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -1,9 +1,6 @@
 """Causal conv1d + SiLU with per-request state against HF causal_conv1d_fn / causal_conv1d_update; the Triton
 prefill and update kernels against the PyTorch references (interpreter on CPU, and on GPU)."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -11,6 +8,7 @@ import torch
 from transformers.models.qwen3_5.modeling_qwen3_5 import causal_conv1d_fn, causal_conv1d_update as hf_update
 
 from lightllm_mtp.kernels.gdn.causal_conv1d import causal_conv1d_prefill, causal_conv1d_update
+from unit_tests.triton_interpreter import run_interpreted
 
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
 
@@ -169,10 +167,8 @@ PREFILL_INTERPRET_SCRIPT = textwrap.dedent(
 
 def test_prefill_triton_matches_reference_under_the_interpreter():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-    res = subprocess.run([sys.executable, "-c", PREFILL_INTERPRET_SCRIPT], env=env, capture_output=True, text=True,
-                         timeout=300)  # fmt: skip
-    assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
+    out = run_interpreted(PREFILL_INTERPRET_SCRIPT)
+    assert "OK" in out, out[-3000:]
 
 
 @pytest.mark.gpu
@@ -259,10 +255,8 @@ PREFILL_QKV_INTERPRET_SCRIPT = textwrap.dedent(
 
 def test_prefill_qkv_triton_matches_reference_under_the_interpreter():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-    res = subprocess.run([sys.executable, "-c", PREFILL_QKV_INTERPRET_SCRIPT], env=env, capture_output=True, text=True,
-                         timeout=300)  # fmt: skip
-    assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
+    out = run_interpreted(PREFILL_QKV_INTERPRET_SCRIPT)
+    assert "OK" in out, out[-3000:]
 
 
 @pytest.mark.gpu

@@ -1,11 +1,9 @@
 """The Triton verify kernels (spec conv1d, per-position gated delta rule) under the Triton interpreter on CPU."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from unit_tests.triton_interpreter import run_interpreted
 
 pytest.importorskip("triton")
 
@@ -66,6 +64,5 @@ SCRIPT = textwrap.dedent(
 
 
 def test_verify_kernels_match_references_under_the_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    res = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
+    out = run_interpreted(SCRIPT)
+    assert "OK" in out, out[-3000:]

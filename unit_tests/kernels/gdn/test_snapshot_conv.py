@@ -1,9 +1,6 @@
 """snapshot_conv_windows: the conv windows of prefix-cache snapshots against a per-position construction; the
 Triton kernel against the reference under the Triton interpreter."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -11,6 +8,7 @@ import torch
 
 from lightllm_mtp.common.state_snapshots import build_snapshot_plan
 from lightllm_mtp.kernels.gdn.snapshot_conv import snapshot_conv_windows
+from unit_tests.triton_interpreter import run_interpreted
 
 
 def _case(seed: int):
@@ -83,11 +81,8 @@ SCRIPT = textwrap.dedent(
 
 def test_triton_kernel_under_interpreter():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+    out = run_interpreted(SCRIPT)
+    assert out.strip().endswith("ok"), out[-3000:]
 
 
 @pytest.mark.gpu

@@ -1,14 +1,12 @@
 """moe_align: (token, slot) pairs grouped by expert, each group padded to BLOCK_M, the block -> expert map."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
 from lightllm_mtp.kernels.moe.moe_align import max_blocks, moe_align, moe_align_ref
+from unit_tests.triton_interpreter import run_interpreted
 
 
 def _ids(t, k, experts, seed, shared=False):
@@ -75,10 +73,8 @@ ALIGN_INTERPRET_SCRIPT = textwrap.dedent(
 
 def test_align_kernel_under_the_interpreter():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-    res = subprocess.run([sys.executable, "-c", ALIGN_INTERPRET_SCRIPT], env=env, capture_output=True, text=True,
-                         timeout=300)  # fmt: skip
-    assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
+    out = run_interpreted(ALIGN_INTERPRET_SCRIPT)
+    assert "OK" in out, out[-3000:]
 
 
 @pytest.mark.gpu

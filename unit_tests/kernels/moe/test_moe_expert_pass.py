@@ -1,9 +1,6 @@
 """The expert-major MoE pass (routed experts + the shared expert as expert E) against HF's sparse MoE block, and its
 Triton kernels against the reference under the interpreter (fp32, tiny) and on the GPU (bf16, 35B-A3B dims)."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -15,6 +12,7 @@ from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeSpars
 from lightllm_mtp.kernels.moe.fused_moe import fused_moe, fused_moe_ref, fused_moe_shared
 from lightllm_mtp.kernels.moe.moe_expert_pass import expert_pass_ref, expert_pass_triton
 from lightllm_mtp.kernels.moe.moe_routing import route_topk, stack_router
+from unit_tests.triton_interpreter import run_interpreted
 
 
 @pytest.mark.parametrize("experts,top_k,t,inter,shared_inter", [(8, 2, 11, 16, 24), (6, 3, 1, 8, 8)])
@@ -98,10 +96,8 @@ PASS_INTERPRET_SCRIPT = textwrap.dedent(
 
 def test_expert_pass_kernels_under_the_interpreter():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-    res = subprocess.run([sys.executable, "-c", PASS_INTERPRET_SCRIPT], env=env, capture_output=True, text=True,
-                         timeout=300)  # fmt: skip
-    assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
+    out = run_interpreted(PASS_INTERPRET_SCRIPT)
+    assert "OK" in out, out[-3000:]
 
 
 def _a3b_case(t, seed):

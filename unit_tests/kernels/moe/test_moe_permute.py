@@ -1,8 +1,5 @@
 """sort_by_expert, moe_permute, moe_unpermute: the prefill MoE path's expert-sorted layout and its weighted return."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -15,6 +12,7 @@ from lightllm_mtp.kernels.moe.moe_permute import (
     moe_unpermute_ref,
     sort_by_expert,
 )  # fmt: skip
+from unit_tests.triton_interpreter import run_interpreted
 
 
 def _ids(t, k, experts, seed):
@@ -109,10 +107,8 @@ PERMUTE_INTERPRET_SCRIPT = textwrap.dedent(
 
 def test_permute_kernels_under_the_interpreter():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-    res = subprocess.run([sys.executable, "-c", PERMUTE_INTERPRET_SCRIPT], env=env, capture_output=True, text=True,
-                         timeout=300)  # fmt: skip
-    assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
+    out = run_interpreted(PERMUTE_INTERPRET_SCRIPT)
+    assert "OK" in out, out[-3000:]
 
 
 @pytest.mark.gpu

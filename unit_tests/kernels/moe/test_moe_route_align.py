@@ -1,9 +1,6 @@
 """route_align: routing + expert alignment in one Triton program for small steps, the same bits as route_topk +
 moe_align (the two-kernel path of larger steps), against the PyTorch reference, under the interpreter and on the GPU."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -12,6 +9,7 @@ import torch
 from lightllm_mtp.kernels.moe.moe_align import moe_align_ref
 from lightllm_mtp.kernels.moe.moe_route_align import FUSED_MAX_PAIRS, fused_fits, route_align, route_align_ref
 from lightllm_mtp.kernels.moe.moe_routing import route_topk_ref
+from unit_tests.triton_interpreter import run_interpreted
 
 
 def test_reference_is_route_topk_then_moe_align():
@@ -71,10 +69,8 @@ ROUTE_ALIGN_INTERPRET_SCRIPT = textwrap.dedent(
 
 def test_route_align_kernel_under_the_interpreter():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-    res = subprocess.run([sys.executable, "-c", ROUTE_ALIGN_INTERPRET_SCRIPT], env=env, capture_output=True,
-                         text=True, timeout=300)  # fmt: skip
-    assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
+    out = run_interpreted(ROUTE_ALIGN_INTERPRET_SCRIPT)
+    assert "OK" in out, out[-3000:]
 
 
 @pytest.mark.gpu

@@ -1,8 +1,5 @@
 """select_experts against HF Qwen3_5MoeTopKRouter."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -12,6 +9,7 @@ from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5Moe
 from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeTopKRouter
 
 from lightllm_mtp.kernels.moe.moe_routing import route_topk, route_topk_ref, select_experts, select_experts_ref, stack_router
+from unit_tests.triton_interpreter import run_interpreted
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -111,10 +109,8 @@ ROUTE_INTERPRET_SCRIPT = textwrap.dedent(
 
 def test_route_topk_kernel_under_the_interpreter():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-    res = subprocess.run([sys.executable, "-c", ROUTE_INTERPRET_SCRIPT], env=env, capture_output=True, text=True,
-                         timeout=300)  # fmt: skip
-    assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
+    out = run_interpreted(ROUTE_INTERPRET_SCRIPT)
+    assert "OK" in out, out[-3000:]
 
 
 @pytest.mark.gpu

@@ -1,15 +1,13 @@
 """draft_window against a row-by-row oracle written from its definition, and the Triton kernel against the
 reference under the Triton interpreter."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
 from lightllm_mtp.kernels.speculative.draft_inputs import draft_window
+from unit_tests.triton_interpreter import run_interpreted
 
 HOLD = 999
 
@@ -107,13 +105,8 @@ SCRIPT = textwrap.dedent(
 
 def test_triton_kernel_under_interpreter():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=root, capture_output=True, text=True,
-                         timeout=600)  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "ok" in out.stdout
+    out = run_interpreted(SCRIPT, timeout=600)
+    assert "ok" in out, out[-3000:]
 
 
 @pytest.mark.gpu

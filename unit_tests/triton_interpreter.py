@@ -1,0 +1,24 @@
+"""Kernel tests under Triton's interpreter on CPU: TRITON_INTERPRET must be set before triton is first imported, so
+the checks run in a fresh Python (a script, or a test file run as a program), from the repository root."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_interpreted(script: str | None = None, *, file: str | Path | None = None, timeout: int = 300) -> str:
+    """Runs `script` (python -c) or `file` under the interpreter on one thread; returns its stdout, and fails the
+    test with its stderr when it exits non-zero."""
+    assert (script is None) != (file is None), "a script or a file"
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    env.pop("LIGHTLLM_MTP_FORCE_REFERENCE_KERNELS", None)  # the checks compare the Triton path with the references
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    command = [sys.executable, "-c", script] if script is not None else [sys.executable, str(file)]
+    res = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert res.returncode == 0, res.stderr[-4000:]
+    return res.stdout
