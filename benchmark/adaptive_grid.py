@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from benchmark.model_source import build_engine, resolve_source
+from benchmark.model_source import build_engine, engine_settings, resolve_source
 from benchmark.static_inference import free_device_memory
 from benchmark.timing import device_info, versions
 from lightllm_mtp.spec_decode.adaptive import AcceptanceEstimate, SpecLengthController, StepCostTable, expected_tokens
@@ -61,9 +61,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     rates = [float(a) for a in args.rates.split(",")]
-    ns = argparse.Namespace(model_dir=args.model_dir, model_shape=args.model_shape, seed=args.seed, device=args.device,
-                            dtype=args.dtype, batch_sizes=[max(sizes)], chunked_prefill_size=None,
-                            graph_max_batch_size=max(sizes), mtp_mode="eagle_with_att", mtp_step=args.max_k)  # fmt: skip
+    ns = engine_settings(args, max(sizes), graph_max_batch_size=max(sizes), mtp_mode="eagle_with_att",
+                         mtp_step=args.max_k)
     source = resolve_source(ns)
     device = torch.device(args.device)
     max_model_len = 128

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from benchmark.model_shapes import MODEL_SHAPES
-from benchmark.model_source import build_engine, resolve_source
+from benchmark.model_source import build_engine, engine_settings, resolve_source
 from benchmark.static_inference import KV_SLACK, free_device_memory, generate
 from benchmark.timing import ForwardTimer, MultiTimer, device_info, percentile, versions
 
@@ -60,9 +60,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     ks = [int(k) for k in args.ks.split(",")]
     modes = args.modes.split(",")
-    ns = argparse.Namespace(model_dir=None, model_shape=args.model_shape, seed=args.seed, device=args.device,
-                            dtype=args.dtype, batch_sizes=[args.batch_size], chunked_prefill_size=None,
-                            graph_max_batch_size=None, mtp_layers=max(ks))  # fmt: skip
+    ns = engine_settings(args, args.batch_size, mtp_layers=max(ks))
     source = resolve_source(ns)
     device = torch.device(args.device)
     max_model_len = args.input_len + args.output_len + 3 * (max(ks) + 1) + KV_SLACK  # the MTP lookahead slots

@@ -3,6 +3,7 @@ made on the device; and the LLMEngine built on it."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import tempfile
@@ -49,6 +50,16 @@ def resolve_source(args) -> ModelSource:
     if getattr(args, "mtp_layers", None):  # multi-layer MTP at a published shape: more (random) MTP modules
         hf["mtp_num_hidden_layers"] = args.mtp_layers
     return ModelSource(args.model_shape, hf, None, args.seed)
+
+
+def engine_settings(args, max_batch_size: int, **fields) -> argparse.Namespace:
+    """What resolve_source / build_engine read, from a benchmark's parsed --model_shape, --model_dir, --seed,
+    --device, --dtype; fields: the rest (chunked_prefill_size and graph_max_batch_size default to None: the
+    engine's own; mtp_mode / mtp_step / mtp_layers / engine_extra as build_engine reads them)."""
+    base = dict(model_dir=getattr(args, "model_dir", None), model_shape=args.model_shape, seed=args.seed,
+                device=args.device, dtype=args.dtype, batch_sizes=[max_batch_size], chunked_prefill_size=None,
+                graph_max_batch_size=None)  # fmt: skip
+    return argparse.Namespace(**{**base, **fields})
 
 
 def engine_field_names() -> set[str]:

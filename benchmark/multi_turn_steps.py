@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmark.model_source import build_engine, resolve_source  # noqa: E402
+from benchmark.model_source import build_engine, engine_settings, resolve_source  # noqa: E402
 from benchmark.static_inference import free_device_memory  # noqa: E402
 from benchmark.timing import TritonCompiles, result_header, summary, sync, sync_sites, write_json  # noqa: E402
 from lightllm_mtp.engine.warm_up import warm_up as engine_warm_up  # noqa: E402
@@ -157,10 +157,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    ns = argparse.Namespace(model_dir=args.model_dir, model_shape=args.model_shape, seed=args.seed, device=args.device,
-                            dtype=args.dtype, batch_sizes=[args.max_batch_size], graph_max_batch_size=None,
-                            chunked_prefill_size=args.chunked_prefill_size, mtp_layers=max(1, args.mtp_step),
-                            mtp_mode=args.mtp_mode, mtp_step=args.mtp_step)  # fmt: skip
+    ns = engine_settings(args, args.max_batch_size, chunked_prefill_size=args.chunked_prefill_size,
+                         mtp_layers=max(1, args.mtp_step), mtp_mode=args.mtp_mode, mtp_step=args.mtp_step)
     source = resolve_source(ns)
     gen = torch.Generator().manual_seed(args.seed)
     vocab = source.cfg.vocab_size

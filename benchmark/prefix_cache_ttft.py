@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmark.model_source import build_engine, resolve_source  # noqa: E402
+from benchmark.model_source import build_engine, engine_settings, resolve_source  # noqa: E402
 from benchmark.static_inference import free_device_memory  # noqa: E402
 from benchmark.timing import result_header, sync_sites, write_json  # noqa: E402
 from lightllm_mtp.sampling_params import SamplingParams  # noqa: E402
@@ -129,10 +129,8 @@ def main(argv: list[str] | None = None) -> dict:
                    help="a cold and a warm request under CUDA's sync debug mode: where the host waits on the device")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    ns = argparse.Namespace(model_dir=args.model_dir, model_shape=args.model_shape, seed=args.seed, device=args.device,
-                            dtype=args.dtype, batch_sizes=[2], chunked_prefill_size=args.chunked_prefill_size,
-                            graph_max_batch_size=None, mtp_layers=max(1, args.mtp_step), mtp_mode=args.mtp_mode,
-                            mtp_step=args.mtp_step)  # fmt: skip
+    ns = engine_settings(args, 2, chunked_prefill_size=args.chunked_prefill_size, mtp_layers=max(1, args.mtp_step),
+                         mtp_mode=args.mtp_mode, mtp_step=args.mtp_step)
     source = resolve_source(ns)
     max_model_len = args.prefix_len + args.question_len + 64
     gen = torch.Generator().manual_seed(args.seed)

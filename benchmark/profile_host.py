@@ -23,7 +23,7 @@ if __package__ in (None, ""):
 
 import torch
 
-from benchmark.model_source import build_engine, resolve_source
+from benchmark.model_source import build_engine, engine_settings, resolve_source
 from benchmark.timing import device_info, versions
 from lightllm_mtp.sampling_params import SamplingParams
 
@@ -43,10 +43,7 @@ def main(argv=None) -> dict:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    ns = argparse.Namespace(model_dir=args.model_dir, model_shape=args.model_shape, seed=args.seed,
-                            device=args.device, dtype=args.dtype, batch_sizes=[args.batch_size],
-                            chunked_prefill_size=None, graph_max_batch_size=None, mtp_mode=args.mtp_mode,
-                            mtp_step=args.mtp_step)  # fmt: skip
+    ns = engine_settings(args, args.batch_size, mtp_mode=args.mtp_mode, mtp_step=args.mtp_step)
     source = resolve_source(ns)
     max_len = args.input_len + 4 * args.steps * (args.mtp_step + 1) + 64
     engine = build_engine(source, ns, max_len, mtp=args.mtp_mode is not None)
