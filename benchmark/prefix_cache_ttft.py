@@ -26,19 +26,18 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmark.model_source import build_engine, engine_settings, resolve_source  # noqa: E402
 from benchmark.static_inference import free_device_memory  # noqa: E402
-from benchmark.timing import result_header, sync_sites, write_json  # noqa: E402
+from benchmark.timing import result_header, sync, sync_sites, write_json  # noqa: E402
 from lightllm_mtp.sampling_params import SamplingParams  # noqa: E402
 
 
 def ttft_ms(engine, prompt: list[int]) -> tuple[float, int]:
     """Wall time of one request alone until its first token; the prompt tokens it resumed past."""
-    sync = torch.cuda.synchronize if engine.args.device.type == "cuda" else (lambda: None)
-    sync()
+    sync(engine.args.device)
     start = time.perf_counter()
     req = engine.add_request(prompt, SamplingParams(temperature=0.0, max_new_tokens=1, ignore_eos=True))
     while engine.has_unfinished():
         engine.step()
-    sync()
+    sync(engine.args.device)
     return (time.perf_counter() - start) * 1e3, req.num_cached_tokens
 
 
@@ -80,9 +79,8 @@ def request_breakdown(engine, prompt: list[int]) -> dict:
 
         setattr(cache, name, timed)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if engine.args.device.type == "cuda" else [])
-    sync = torch.cuda.synchronize if engine.args.device.type == "cuda" else (lambda: None)
     steps = []
-    sync()
+    sync(engine.args.device)
     with profile(activities=activities) as prof:
         start = time.perf_counter()
         engine.add_request(prompt, SamplingParams(temperature=0.0, max_new_tokens=1, ignore_eos=True))
@@ -90,7 +88,7 @@ def request_breakdown(engine, prompt: list[int]) -> dict:
             t = time.perf_counter()
             engine.step()
             steps.append((time.perf_counter() - t) * 1e3)
-        sync()
+        sync(engine.args.device)
         total = (time.perf_counter() - start) * 1e3
     for name, fn in originals.items():
         setattr(cache, name, fn)
