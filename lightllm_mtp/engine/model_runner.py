@@ -7,6 +7,7 @@ import torch
 from lightllm_mtp.common.basemodel.basemodel import TpPartBaseModel
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode, ModelOutput
 from lightllm_mtp.common.basemodel.cuda_graph import CudaGraphSet
+from lightllm_mtp.common.basemodel.prefill_graph import prefill_graph_set
 from lightllm_mtp.common.basemodel.stage_graphs import graphed_model_forward, model_graph_set
 from lightllm_mtp.common.parallel_state import pp_broadcast_from_last
 from lightllm_mtp.engine.prefix_cache import PrefixCache
@@ -46,6 +47,16 @@ class ModelRunner:
     @property
     def graphs(self) -> list[CudaGraphSet]:
         return self.graphed.graph_sets
+
+    def add_prefill_graphs(self, keep_all_hidden: bool) -> None:
+        """CUDA graphs for one request's short prompt chunk (common/basemodel/prefill_graph.py), captured after the
+        prefix cache's snapshot pool exists; one process (no tp / pp) with graphs on."""
+        model = self.model
+        if self.graph_max_batch_size == 0 or model.rt.rank.parallel.world_size > 1:
+            return
+        graphs = prefill_graph_set(model.forward, model.caches, keep_all_hidden, self.graph_pool)
+        if graphs is not None:
+            self.graphed.graph_sets.append(graphs)
 
     def forward(self, batch: ForwardBatch) -> ModelOutput:
         """The model forward, replayed from a CUDA graph when one fits the batch."""

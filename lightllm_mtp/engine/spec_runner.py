@@ -129,7 +129,7 @@ class SpecRunner:
     def _launch_prompt_chunks(self, chunks: list[ScheduledRequest], num_drafts: int) -> PromptChunksLaunch:
         batch, sampled = self.runner.build_batch(chunks)
         batch = dataclasses.replace(batch, keep_all_hidden=True)
-        out = self.model.forward(batch)
+        out = self.runner.forward(batch)  # one request's short chunk: a prefill CUDA graph
         tokens = self.runner.sample_on_last_stage(out.logits, sampled) if sampled else None
         ahead, rows_per_req = self._prompt_next_tokens(chunks, sampled)
         for s in chunks:

@@ -110,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--disable_overlap", action="store_true", help="read each step's tokens before queuing the next "
                    "step (by default the next decode / verify step is queued on the device while the host handles "
                    "the current one's tokens)")
+    b.add_argument("--disable_prefill_cudagraph", action="store_true", help="run every prompt chunk eagerly (by "
+                   "default one request's chunk of up to 512 tokens replays a CUDA graph)")
     b.add_argument("--disable_warm_up", action="store_true", help="take requests right after loading (by default a "
                    "worker on CUDA first runs a few synthetic requests, so that compiling the prompt-chunk and "
                    "prefix-cache kernels does not fall on the first users)")
@@ -203,6 +205,7 @@ def server_args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
         graph_max_batch_size=0 if ns.disable_cudagraph else ns.graph_max_batch_size,
         disable_overlap=ns.disable_overlap,
         warm_up=not ns.disable_warm_up,
+        prefill_cuda_graphs=not ns.disable_prefill_cudagraph,
         prefix_cache=not ns.disable_prefix_cache,
         prefix_cache_interval=ns.prefix_cache_interval,
         prefix_cache_state_share=ns.prefix_cache_state_share,

@@ -32,11 +32,16 @@ def causal_conv1d_prefill_ref(
     b_has_initial_state: torch.Tensor,
 ) -> torch.Tensor:
     t, c = x.shape
+    cu = b1_cu_q_len.long()
+    real = int(cu[-1]) if cu.numel() else t
+    if real < t:  # rows past b1_cu_q_len[B]: a prefill graph's padding (common/basemodel/prefill_graph.py), left zero
+        out = torch.zeros_like(x)
+        out[:real] = causal_conv1d_prefill_ref(x[:real], weight, conv_state, b_state_idx, b1_cu_q_len, b_has_initial_state)
+        return out
     hist_len = weight.shape[1] - 1
     bsz = b_state_idx.shape[0]
     dev = x.device
     idx = b_state_idx.long()
-    cu = b1_cu_q_len.long()
     batch = torch.arange(bsz, device=dev)
     hist_cols = torch.arange(hist_len, device=dev)
     history = conv_state[idx, :, :hist_len].float()  # [B, C, K-1]

@@ -128,9 +128,10 @@ def gated_delta_rule_prefill_states(
                                      chunks=PrefillChunks(saves.cu_seqlens, saves.chunk_indices))  # fmt: skip
         states_out[saves.final_dest] = ssm_state[b_state_idx.long()[saves.final_b]]
         return o
+    real = (b1_cu_q_len[1:] - b1_cu_q_len[:-1]).tolist()  # fewer than q_lens under a prefill graph's padding
     return gated_delta_rule_prefill_ref(
         q, k, v, g, beta, ssm_state, b_state_idx, b1_cu_q_len, b_has_initial_state, qk_normalized,
-        saves=[(b, t, d) for b, t, d in saves.saves], states_out=states_out,
+        saves=[(b, real[b] if t == saves.q_lens[b] else t, d) for b, t, d in saves.saves], states_out=states_out,
     )  # fmt: skip
 
 

@@ -1,0 +1,75 @@
+"""The prefill graphs' padding (common/basemodel/prefill_graph.py), run eagerly on CPU through the reference
+kernels: a request's chunk of n rows padded to its bucket, with the conv windows of its snapshots remapped, gives
+the tokens, snapshots and KV of the unpadded forward (the GPU test replays the captured graphs:
+test/test_gpu_prefix_cache.py)."""
+
+import pytest
+import torch
+
+from lightllm_mtp import SamplingParams
+from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode
+from lightllm_mtp.common.basemodel.prefill_graph import PrefillGraphSet
+
+from unit_tests.engine.test_prefix_cache import SYSTEM, build
+
+# hits, branches, a chunk longer than a bucket's half, and chunks of 1-2 rows after a boundary (their end snapshot's
+# conv window reaches into the request's conv history, which the padding moves)
+PROMPTS = [SYSTEM + [5, 6, 7], SYSTEM + [8, 9], SYSTEM[:17] + [1, 2, 3, 4], SYSTEM + [5, 6, 7] + list(range(40, 60)),
+           [9] * 3, SYSTEM[:17], SYSTEM[:16] + [1], SYSTEM[:16] + [1, 2]]  # fmt: skip
+MODES = {"plain": {}, "eagle": dict(mtp_mode="eagle_with_att", mtp_step=2)}
+
+
+def run_one_by_one(llm, n=6):
+    params = SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True)
+    return [llm.generate([p], params)[0].token_ids for p in PROMPTS]
+
+
+@pytest.mark.parametrize("cache", [True, False])
+@pytest.mark.parametrize("mode", list(MODES))
+def test_padded_prompt_chunks_match_the_unpadded_forward(tiny_dense_mtp3_dir, mode, cache):
+    expected_llm = build(tiny_dense_mtp3_dir, cache, **MODES[mode])
+    expected = run_one_by_one(expected_llm)
+    llm = build(tiny_dense_mtp3_dir, cache, **MODES[mode])
+    runner = llm.engine.model_runner
+    graphs = PrefillGraphSet(runner.model.forward, runner.model.caches, keep_all_hidden=bool(MODES[mode]), pool=None,
+                             sizes=(16, 32), capture=False)  # fmt: skip
+    layouts = []
+    run = graphs.run
+    graphs.run = lambda batch: (layouts.append((batch.num_tokens, graphs.layout_of(batch))), run(batch))[1]
+    runner.graphed.graph_sets.append(graphs)
+    assert run_one_by_one(llm) == expected
+    # every prompt chunk (<= 16 rows: chunked_prefill_size) went through the padding, with snapshots when cached
+    assert len(layouts) >= len(PROMPTS) and all(n <= 16 for n, _ in layouts)
+    if cache:
+        assert {layout for _, layout in layouts} >= {(0, 1), (1, 1)}
+        ours, theirs = llm.engine.model.caches.snapshots, expected_llm.engine.model.caches.snapshots
+        # equal up to GEMM rounding (a projection over the bucket's rows rounds differently, as over another chunking)
+        torch.testing.assert_close(ours.conv, theirs.conv, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(ours.ssm, theirs.ssm, rtol=1e-4, atol=1e-4)
+    else:
+        assert {layout for _, layout in layouts} == {None}
+    kv, kv_expected = llm.engine.model.caches.kv_pool, expected_llm.engine.model.caches.kv_pool
+    live = slice(0, kv.hold_slot)  # the padding rows write the reserved slot only
+    for layer in range(2):
+        for ours, theirs in zip(kv.layer(layer), kv_expected.layer(layer)):
+            torch.testing.assert_close(ours[live], theirs[live], rtol=1e-4, atol=1e-4)
+
+
+def test_layouts_outside_the_graphs_run_eagerly(tiny_dense_mtp3_dir):
+    llm = build(tiny_dense_mtp3_dir, True)
+    runner = llm.engine.model_runner
+    graphs = PrefillGraphSet(runner.model.forward, runner.model.caches, keep_all_hidden=False, pool=None,
+                             sizes=(16,), capture=False)  # fmt: skip
+
+    def fake(n, b=1, mode=ForwardMode.EXTEND, logits=1):
+        z = torch.zeros
+        return ForwardBatch(mode=mode, input_ids=z(n, dtype=torch.int64), positions=z(n, dtype=torch.int64),
+                            mem_index=z(n, dtype=torch.int32), b_req_idx=z(b, dtype=torch.int32),
+                            b_seq_len=z(b, dtype=torch.int32), b1_cu_q_len=z(b + 1, dtype=torch.int32),
+                            b_has_initial_state=z(b, dtype=torch.bool), b_logits_index=z(logits, dtype=torch.int64),
+                            max_q_len=n, host_q_lens=(n,) * b)  # fmt: skip
+
+    assert graphs.can_run(fake(16)) and graphs.can_run(fake(1, logits=0))
+    assert not graphs.can_run(fake(17))  # above the largest bucket
+    assert not graphs.can_run(fake(4, b=2))  # two requests
+    assert not graphs.can_run(fake(1, mode=ForwardMode.DECODE))
