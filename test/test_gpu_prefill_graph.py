@@ -1,0 +1,68 @@
+"""Prefill CUDA graphs on the GPU (common/basemodel/prefill_graph.py): one request's prompt chunks replay padded
+graphs, with and without snapshots, and give the tokens of eager chunks; the captured forward equals the eager one on
+the same chunk."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from lightllm_mtp import LLM, SamplingParams
+from lightllm_mtp.common.basemodel.prefill_graph import PrefillGraphSet
+from lightllm_mtp.engine.request import Request
+from lightllm_mtp.engine.scheduler import ScheduledRequest
+
+pytestmark = pytest.mark.gpu
+SYSTEM = [(37 * i) % 700 + 3 for i in range(300)]
+
+
+def prefill_graphs(llm) -> PrefillGraphSet | None:
+    return next((g for g in llm.engine.model_runner.graphs if isinstance(g, PrefillGraphSet)), None)
+
+
+@pytest.mark.parametrize("mtp", [{}, dict(mtp_mode="eagle_with_att", mtp_step=2)], ids=["plain", "eagle"])
+@pytest.mark.parametrize("cache", [True, False])
+def test_tokens_identical_with_and_without_prefill_graphs(tiny_dense_mtp3_dir, mtp, cache):
+    params = SamplingParams(temperature=0.0, max_new_tokens=10, ignore_eos=True)
+    prompts = [SYSTEM + [1, 2, 3], SYSTEM + [4, 5], SYSTEM[:130] + [6], SYSTEM[:200] + list(range(50, 120)), [7] * 5,
+               SYSTEM[:64], SYSTEM[:65]]  # fmt: skip
+
+    def run(graphs):
+        llm = LLM(tiny_dense_mtp3_dir, device="cuda", dtype="float32", max_model_len=512, graph_max_batch_size=8,
+                  chunked_prefill_size=256, prefix_cache=cache, prefix_cache_interval=64, prefix_cache_state_share=0.5,
+                  prefill_cuda_graphs=graphs, **mtp)  # fmt: skip
+        replays = []
+        g = prefill_graphs(llm)
+        assert (g is not None) == graphs
+        if g is not None:
+            run_one = g.run
+            g.run = lambda batch: (replays.append((batch.num_tokens, g.layout_of(batch))), run_one(batch))[1]
+        outs = [llm.generate([p], params)[0] for p in prompts]  # one at a time: single-request chunks
+        return [o.token_ids for o in outs], replays, sum(o.num_cached_tokens for o in outs)
+
+    ref, none, _ = run(False)
+    got, replays, cached = run(True)
+    assert got == ref and not none
+    assert len(replays) >= len(prompts) - 1  # every chunk of <= 512 rows of a lone request (the 256-row cut ones too)
+    if cache:
+        assert cached > 0 and any(layout is not None for _, layout in replays)
+
+
+def test_replayed_chunk_equals_the_eager_forward(tiny_dense_mtp3_dir):
+    llm = LLM(tiny_dense_mtp3_dir, device="cuda", dtype="float32", max_model_len=512, graph_max_batch_size=8,
+              prefix_cache=False, mtp_mode="eagle_with_att", mtp_step=1)  # fmt: skip
+    g = prefill_graphs(llm)
+    runner = llm.engine.model_runner
+
+    outs = []
+    for use_graph in (True, False):
+        req = Request(request_id=0, prompt_ids=SYSTEM[:77], params=SamplingParams(max_new_tokens=1))
+        batch, _ = runner.build_batch([ScheduledRequest(req, 77)])
+        batch = dataclasses.replace(batch, keep_all_hidden=True)
+        assert g.can_run(batch)
+        out = g.run(batch) if use_graph else runner.model.forward(batch)
+        outs.append((out.logits.clone(), out.hidden.clone()))
+        runner.release(req)
+    (lg, hg), (le, he) = outs
+    torch.testing.assert_close(lg, le, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(hg, he, rtol=1e-4, atol=1e-4)
