@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import logging
 import statistics
 import sys
 import time
@@ -127,6 +128,7 @@ def main(argv: list[str] | None = None) -> dict:
                    help="a cold and a warm request under CUDA's sync debug mode: where the host waits on the device")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     ns = engine_settings(args, 2, chunked_prefill_size=args.chunked_prefill_size, mtp_layers=max(1, args.mtp_step),
                          mtp_mode=args.mtp_mode, mtp_step=args.mtp_step)
     source = resolve_source(ns)

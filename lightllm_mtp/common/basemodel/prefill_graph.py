@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from itertools import product
 
 import torch
@@ -194,8 +195,11 @@ class PrefillGraphSet:
 
 def prefill_graph_set(fn, caches: ModelCaches, keep_all_hidden: bool, pool) -> PrefillGraphSet | None:
     """The prefill graphs, or None (with a warning) when a forward cannot be captured (then chunks run eagerly)."""
+    start = time.perf_counter()
     try:
-        return PrefillGraphSet(fn, caches, keep_all_hidden, pool)
+        graphs = PrefillGraphSet(fn, caches, keep_all_hidden, pool)
+        logger.info("prefill CUDA graphs: %d captured in %.1f s", len(graphs.graphs), time.perf_counter() - start)
+        return graphs
     except Exception as e:  # e.g. an operation that reads the device inside the capture
         logger.warning("prefill CUDA graphs disabled: capturing a prompt-chunk forward failed (%s)", e)
         return None
