@@ -50,9 +50,9 @@ class ModelRunner:
 
     def add_prefill_graphs(self, keep_all_hidden: bool) -> None:
         """CUDA graphs for one request's short prompt chunk (common/basemodel/prefill_graph.py), captured after the
-        prefix cache's snapshot pool exists; one process (no tp / pp) with graphs on."""
+        prefix cache's snapshot pool exists; one process (no tp / pp) with graphs and the prefix cache on."""
         model = self.model
-        if self.graph_max_batch_size == 0 or model.rt.rank.parallel.world_size > 1:
+        if self.graph_max_batch_size == 0 or model.rt.rank.parallel.world_size > 1 or model.caches.snapshots is None:
             return
         graphs = prefill_graph_set(model.forward, model.caches, keep_all_hidden, self.graph_pool)
         if graphs is not None:

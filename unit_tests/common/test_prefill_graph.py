@@ -24,12 +24,11 @@ def run_one_by_one(llm, n=6):
     return [llm.generate([p], params)[0].token_ids for p in PROMPTS]
 
 
-@pytest.mark.parametrize("cache", [True, False])
 @pytest.mark.parametrize("mode", list(MODES))
-def test_padded_prompt_chunks_match_the_unpadded_forward(tiny_dense_mtp3_dir, mode, cache):
-    expected_llm = build(tiny_dense_mtp3_dir, cache, **MODES[mode])
+def test_padded_prompt_chunks_match_the_unpadded_forward(tiny_dense_mtp3_dir, mode):
+    expected_llm = build(tiny_dense_mtp3_dir, True, **MODES[mode])
     expected = run_one_by_one(expected_llm)
-    llm = build(tiny_dense_mtp3_dir, cache, **MODES[mode])
+    llm = build(tiny_dense_mtp3_dir, True, **MODES[mode])
     runner = llm.engine.model_runner
     graphs = PrefillGraphSet(runner.model.forward, runner.model.caches, keep_all_hidden=bool(MODES[mode]), pool=None,
                              sizes=(16, 32), capture=False)  # fmt: skip
@@ -38,21 +37,24 @@ def test_padded_prompt_chunks_match_the_unpadded_forward(tiny_dense_mtp3_dir, mo
     graphs.run = lambda batch: (layouts.append((batch.num_tokens, graphs.layout_of(batch))), run(batch))[1]
     runner.graphed.graph_sets.append(graphs)
     assert run_one_by_one(llm) == expected
-    # every prompt chunk (<= 16 rows: chunked_prefill_size) went through the padding, with snapshots when cached
+    # every prompt chunk (<= 16 rows: chunked_prefill_size) went through the padding, with its snapshots
     assert len(layouts) >= len(PROMPTS) and all(n <= 16 for n, _ in layouts)
-    if cache:
-        assert {layout for _, layout in layouts} >= {(0, 1), (1, 1)}
-        ours, theirs = llm.engine.model.caches.snapshots, expected_llm.engine.model.caches.snapshots
-        # equal up to GEMM rounding (a projection over the bucket's rows rounds differently, as over another chunking)
-        torch.testing.assert_close(ours.conv, theirs.conv, rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(ours.ssm, theirs.ssm, rtol=1e-4, atol=1e-4)
-    else:
-        assert {layout for _, layout in layouts} == {None}
+    assert {layout for _, layout in layouts} >= {(0, 1), (1, 1)}
+    ours, theirs = llm.engine.model.caches.snapshots, expected_llm.engine.model.caches.snapshots
+    # equal up to GEMM rounding (a projection over the bucket's rows rounds differently, as over another chunking)
+    torch.testing.assert_close(ours.conv, theirs.conv, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(ours.ssm, theirs.ssm, rtol=1e-4, atol=1e-4)
     kv, kv_expected = llm.engine.model.caches.kv_pool, expected_llm.engine.model.caches.kv_pool
     live = slice(0, kv.hold_slot)  # the padding rows write the reserved slot only
     for layer in range(2):
         for ours, theirs in zip(kv.layer(layer), kv_expected.layer(layer)):
             torch.testing.assert_close(ours[live], theirs[live], rtol=1e-4, atol=1e-4)
+
+
+def test_without_the_prefix_cache_there_are_no_prefill_graphs(tiny_dense_mtp3_dir):
+    runner = build(tiny_dense_mtp3_dir, False).engine.model_runner
+    with pytest.raises(ValueError, match="snapshot pool"):
+        PrefillGraphSet(runner.model.forward, runner.model.caches, keep_all_hidden=False, pool=None, capture=False)
 
 
 def test_layouts_outside_the_graphs_run_eagerly(tiny_dense_mtp3_dir):

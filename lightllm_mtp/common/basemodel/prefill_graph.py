@@ -6,9 +6,10 @@ A chunk of n rows runs in the graph of the smallest bucket N >= n. Rows n..N-1 a
 reserved KV slot, and every kernel is told the real length by device tensors (b1_cu_q_len = [0, n] for the conv,
 attention and fla's varlen kernels, whose chunk table covers N rows: chunks past n find no rows of the request).
 Their outputs are garbage and never read: the logits row is n - 1, the hidden rows 0..n-1. Each bucket has one graph
-without snapshots and, with the prefix cache, one per snapshot layout (the GDN states saved at up to
-MAX_INNER_SAVES boundaries inside the chunk and at its end); the layout's slots are copied in per replay. Chunks of
-several requests, longer ones, or other snapshot layouts run eagerly.
+without snapshots and one per snapshot layout (the GDN states saved at up to MAX_INNER_SAVES boundaries inside the
+chunk and at its end); the layout's slots are copied in per replay. Chunks of several requests, longer ones, or
+other snapshot layouts run eagerly. The graphs come with the prefix cache (the GDN layers run fla's forward step by
+step through the snapshot path, whose chunk tables are made outside the graph).
 """
 
 from __future__ import annotations
@@ -55,26 +56,26 @@ class PrefillGraphSet:
         self.chunk_indices = torch.stack([torch.zeros(chunks, dtype=torch.int64), torch.arange(chunks)], 1).to(dev)
         self.chunk_offsets = {s: torch.tensor([0, s // FLA_CHUNK_SIZE], dtype=torch.int64, device=dev) for s in sizes}
         snaps = caches.snapshots
-        layouts: list[Layout] = [None]
-        if snaps is not None:
-            layouts += [(i, f) for i, f in product(range(MAX_INNER_SAVES + 1), (0, 1)) if i + f]
-            k1 = snaps.conv_cols
-            self.inner_chunk = torch.zeros(MAX_INNER_SAVES, dtype=torch.int64, device=dev)
-            self.inner_dest = torch.zeros(MAX_INNER_SAVES, dtype=torch.int64, device=dev)
-            self.final_b = torch.zeros(1, dtype=torch.int64, device=dev)
-            self.final_dest = torch.zeros(1, dtype=torch.int64, device=dev)
-            self.conv_index = torch.zeros(MAX_INNER_SAVES + 1, k1, dtype=torch.int64, device=dev)
-            self.conv_slots = torch.zeros(MAX_INNER_SAVES + 1, dtype=torch.int64, device=dev)
+        if snaps is None:
+            raise ValueError("the prefill graphs need the prefix cache's snapshot pool")
+        layouts: list[Layout] = [None] + [(i, f) for i, f in product(range(MAX_INNER_SAVES + 1), (0, 1)) if i + f]
+        k1 = snaps.conv_cols
+        self.inner_chunk = torch.zeros(MAX_INNER_SAVES, dtype=torch.int64, device=dev)
+        self.inner_dest = torch.zeros(MAX_INNER_SAVES, dtype=torch.int64, device=dev)
+        self.final_b = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.final_dest = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.conv_index = torch.zeros(MAX_INNER_SAVES + 1, k1, dtype=torch.int64, device=dev)
+        self.conv_slots = torch.zeros(MAX_INNER_SAVES + 1, dtype=torch.int64, device=dev)
         self.graphs: dict[tuple[int, Layout], tuple[torch.cuda.CUDAGraph, ModelOutput]] = {}
         for size in reversed(sizes):  # largest first so smaller graphs reuse its pool memory
             for layout in layouts:
                 self._capture(size, layout)
 
     # ---- the static batch of a bucket and layout ----------------------------------------------------------------
-    def _plan(self, size: int, layout: Layout) -> SnapshotPlan | None:
-        if layout is None:
-            return None
-        inner, final = layout
+    def _plan(self, size: int, layout: Layout) -> SnapshotPlan:
+        """The static plan of a layout; with no snapshot an empty one: the GDN layers then run fla's forward step by
+        step with the chunk offsets made here (fla's own wrapper makes them from a host list: no copy in a graph)."""
+        inner, final = layout if layout is not None else (0, 0)
         saves = tuple((0, FLA_CHUNK_SIZE * (j + 1), -1) for j in range(inner)) + ((0, size, -1),) * final
         state_saves = StateSaves(
             q_lens=(size,), saves=saves, cu_seqlens=self.cu_seqlens, chunk_indices=self.chunk_indices[: size // 64],
@@ -101,7 +102,7 @@ class PrefillGraphSet:
         the remapped conv windows."""
         padded = self._batch(size, layout)
         if layout is None:
-            return padded
+            return padded  # its empty plan
         plan, n = batch.snapshot_plan, batch.num_tokens
         static = padded.snapshot_plan.pieces[0].saves
         saves = tuple((b, size if t == n else t, d) for b, t, d in plan.pieces[0].saves.saves)
@@ -193,13 +194,13 @@ class PrefillGraphSet:
         return ModelOutput(logits=out.logits[:logits_rows], hidden=hidden)
 
 
-def prefill_graph_set(fn, caches: ModelCaches, keep_all_hidden: bool, pool) -> PrefillGraphSet | None:
-    """The prefill graphs, or None (with a warning) when a forward cannot be captured (then chunks run eagerly)."""
+def prefill_graph_set(fn, caches: ModelCaches, keep_all_hidden: bool, pool) -> PrefillGraphSet:
+    """The prefill graphs of a forward (with the prefix cache's snapshot pool in caches)."""
     start = time.perf_counter()
     try:
         graphs = PrefillGraphSet(fn, caches, keep_all_hidden, pool)
-        logger.info("prefill CUDA graphs: %d captured in %.1f s", len(graphs.graphs), time.perf_counter() - start)
-        return graphs
-    except Exception as e:  # e.g. an operation that reads the device inside the capture
-        logger.warning("prefill CUDA graphs disabled: capturing a prompt-chunk forward failed (%s)", e)
-        return None
+    except Exception as e:  # a failed capture can leave the CUDA context unusable: stop here, loudly
+        raise RuntimeError("capturing the prefill CUDA graphs failed; start with --disable_prefill_cudagraph "
+                           "(LLM(prefill_cuda_graphs=False)) to run prompt chunks eagerly") from e
+    logger.info("prefill CUDA graphs: %d captured in %.1f s", len(graphs.graphs), time.perf_counter() - start)
+    return graphs
