@@ -115,12 +115,9 @@ class PrefillGraphSet:
         if not self.capture:
             self.graphs[(size, layout)] = (None, None)
             return
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up: Triton compilation and autotuning happen outside the capture
-                self.fn(self._batch(size, layout))
-        torch.cuda.current_stream().wait_stream(stream)
+        for _ in range(2):  # warm-up: Triton compilation and autotuning happen outside the capture
+            self.fn(self._batch(size, layout))
+        torch.cuda.synchronize()  # (warming up on a side stream, as the decode graphs do, faulted here)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             out = self.fn(self._batch(size, layout))
