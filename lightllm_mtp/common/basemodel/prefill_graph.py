@@ -115,10 +115,12 @@ class PrefillGraphSet:
         if not self.capture:
             self.graphs[(size, layout)] = (None, None)
             return
+        logger.debug("prefill graph bucket %d, snapshot layout %s: warm-up", size, layout)
         for _ in range(2):  # warm-up: Triton compilation and autotuning happen outside the capture
             self.fn(self._batch(size, layout))
         torch.cuda.synchronize()  # (warming up on a side stream, as the decode graphs do, faulted here)
         graph = torch.cuda.CUDAGraph()
+        logger.debug("prefill graph bucket %d, snapshot layout %s: capture", size, layout)
         with torch.cuda.graph(graph, pool=self.pool):
             out = self.fn(self._batch(size, layout))
         self.graphs[(size, layout)] = (graph, out)
