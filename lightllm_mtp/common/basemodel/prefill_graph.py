@@ -112,7 +112,13 @@ class PrefillGraphSet:
 
     @torch.inference_mode()
     def _capture(self, size: int, layout: Layout) -> None:
-        if not self.capture:
+        # the warm-up runs the static batch as it is: its lengths must be this bucket's (a larger bucket's let every
+        # kernel read and write past the bucket's rows)
+        self.b_seq_len.fill_(size)
+        self.b1_cu_q_len[1] = size
+        self.cu_seqlens[1] = size
+        if not self.capture:  # the static batch still runs once (the CPU test checks its lengths)
+            self.fn(self._batch(size, layout))
             self.graphs[(size, layout)] = (None, None)
             return
         logger.debug("prefill graph bucket %d, snapshot layout %s: warm-up", size, layout)
