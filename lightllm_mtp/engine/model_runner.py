@@ -50,7 +50,7 @@ class ModelRunner:
     def graphs(self) -> list[CudaGraphSet]:
         return self.graphed.graph_sets
 
-    def add_prefill_graphs(self, keep_all_hidden: bool) -> None:
+    def add_prefill_graphs(self, keep_all_hidden: bool, max_chunk_rows: int, max_model_len: int) -> None:
         """CUDA graphs for one request's short prompt chunk (common/basemodel/prefill_graph.py), captured after the
         prefix cache's snapshot pool exists; one process (no tp / pp) with graphs and the prefix cache on."""
         model = self.model
@@ -58,7 +58,8 @@ class ModelRunner:
             return
         if state_save_alignment(self.device) != FLA_CHUNK_SIZE:  # without fla the GDN prefill reads the device
             return
-        graphs = prefill_graph_set(model.forward, model.caches, keep_all_hidden, self.graph_pool)
+        graphs = prefill_graph_set(model.forward, model.caches, keep_all_hidden, self.graph_pool, max_chunk_rows,
+                                   max_model_len)  # fmt: skip
         if graphs is not None:
             self.graphed.graph_sets.append(graphs)
 

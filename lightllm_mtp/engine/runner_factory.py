@@ -81,7 +81,8 @@ def build_runner(args: EngineArgs, cfg: ModelConfig, max_model_len: int, rank: R
     if args.prefix_cache:
         built.prefix_cache = model_runner.prefix_cache = _build_prefix_cache(args, model, runner, budget)
     if args.prefill_cuda_graphs:
-        model_runner.add_prefill_graphs(keep_all_hidden=spec is not None)
+        model_runner.add_prefill_graphs(keep_all_hidden=spec is not None, max_chunk_rows=args.chunked_prefill_size,
+                                        max_model_len=max_model_len)  # fmt: skip
     return built
 
 

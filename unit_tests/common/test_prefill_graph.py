@@ -8,7 +8,7 @@ import torch
 
 from lightllm_mtp import SamplingParams
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode
-from lightllm_mtp.common.basemodel.prefill_graph import PrefillGraphSet
+from lightllm_mtp.common.basemodel.prefill_graph import PrefillGraphSet, bucket_sizes
 
 from unit_tests.engine.test_prefix_cache import SYSTEM, build
 
@@ -83,3 +83,16 @@ def test_layouts_outside_the_graphs_run_eagerly(tiny_dense_mtp3_dir):
     assert not graphs.can_run(fake(17))  # above the largest bucket
     assert not graphs.can_run(fake(4, b=2))  # two requests
     assert not graphs.can_run(fake(1, mode=ForwardMode.DECODE))
+
+
+def test_buckets_fit_the_page_table_and_stop_at_the_longest_chunk(tiny_dense_mtp3_dir):
+    assert bucket_sizes(max_chunk_rows=8192, max_model_len=65536) == (128, 256, 512)
+    assert bucket_sizes(max_chunk_rows=200, max_model_len=65536) == (128, 256)
+    assert bucket_sizes(max_chunk_rows=32, max_model_len=65536) == (128,)
+    assert bucket_sizes(max_chunk_rows=4096, max_model_len=300) == (128, 256)
+    assert bucket_sizes(max_chunk_rows=4096, max_model_len=100) == ()
+    runner = build(tiny_dense_mtp3_dir, True).engine.model_runner
+    width = runner.req_manager.req_to_token.shape[1]
+    with pytest.raises(ValueError, match="page table"):  # a warm-up over a longer bucket would read past its row
+        PrefillGraphSet(runner.model.forward, runner.model.caches, keep_all_hidden=False, pool=None,
+                        sizes=(16, width + 1), capture=False)  # fmt: skip

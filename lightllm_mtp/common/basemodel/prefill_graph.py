@@ -41,6 +41,11 @@ class PrefillGraphSet:
         """capture=False: `run` executes the padded static batch eagerly (tests of the padding on CPU)."""
         self.fn, self.caches, self.keep_all_hidden, self.pool, self.sizes = fn, caches, keep_all_hidden, pool, sizes
         self.capture = capture
+        if caches.snapshots is None:
+            raise ValueError("the prefill graphs need the prefix cache's snapshot pool")
+        if not sizes or sizes[-1] > caches.req_manager.req_to_token.shape[1]:
+            raise ValueError(f"prefill graph buckets {sizes} must be non-empty and fit the page table's "
+                             f"{caches.req_manager.req_to_token.shape[1]} columns (max_model_len)")
         dev = caches.req_manager.req_to_token.device
         n = sizes[-1]
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
@@ -56,8 +61,6 @@ class PrefillGraphSet:
         self.chunk_indices = torch.stack([torch.zeros(chunks, dtype=torch.int64), torch.arange(chunks)], 1).to(dev)
         self.chunk_offsets = {s: torch.tensor([0, s // FLA_CHUNK_SIZE], dtype=torch.int64, device=dev) for s in sizes}
         snaps = caches.snapshots
-        if snaps is None:
-            raise ValueError("the prefill graphs need the prefix cache's snapshot pool")
         layouts: list[Layout] = [None] + [(i, f) for i, f in product(range(MAX_INNER_SAVES + 1), (0, 1)) if i + f]
         k1 = snaps.conv_cols
         self.inner_chunk = torch.zeros(MAX_INNER_SAVES, dtype=torch.int64, device=dev)
@@ -199,11 +202,29 @@ class PrefillGraphSet:
         return ModelOutput(logits=out.logits[:logits_rows], hidden=hidden)
 
 
-def prefill_graph_set(fn, caches: ModelCaches, keep_all_hidden: bool, pool) -> PrefillGraphSet:
-    """The prefill graphs of a forward (with the prefix cache's snapshot pool in caches)."""
+def bucket_sizes(max_chunk_rows: int, max_model_len: int) -> tuple[int, ...]:
+    """The buckets worth capturing: none longer than a request (a bucket's warm-up reads its whole page-table row),
+    and none past the first that holds the longest prompt chunk."""
+    sizes = []
+    for size in PREFILL_GRAPH_SIZES:
+        if size > max_model_len:
+            break
+        sizes.append(size)
+        if size >= max_chunk_rows:
+            break
+    return tuple(sizes)
+
+
+def prefill_graph_set(fn, caches: ModelCaches, keep_all_hidden: bool, pool, max_chunk_rows: int,
+                      max_model_len: int) -> PrefillGraphSet | None:  # fmt: skip
+    """The prefill graphs of a forward (with the prefix cache's snapshot pool in caches), or None when no bucket fits
+    (max_model_len below the smallest)."""
+    sizes = bucket_sizes(max_chunk_rows, max_model_len)
+    if not sizes:
+        return None
     start = time.perf_counter()
     try:
-        graphs = PrefillGraphSet(fn, caches, keep_all_hidden, pool)
+        graphs = PrefillGraphSet(fn, caches, keep_all_hidden, pool, sizes)
     except Exception as e:  # a failed capture can leave the CUDA context unusable: stop here, loudly
         raise RuntimeError("capturing the prefill CUDA graphs failed; start with --disable_prefill_cudagraph "
                            "(LLM(prefill_cuda_graphs=False)) to run prompt chunks eagerly") from e
