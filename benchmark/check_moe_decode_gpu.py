@@ -2,7 +2,7 @@
 shared expert I 512, bf16, random routing): the layer's path (router+gate GEMM, route_align, the expert-major pass)
 against the per-expert reference, and its time per layer inside a CUDA graph (8 layers of weights by default, so
 expert reads come from HBM, not L2) at decode rows T = 1..64 and verify rows B * (k+1); sweeps the pass's tiles
-(the folded slot sum's column tile / stages / token bound, the gate_up tiles) and routing + alignment in one
+(the gate_up / down tiles) and routing + alignment in one
 kernel (route_align's pair bound 64) against route_topk + moe_align (bound 0).
 
     python benchmark/check_moe_decode_gpu.py [--layers 8] [--rows 1,2,4,7,8,16,32,64,128]
@@ -23,7 +23,6 @@ from lightllm_mtp.kernels.moe.fused_moe import fused_moe_shared
 from lightllm_mtp.kernels.moe.moe_expert_pass import (
     DECODE_TILES,
     ExpertPassTiles,
-    down_sum_fits,
     expert_pass_ref,
     expert_pass_triton,
 )  # fmt: skip
@@ -33,11 +32,6 @@ from lightllm_mtp.kernels.moe.moe_routing import route_topk, stack_router
 EXPERTS, TOP_K, HIDDEN, INTER = 256, 8, 2048, 512
 SWEEP = [
     DECODE_TILES,
-    ExpertPassTiles(down_sum_max_tokens=0),  # down GEMM + sum kernel (the previous pass)
-    ExpertPassTiles(down_sum_max_tokens=16),
-    ExpertPassTiles(down_sum_max_tokens=16, down_sum_block_n=32),
-    ExpertPassTiles(down_sum_max_tokens=16, down_sum_block_n=64),
-    ExpertPassTiles(down_sum_max_tokens=16, down_sum_stages=4),
     ExpertPassTiles(gate_up_block_n=16, down_block_n=32),
     ExpertPassTiles(gate_up_block_n=64, gate_up_block_k=64, down_block_n=128, down_block_k=64),
     ExpertPassTiles(gate_up_block_k=256, gate_up_stages=3, down_block_k=256, down_stages=2),
@@ -119,8 +113,7 @@ def main():
             rel = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
             assert rel < 1e-2, (tiles, fused_pairs, rel)  # every launch shape checked before it is timed
             ms = graph_ms_per_layer(x, layers, tiles, fused_pairs)
-            kernels = (1 if fused_fits(t, TOP_K + 1, EXPERTS, fused_pairs) else 2) + (
-                2 if down_sum_fits(t, INTER, 2, tiles) else 3)
+            kernels = (1 if fused_fits(t, TOP_K + 1, EXPERTS, fused_pairs) else 2) + 3
             print(f"  fused_pairs={fused_pairs} {tiles}: {ms * 1e3:.1f} us/layer (router GEMM + {kernels} kernels), "
                   f"{distinct * expert_bytes / ms / 1e6:.0f} GB/s")  # fmt: skip
     print("moe decode check OK")

@@ -2,11 +2,9 @@
 BLOCK_M rows reads its expert's gate_up and down weights once.
 
 Launches after the alignment: gate_up GEMM with SwiGLU in its epilogue (one activation row per (token, slot) pair),
-then, for T <= 8 tokens (a tile knob, up to 16), ONE down kernel whose program owns a column tile of every token's
-output row and loops over the used expert blocks in expert-id order, each token's rows weighted and summed in that
-fixed order; above, a down GEMM writing each pair's weighted row in fp32 and a per-token sum over the slots. No
-atomics: bitwise repeatable for a given path, and within a path a row's result does not depend on the other rows of
-the step (the T <= 8 and T > 8 paths round differently, as dense GEMMs of different shapes do). An optional shared
+a down GEMM writing each pair's weighted row in fp32, and a per-token sum over the slots (a down kernel with the sum
+folded in, one program per column tile looping over the experts, was slower at every T on the H100: NOTES stop 26).
+No atomics: bitwise repeatable, and a row's result does not depend on the other rows of the step. An optional shared
 expert is the extra expert id E (weights in their own tensors, its own intermediate size), selected by slot k of
 the routing (route_topk / route_align with shared_gate)."""
 
@@ -36,19 +34,10 @@ class ExpertPassTiles:
     num_warps: int = 4
     gate_up_stages: int = 4
     down_stages: int = 3
-    # down with the slot sum folded in (T <= min(this, block_m, 16)): hidden columns per program (16: 128 programs
-    # at H = 2048), the K tile is the whole intermediate size; 0 tokens turns it off. 8: each program loops over
-    # <= ~60 blocks at 35B-A3B (T = 9..16 would loop over ~100 with ~3000 programs in the down GEMM instead; the
-    # benchmark's sweep decides)
-    down_sum_max_tokens: int = 8
-    down_sum_block_n: int = 16
-    down_sum_stages: int = 3
 
 
 DECODE_TILES = ExpertPassTiles()
 _SUM_BLOCK_H = 512
-_DOWN_SUM_TOKENS = 16  # rows of the token tile (the smallest tensor-core M)
-_DOWN_SUM_SMEM = 192 * 1024  # of the 227 KB: the pipelined [16, I] activation and [I, BLOCK_N] weight tiles
 
 
 def expert_pass_ref(
@@ -121,19 +110,6 @@ def expert_pass_triton(
         SLOTS=slots, BLOCK_M=tiles.block_m, BLOCK_N=tiles.gate_up_block_n, BLOCK_K=tiles.gate_up_block_k,
         DOT_PRECISION=dot_precision, num_warps=tiles.num_warps, num_stages=tiles.gate_up_stages,
     )  # fmt: skip
-    if down_sum_fits(t, inter_max, x.element_size(), tiles):
-        ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
-        out = torch.empty(t, hidden, dtype=x.dtype, device=x.device)
-        _down_sum_kernel[(triton.cdiv(hidden, tiles.down_sum_block_n),)](
-            act, w_down, shared_down, block_expert, weights, ids, out,
-            t, hidden, inter, inter_shared, num_experts, blocks,
-            act.stride(0), w_down.stride(0), w_down.stride(1), shared_down.stride(0), out.stride(0),
-            SLOTS=slots, BLOCK_T=_DOWN_SUM_TOKENS, BLOCK_S=triton.next_power_of_2(slots),
-            BLOCK_B=triton.next_power_of_2(blocks), BLOCK_N=tiles.down_sum_block_n,
-            BLOCK_K=max(16, triton.next_power_of_2(inter_max)), DOT_PRECISION=dot_precision,
-            num_warps=tiles.num_warps, num_stages=tiles.down_sum_stages,
-        )  # fmt: skip
-        return out
     rows = torch.empty(n_pairs, hidden, dtype=torch.float32, device=x.device)
     _down_weighted_kernel[(blocks, triton.cdiv(hidden, tiles.down_block_n))](
         act, w_down, shared_down, sorted_pairs, block_expert, weights, rows,
@@ -149,15 +125,6 @@ def expert_pass_triton(
     return out
 
 
-def down_sum_fits(t: int, inter_max: int, elem_bytes: int, tiles: ExpertPassTiles) -> bool:
-    """Whether the down kernel with the folded slot sum takes this step (see ExpertPassTiles)."""
-    # a token is in at most one row of a block (its experts are distinct), and with T <= block_m every expert
-    # has one block: the program adds each token's experts once
-    if t > min(tiles.down_sum_max_tokens, tiles.block_m, _DOWN_SUM_TOKENS):
-        return False
-    k_tile = max(16, 1 << (inter_max - 1).bit_length())
-    buffers = max(tiles.down_sum_stages - 1, 1)  # tiles in flight in the software pipeline
-    return k_tile * (_DOWN_SUM_TOKENS + tiles.down_sum_block_n) * elem_bytes * buffers <= _DOWN_SUM_SMEM
 
 
 if triton_available():
@@ -257,47 +224,3 @@ if triton_available():
         vals = tl.load(rows_ptr + (t * SLOTS + offs_s)[:, None] * H + offs_h[None, :], mask=mask, other=0.0)
         tl.store(out_ptr + t * stride_out + offs_h, tl.sum(vals, axis=0).to(out_ptr.dtype.element_ty),
                  mask=offs_h < H)  # fmt: skip
-
-    @triton.jit
-    def _down_sum_kernel(
-        act_ptr, w_ptr, shared_w_ptr, block_expert_ptr, weights_ptr, ids_ptr, out_ptr,
-        T, H, INTER, INTER_SHARED, E, MAX_BLOCKS,
-        stride_act, stride_we, stride_wn, stride_shared_wn, stride_out,
-        SLOTS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_B: tl.constexpr,
-        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    ):  # fmt: skip
-        # out[t, n] = sum over the used blocks b (expert-id order) of w[t, e_b] * (act[pair(t, e_b)] . down_e_b[n]),
-        # one program per BLOCK_N columns of all T (<= BLOCK_T) tokens; a token without expert e_b adds nothing
-        n0 = tl.program_id(0) * BLOCK_N
-        offs_t = tl.arange(0, BLOCK_T)
-        offs_s = tl.arange(0, BLOCK_S)
-        slot_mask = (offs_t[:, None] < T) & (offs_s[None, :] < SLOTS)
-        slot_at = offs_t[:, None] * SLOTS + offs_s[None, :]
-        token_ids = tl.load(ids_ptr + slot_at, mask=slot_mask, other=-1).to(tl.int32)
-        token_w = tl.load(weights_ptr + slot_at, mask=slot_mask, other=0.0).to(tl.float32)
-        offs_b = tl.arange(0, BLOCK_B)
-        block_expert = tl.load(block_expert_ptr + offs_b, mask=offs_b < MAX_BLOCKS, other=-1)
-        used = tl.sum((block_expert >= 0).to(tl.int32), axis=0)
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < H
-        offs_k = tl.arange(0, BLOCK_K)
-        out = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
-        for b in range(0, used):
-            # the expert id comes from the preloaded block -> expert map, not a load in the loop: a weight address
-            # behind an in-loop load keeps Triton from software-pipelining the loop
-            expert = tl.sum(tl.where(offs_b == b, block_expert, 0), axis=0)
-            w_base, stride_n, inter = _expert_weights(expert, w_ptr, shared_w_ptr, E, INTER, INTER_SHARED,
-                                                      stride_we, stride_wn, stride_shared_wn)  # fmt: skip
-            k_mask = offs_k < inter
-            match = token_ids == expert
-            has = tl.sum(match.to(tl.int32), axis=1) > 0
-            pair = offs_t * SLOTS + tl.sum(tl.where(match, offs_s[None, :], 0), axis=1)
-            weight = tl.sum(tl.where(match, token_w, 0.0), axis=1)  # one term
-            a = tl.load(act_ptr + pair[:, None].to(tl.int64) * stride_act + offs_k[None, :],
-                        mask=has[:, None] & k_mask[None, :], other=0.0)  # fmt: skip
-            w = tl.load(w_base + offs_n[None, :].to(tl.int64) * stride_n + offs_k[:, None],
-                        mask=k_mask[:, None] & n_mask[None, :], other=0.0)  # fmt: skip
-            part = tl.dot(a, w, input_precision=DOT_PRECISION)
-            out += tl.where(has[:, None], part * weight[:, None], 0.0)
-        out_ptrs = out_ptr + offs_t[:, None].to(tl.int64) * stride_out + offs_n[None, :]
-        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=(offs_t < T)[:, None] & n_mask[None, :])

@@ -115,29 +115,3 @@ def test_route_align_compiles(t, experts, top_k, dtype):
                   BLOCK_E=triton.next_power_of_2(experts), BLOCK_S=triton.next_power_of_2(slots),
                   BLOCK_B=triton.next_power_of_2(blocks)),
              num_warps=4)  # fmt: skip
-
-
-@pytest.mark.parametrize("block_n,stages,warps", [(16, 3, 4), (16, 4, 4), (32, 3, 4), (64, 3, 4), (64, 3, 8)])
-def test_down_sum_compiles_pipelined(block_n, stages, warps):
-    """The down kernel with the folded slot sum at the 35B-A3B shape (K tile = I = 512), the sweep's launch shapes."""
-    kernel = _compile(
-        moe_expert_pass._down_sum_kernel,
-        dict(act_ptr="*bf16", w_ptr="*bf16", shared_w_ptr="*bf16", block_expert_ptr="*i32", weights_ptr="*fp32",
-             ids_ptr="*i32", out_ptr="*bf16", T=1, H=2048, INTER=512, INTER_SHARED=512, E=256, MAX_BLOCKS=9,
-             stride_act=512, stride_we=2048 * 512, stride_wn=512, stride_shared_wn=512, stride_out=2048),
-        dict(SLOTS=9, BLOCK_T=16, BLOCK_S=16, BLOCK_B=16, BLOCK_N=block_n, BLOCK_K=512, DOT_PRECISION="tf32"),
-        num_warps=warps, num_stages=stages,
-    )  # fmt: skip
-    tile_bytes = 512 * (16 + block_n) * 2  # the [16, I] activation and [I, BLOCK_N] weight tiles
-    assert kernel.metadata.shared >= (stages - 1) * tile_bytes, "the loop over the blocks is not software-pipelined"
-    assert moe_expert_pass.down_sum_fits(1, 512, 2, moe_expert_pass.ExpertPassTiles(down_sum_block_n=block_n,
-                                                                                      down_sum_stages=stages))
-
-
-def test_down_sum_compiles_fp32_ieee():
-    _compile(moe_expert_pass._down_sum_kernel,
-             dict(act_ptr="*fp32", w_ptr="*fp32", shared_w_ptr="*fp32", block_expert_ptr="*i32", weights_ptr="*fp32",
-                  ids_ptr="*i32", out_ptr="*fp32", T=3, H=64, INTER=32, INTER_SHARED=48, E=8, MAX_BLOCKS=9,
-                  stride_act=48, stride_we=2048, stride_wn=32, stride_shared_wn=48, stride_out=64),
-             dict(SLOTS=3, BLOCK_T=16, BLOCK_S=4, BLOCK_B=16, BLOCK_N=16, BLOCK_K=64, DOT_PRECISION="ieee"),
-             num_warps=4, num_stages=3)  # fmt: skip
