@@ -8,6 +8,7 @@ from lightllm_mtp.common.layers.base import Layer, ModelCaches, Weights
 from lightllm_mtp.common.layers.mlp import GatedMLP, mlp_specs
 from lightllm_mtp.common.tensor_spec import TensorSpec, TpShard
 from lightllm_mtp.config.model_config import ModelConfig
+from lightllm_mtp.kernels.linear.gemv import linear
 from lightllm_mtp.kernels.moe.fused_moe import fused_moe, fused_moe_shared, fused_moe_shared_fits
 from lightllm_mtp.kernels.moe.moe_expert_pass import DECODE_TILES
 from lightllm_mtp.kernels.moe.moe_route_align import route_align
@@ -52,7 +53,7 @@ class SparseMoE(Layer):
         ]
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
-        logits = F.linear(x, self.router_and_gate)  # [T, E + 1 + pad]
+        logits = linear(x, self.router_and_gate)  # [T, E + 1 + pad]
         e = self.num_experts
         if fused_moe_shared_fits(x, self.top_k):
             r = route_align(logits, num_experts=e, top_k=self.top_k, shared_gate=True, block_m=DECODE_TILES.block_m)

@@ -1,0 +1,87 @@
+"""The few-row GEMV (kernels/linear/gemv.py) against cuBLAS (F.linear) at the projection shapes of the 35B-A3B and
+27B models, T = 1, 2, 4 rows: time per call inside a CUDA graph over enough weight copies that every read comes from
+HBM, and the effective bandwidth (weight bytes / time). Says which projections the GEMV should serve.
+
+    python benchmark/check_gemv_gpu.py [--out results.json]
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+import torch.nn.functional as F
+
+from benchmark.timing import result_header, write_json
+from lightllm_mtp.kernels.linear.gemv import gemv_ref, gemv_tiles, gemv_triton
+from lightllm_mtp.kernels.triton_utils import num_sms
+
+SHAPES = {  # name: (N, K)
+    "35b router + shared gate": (264, 2048),
+    "35b GDN out_proj / attn o_proj": (2048, 4096),
+    "35b GDN in_proj": (12352, 2048),
+    "35b attn qkv": (9216, 2048),
+    "27b GDN / attn out": (5120, 6144),
+    "27b GDN in_proj": (16480, 5120),
+    "27b MLP down": (5120, 17408),
+}
+COPY_BYTES = 512 << 20  # weight copies per shape: >= 512 MB, ten times the L2
+
+
+def graph_us(fn, x, weights, iters=20):
+    def run():
+        return [fn(x, w) for w in weights]
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / iters / len(weights)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--rows", default="1,2,4")
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    torch.manual_seed(0)
+    sms = num_sms(torch.device("cuda"))
+    rows = []
+    for name, (n, k) in SHAPES.items():
+        nbytes = n * k * 2
+        weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+                   for _ in range(max(4, COPY_BYTES // nbytes))]  # fmt: skip
+        for t in (int(r) for r in args.rows.split(",")):
+            x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
+            got, want = gemv_triton(x, weights[0]), gemv_ref(x, weights[0])
+            err = ((got.float() - want.float()).norm() / want.float().norm()).item()
+            assert err < 1e-2, (name, t, err)
+            cublas, ours = graph_us(F.linear, x, weights), graph_us(gemv_triton, x, weights)
+            row = dict(shape=name, n=n, k=k, t=t, tiles=gemv_tiles(t, n, k, sms), cublas_us=cublas, gemv_us=ours,
+                       cublas_GB_per_s=nbytes / cublas / 1e3, gemv_GB_per_s=nbytes / ours / 1e3, rel_err=err)  # fmt: skip
+            rows.append(row)
+            print(f"{name:32s} T={t} cuBLAS {cublas:7.2f} us ({row['cublas_GB_per_s']:5.0f} GB/s)  gemv "
+                  f"{ours:7.2f} us ({row['gemv_GB_per_s']:5.0f} GB/s) tiles {row['tiles']}", flush=True)  # fmt: skip
+        del weights
+        torch.cuda.empty_cache()
+    header = result_header("benchmark/check_gemv_gpu.py", None, args, torch.device("cuda"))
+    write_json(dict(header, rows=rows), args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""y = x @ W^T for a few rows (decode at B <= 4, a verify block at B = 1): weight-read-bound GEMVs whose cuBLAS
+launches leave the H100 half idle at these shapes (35B-A3B B=1: the MoE router's [264, 2048] as 5 CTAs at ~0.2 TB/s,
+the [2048, 4096] output projections as split-K + a reduce kernel at ~57% of the bandwidth; NOTES stop 26).
+
+One program per BLOCK_N weight rows (BLOCK_N chosen so the grid fills the SMs), all T rows of x in the program, fp32
+accumulation, the result rounded to x.dtype once (as cuBLAS does for a bf16 output). No split-K, no atomics:
+bitwise repeatable; the K step depends on T, so a row alone and the same row among others may round differently
+(as cuBLAS's kernels for different M do)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from lightllm_mtp.kernels._validate import check_device, check_float, check_same_dtype, check_shape
+from lightllm_mtp.kernels.triton_utils import num_sms, triton_available, use_triton
+
+_OP = "gemv"
+GEMV_MAX_ROWS = 4  # above, cuBLAS's tensor-core tiles (M >= 8) read each weight once too and win
+_MAX_BLOCK_N = 16
+_TILE_ELEMENTS = 8192  # T_PAD x BLOCK_N x BLOCK_K products per loop step (registers of 4 warps)
+
+
+def gemv_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return (x.float() @ weight.float().t()).to(x.dtype)
+
+
+def gemv_tiles(rows: int, n: int, k: int, sms: int) -> tuple[int, int, int]:
+    """(T_PAD, BLOCK_N, BLOCK_K): the fewest weight rows per program that still give every SM a program, and a K
+    step of ~_TILE_ELEMENTS products."""
+    t_pad = 1 << max(rows - 1, 0).bit_length()
+    block_n = _MAX_BLOCK_N
+    while block_n > 1 and -(-n // block_n) < sms:
+        block_n //= 2
+    block_k = min(1 << max(k - 1, 0).bit_length(), max(64, _TILE_ELEMENTS // (t_pad * block_n)))
+    return t_pad, block_n, block_k
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [T, K] @ weight [N, K]^T -> [T, N] in x.dtype: the Triton GEMV for T <= GEMV_MAX_ROWS on CUDA, F.linear
+    (cuBLAS) otherwise."""
+    if use_triton(x) and 0 < x.shape[0] <= GEMV_MAX_ROWS and x.ndim == 2:
+        return gemv_triton(x, weight)
+    return F.linear(x, weight)
+
+
+def gemv_triton(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [T, K] (T <= GEMV_MAX_ROWS, unit last stride) @ weight [N, K]^T (contiguous rows) -> [T, N] in x.dtype."""
+    check_shape(_OP, "x", x, (None, None), "[T, K]")
+    check_shape(_OP, "weight", weight, (None, x.shape[1]), "[N, K] with x's K")
+    check_float(_OP, "x", x)
+    check_same_dtype(_OP, "x", x, weight=weight)
+    check_device(_OP, x=x, weight=weight)
+    t, k = x.shape
+    n = weight.shape[0]
+    if not 0 < t <= GEMV_MAX_ROWS:
+        raise ValueError(f"{_OP}: x must have 1..{GEMV_MAX_ROWS} rows, got {t}")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    if weight.stride(1) != 1:
+        raise ValueError(f"{_OP}: weight rows must be contiguous, got strides {tuple(weight.stride())}")
+    out = torch.empty(t, n, dtype=x.dtype, device=x.device)
+    t_pad, block_n, block_k = gemv_tiles(t, n, k, num_sms(x.device))
+    _gemv_kernel[(triton.cdiv(n, block_n),)](
+        x, weight, out, t, n, k, x.stride(0), weight.stride(0), out.stride(0),
+        T_PAD=t_pad, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4,
+    )  # fmt: skip
+    return out
+
+
+if triton_available():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _gemv_kernel(
+        x_ptr, w_ptr, out_ptr, T, N, K, stride_x, stride_w, stride_out,
+        T_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):  # fmt: skip
+        offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_t = tl.arange(0, T_PAD)
+        n_mask = offs_n < N
+        t_mask = offs_t < T
+        acc = tl.zeros([T_PAD, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            k_mask = offs_k < K
+            w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_w + offs_k[None, :],
+                        mask=n_mask[:, None] & k_mask[None, :], other=0.0)  # fmt: skip
+            xs = tl.load(x_ptr + offs_t[:, None] * stride_x + offs_k[None, :], mask=t_mask[:, None] & k_mask[None, :],
+                         other=0.0)  # fmt: skip
+            acc += tl.sum(xs.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+        out_ptrs = out_ptr + offs_t[:, None] * stride_out + offs_n[None, :]
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=t_mask[:, None] & n_mask[None, :])

@@ -1,0 +1,59 @@
+"""The few-row GEMV (kernels/linear/gemv.py) against its fp32 reference: under Triton's interpreter on CPU, and in
+bf16 on the GPU at the projection shapes it serves."""
+
+import textwrap
+
+import pytest
+import torch
+
+from lightllm_mtp.kernels.linear.gemv import GEMV_MAX_ROWS, gemv_ref, gemv_tiles, gemv_triton, linear
+from unit_tests.triton_interpreter import run_interpreted
+
+INTERPRET_SCRIPT = textwrap.dedent(
+    """
+    import torch
+    from lightllm_mtp.kernels.linear.gemv import gemv_ref, gemv_triton
+    gen = torch.Generator().manual_seed(0)
+    # (T, N, K): one row; N and K not multiples of the tiles; a K of several steps; N below the SM count (small
+    # BLOCK_N); every T up to the bound
+    for t, n, k in ((1, 40, 64), (3, 37, 100), (2, 300, 1000), (4, 17, 24), (1, 2, 4096), (4, 264, 256)):
+        x = torch.randn(t, k + 5, generator=gen)[:, 2 : 2 + k]  # strided rows
+        w = torch.randn(n, k, generator=gen)
+        torch.testing.assert_close(gemv_triton(x, w), gemv_ref(x, w), rtol=1e-5, atol=1e-4)
+    print("OK")
+    """
+)
+
+
+def test_gemv_kernel_under_the_interpreter():
+    pytest.importorskip("triton")
+    assert "OK" in run_interpreted(INTERPRET_SCRIPT)
+
+
+def test_tiles_fill_the_sms():
+    assert gemv_tiles(1, 264, 2048, 132) == (1, 2, 2048)  # the 35B-A3B router: 132 programs
+    assert gemv_tiles(1, 2048, 4096, 132) == (1, 8, 1024)  # output projections: 256 programs
+    assert gemv_tiles(3, 2048, 4096, 132) == (4, 8, 256)
+    assert gemv_tiles(1, 100000, 64, 132) == (1, 16, 64)
+
+
+def test_linear_on_cpu_is_f_linear_and_the_kernel_checks_its_inputs():
+    x, w = torch.randn(2, 8), torch.randn(5, 8)
+    torch.testing.assert_close(linear(x, w), torch.nn.functional.linear(x, w), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="weight must"):
+        gemv_triton(x, torch.randn(5, 7))
+    with pytest.raises(ValueError, match="rows"):
+        gemv_triton(torch.randn(GEMV_MAX_ROWS + 1, 8), w)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 2, 3, 4])
+@pytest.mark.parametrize("n,k", [(264, 2048), (2048, 4096), (12352, 2048), (5120, 6144)])
+def test_gemv_gpu_bf16(t, n, k):
+    torch.manual_seed(t + n)
+    x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+    out = linear(x, w)
+    torch.testing.assert_close(out.float(), gemv_ref(x, w).float(), rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(out.float(), torch.nn.functional.linear(x, w).float(), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(out[:1], linear(x[:1], w), rtol=1e-2, atol=1e-2)  # alone: another K step
