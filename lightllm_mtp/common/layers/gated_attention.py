@@ -14,7 +14,6 @@ from lightllm_mtp.kernels.attention.decode_attention import decode_attention
 from lightllm_mtp.kernels.attention.output_gate import sigmoid_gate_mul
 from lightllm_mtp.kernels.attention.prefill_attention import prefill_attention
 from lightllm_mtp.kernels.attention.qk_norm_rope import qk_norm_rope_store_kv
-from lightllm_mtp.kernels.linear.gemv import linear
 
 
 class GatedAttention(Layer):
@@ -75,4 +74,4 @@ class GatedAttention(Layer):
             )
         if gate is not None:
             o = sigmoid_gate_mul(o, gate)
-        return linear(o.reshape(t, self.num_heads * self.head_dim), self.o_proj)
+        return F.linear(o.reshape(t, self.num_heads * self.head_dim), self.o_proj)

@@ -1,6 +1,7 @@
-"""y = x @ W^T for a few rows (decode at B <= 4, a verify block at B = 1): weight-read-bound GEMVs whose cuBLAS
-launches leave the H100 half idle at these shapes (35B-A3B B=1: the MoE router's [264, 2048] as 5 CTAs at ~0.2 TB/s,
-the [2048, 4096] output projections as split-K + a reduce kernel at ~57% of the bandwidth; NOTES stop 26).
+"""y = x @ W^T for a few rows (decode at B <= 4, a verify block at B = 1) and a narrow output: the MoE router's
+[264, 2048] (35B-A3B), which cuBLAS runs as 5 CTAs of 64 rows at ~0.2 TB/s (5.5 us per call on the H100; this kernel
+2.5 us). For outputs of 2048+ columns cuBLAS is within 7% or faster (benchmark/check_gemv_gpu.py, NOTES stop 26), so
+`linear` keeps them on cuBLAS.
 
 One program per BLOCK_N weight rows (BLOCK_N chosen so the grid fills the SMs), all T rows of x in the program, fp32
 accumulation, the result rounded to x.dtype once (as cuBLAS does for a bf16 output). No split-K, no atomics:
@@ -16,7 +17,8 @@ from lightllm_mtp.kernels._validate import check_device, check_float, check_same
 from lightllm_mtp.kernels.triton_utils import num_sms, triton_available, use_triton
 
 _OP = "gemv"
-GEMV_MAX_ROWS = 4  # above, cuBLAS's tensor-core tiles (M >= 8) read each weight once too and win
+GEMV_MAX_ROWS = 4  # the router at T = 4: 3.5 us vs cuBLAS's 5.5; wider outputs lose from T = 2 on
+GEMV_MAX_OUT = 1024  # output columns up to which `linear` takes the GEMV
 _MAX_BLOCK_N = 16
 _TILE_ELEMENTS = 8192  # T_PAD x BLOCK_N x BLOCK_K products per loop step (registers of 4 warps)
 
@@ -37,9 +39,9 @@ def gemv_tiles(rows: int, n: int, k: int, sms: int) -> tuple[int, int, int]:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [T, K] @ weight [N, K]^T -> [T, N] in x.dtype: the Triton GEMV for T <= GEMV_MAX_ROWS on CUDA, F.linear
-    (cuBLAS) otherwise."""
-    if use_triton(x) and 0 < x.shape[0] <= GEMV_MAX_ROWS and x.ndim == 2:
+    """x [T, K] @ weight [N, K]^T -> [T, N] in x.dtype: the Triton GEMV for T <= GEMV_MAX_ROWS rows and N <=
+    GEMV_MAX_OUT on CUDA, F.linear (cuBLAS) otherwise."""
+    if use_triton(x) and x.ndim == 2 and 0 < x.shape[0] <= GEMV_MAX_ROWS and weight.shape[0] <= GEMV_MAX_OUT:
         return gemv_triton(x, weight)
     return F.linear(x, weight)
 

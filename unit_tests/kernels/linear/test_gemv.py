@@ -1,11 +1,12 @@
 """The few-row GEMV (kernels/linear/gemv.py) against its fp32 reference: under Triton's interpreter on CPU, and in
-bf16 on the GPU at the projection shapes it serves."""
+bf16 on the GPU at the router's shape and at wider ones (which `linear` leaves to cuBLAS)."""
 
 import textwrap
 
 import pytest
 import torch
 
+from lightllm_mtp.kernels.linear import gemv as gemv_module
 from lightllm_mtp.kernels.linear.gemv import GEMV_MAX_ROWS, gemv_ref, gemv_tiles, gemv_triton, linear
 from unit_tests.triton_interpreter import run_interpreted
 
@@ -37,13 +38,20 @@ def test_tiles_fill_the_sms():
     assert gemv_tiles(1, 100000, 64, 132) == (1, 16, 64)
 
 
-def test_linear_on_cpu_is_f_linear_and_the_kernel_checks_its_inputs():
+def test_linear_takes_the_gemv_for_few_rows_and_narrow_outputs_only(monkeypatch):
     x, w = torch.randn(2, 8), torch.randn(5, 8)
-    torch.testing.assert_close(linear(x, w), torch.nn.functional.linear(x, w), rtol=0, atol=0)
+    torch.testing.assert_close(linear(x, w), torch.nn.functional.linear(x, w), rtol=0, atol=0)  # CPU: F.linear
+    calls = []
+    monkeypatch.setattr(gemv_module, "use_triton", lambda t: True)  # the CUDA dispatch, on CPU tensors
+    record = lambda x, w: calls.append((x.shape[0], w.shape[0])) or gemv_ref(x, w)  # noqa: E731
+    monkeypatch.setattr(gemv_module, "gemv_triton", record)
+    for t, n in ((1, 264), (4, 1024), (5, 264), (1, 1025)):
+        linear(torch.randn(t, 8), torch.randn(n, 8))
+    assert calls == [(1, 264), (4, 1024)]  # more rows or wider outputs: cuBLAS
     with pytest.raises(ValueError, match="weight must"):
-        gemv_triton(x, torch.randn(5, 7))
+        gemv_triton(torch.randn(2, 8), torch.randn(5, 7))
     with pytest.raises(ValueError, match="rows"):
-        gemv_triton(torch.randn(GEMV_MAX_ROWS + 1, 8), w)
+        gemv_triton(torch.randn(GEMV_MAX_ROWS + 1, 8), torch.randn(5, 8))
 
 
 @pytest.mark.gpu
@@ -53,7 +61,7 @@ def test_gemv_gpu_bf16(t, n, k):
     torch.manual_seed(t + n)
     x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-    out = linear(x, w)
+    out = gemv_triton(x, w)
     torch.testing.assert_close(out.float(), gemv_ref(x, w).float(), rtol=1e-2, atol=1e-2)
     torch.testing.assert_close(out.float(), torch.nn.functional.linear(x, w).float(), rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(out[:1], linear(x[:1], w), rtol=1e-2, atol=1e-2)  # alone: another K step
+    torch.testing.assert_close(out[:1], gemv_triton(x[:1], w), rtol=1e-2, atol=1e-2)  # alone: another K step
