@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 import torch.nn.functional as F
 
-from benchmark.timing import result_header, write_json
+from benchmark.timing import graph_replay_ms, result_header, write_json
 from lightllm_mtp.kernels.linear.gemv import gemv_ref, gemv_tiles, gemv_triton
 from lightllm_mtp.kernels.triton_utils import num_sms
 
@@ -31,27 +31,8 @@ COPY_BYTES = 512 << 20  # weight copies per shape: >= 512 MB, ten times the L2
 
 
 def graph_us(fn, x, weights, iters=20):
-    def run():
-        return [fn(x, w) for w in weights]
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        run()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / iters / len(weights)
+    """Microseconds per call of fn(x, w) over the weight copies, in one CUDA graph."""
+    return graph_replay_ms(lambda: [fn(x, w) for w in weights], iters) * 1e3 / len(weights)
 
 
 def main():

@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 import torch.nn.functional as F
 
+from benchmark.timing import graph_replay_ms
 from lightllm_mtp.kernels.moe.fused_moe import fused_moe_shared
 from lightllm_mtp.kernels.moe.moe_expert_pass import (
     DECODE_TILES,
@@ -62,27 +63,8 @@ def moe_layer(x, layer, tiles, fused_pairs):
 
 
 def graph_ms_per_layer(x, layers, tiles, fused_pairs=FUSED_MAX_PAIRS, iters=10):
-    def run():  # the layers in sequence on one stream, each on the same input (its own router: its own experts)
-        return [moe_layer(x, layer, tiles, fused_pairs) for layer in layers]
-
-    side = torch.cuda.Stream()  # warm-up (Triton compilation, cuBLAS workspace) off the default stream
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        run()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters / len(layers)
+    # the layers in sequence on one stream, each on the same input (its own router: its own experts)
+    return graph_replay_ms(lambda: [moe_layer(x, layer, tiles, fused_pairs) for layer in layers], iters) / len(layers)
 
 
 def main():

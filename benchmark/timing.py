@@ -159,6 +159,29 @@ class MultiTimer:
             t.remove()
 
 
+def graph_replay_ms(run, iters: int) -> float:
+    """Milliseconds per replay of a CUDA graph of `run()` (warmed up on a side stream first: Triton compilation and
+    cuBLAS workspaces stay out of the capture), timed with CUDA events over `iters` replays."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters
+
+
 def versions() -> dict:
     out = {"python": platform.python_version(), "torch": torch.__version__}
     for mod in ("triton", "transformers"):
