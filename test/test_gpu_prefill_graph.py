@@ -38,14 +38,34 @@ def test_tokens_identical_with_and_without_prefill_graphs(tiny_dense_mtp3_dir, m
             run_one = g.run
             g.run = lambda batch: (replays.append((batch.num_tokens, g.layout_of(batch))), run_one(batch))[1]
         outs = [llm.generate([p], params)[0] for p in prompts]  # one at a time: single-request chunks
-        return [o.token_ids for o in outs], replays, sum(o.num_cached_tokens for o in outs)
+        snaps = held_snapshots(llm) if cache else None
+        return [o.token_ids for o in outs], replays, sum(o.num_cached_tokens for o in outs), snaps
 
-    ref, none, _ = run(False)
-    got, replays, cached = run(True)
+    ref, none, _, ref_snaps = run(False)
+    got, replays, cached, snaps = run(True)
     assert got == ref and not none
     if cache:  # every chunk of <= 512 rows of a lone request (the 256-row cut ones too)
         assert len(replays) >= len(prompts) - 1
-        assert cached > 0 and any(layout is not None for _, layout in replays)
+        assert cached > 0 and {(0, 1), (1, 1)} <= {layout for _, layout in replays}
+        # the snapshots the replays wrote (their slots copied into the graphs' static plan) equal the eager ones
+        assert snaps[0] == ref_snaps[0] and snaps[0]
+        for ours, theirs in zip(snaps[1:], ref_snaps[1:]):
+            torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+def held_snapshots(llm):
+    """The slots of the snapshots the tree holds and their conv / SSM contents."""
+    nodes = llm.engine.prefix_cache.tree._nodes()
+    held = sorted(n.snapshot.slot for n in nodes if n.snapshot is not None and not n.snapshot.on_host)
+    pool = llm.engine.model.caches.snapshots
+    return held, pool.conv[:, held].clone(), pool.ssm[:, held].clone()
+
+
+def test_no_prefill_graphs_for_moe_models(tiny_moe_mtp3_dir):
+    """An MoE layer would route a bucket's padding rows: MoE prompt chunks stay eager (model_runner)."""
+    llm = LLM(tiny_moe_mtp3_dir, device="cuda", dtype="float32", max_model_len=512, graph_max_batch_size=8,
+              prefix_cache_state_share=0.5)  # fmt: skip
+    assert prefill_graphs(llm) is None
 
 
 def test_replayed_chunk_equals_the_eager_forward(tiny_dense_mtp3_dir):

@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass, replace
 
 from lightllm_mtp.common.basemodel.basemodel import TpPartBaseModel
-from lightllm_mtp.common.basemodel.cuda_graph import graph_batch_sizes
+from lightllm_mtp.common.basemodel.cuda_graph import CudaGraphSet, graph_batch_sizes
 from lightllm_mtp.common.host_snapshots import HostSnapshotTier
 from lightllm_mtp.common.radix_cache import RadixCache
 from lightllm_mtp.common.state_snapshots import StateSnapshotPool
@@ -145,7 +145,7 @@ def _step_costs(runner: ModelRunner, proposer, spec) -> StepCostTable:
     eagle_chain = spec.mode is MtpMode.EAGLE_WITH_ATT and not spec.parallel_drafting
     k = spec.num_draft_tokens
     if runner.graphs:
-        verify = {g.q: g for g in runner.graphs}
+        verify = {g.q: g for g in runner.graphs if isinstance(g, CudaGraphSet)}  # not the prefill graphs
         windows = [m.graph_sets[0] for m in proposer.modules]
         chain = proposer.modules[0].graph_sets[1] if eagle_chain and k > 1 else None
         kv_only = [g for g in proposer.modules[0].graph_sets if not g.logits]

@@ -111,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "step (by default the next decode / verify step is queued on the device while the host handles "
                    "the current one's tokens)")
     b.add_argument("--disable_prefill_cudagraph", action="store_true", help="run every prompt chunk eagerly (by "
-                   "default one request's chunk of up to 512 tokens replays a CUDA graph)")
+                   "default, with the prefix cache on a dense model, one request's chunk of up to 512 tokens replays "
+                   "a CUDA graph)")
     b.add_argument("--disable_warm_up", action="store_true", help="take requests right after loading (by default a "
                    "worker on CUDA first runs a few synthetic requests, so that compiling the prompt-chunk and "
                    "prefix-cache kernels does not fall on the first users)")

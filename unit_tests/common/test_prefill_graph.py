@@ -1,7 +1,7 @@
 """The prefill graphs' padding (common/basemodel/prefill_graph.py), run eagerly on CPU through the reference
 kernels: a request's chunk of n rows padded to its bucket, with the conv windows of its snapshots remapped, gives
 the tokens, snapshots and KV of the unpadded forward (the GPU test replays the captured graphs:
-test/test_gpu_prefix_cache.py)."""
+test/test_gpu_prefill_graph.py)."""
 
 import pytest
 import torch

@@ -45,7 +45,8 @@ class PrefillGraphSet:
             raise ValueError("the prefill graphs need the prefix cache's snapshot pool")
         if not sizes or sizes[-1] > caches.req_manager.req_to_token.shape[1]:
             raise ValueError(f"prefill graph buckets {sizes} must be non-empty and fit the page table's "
-                             f"{caches.req_manager.req_to_token.shape[1]} columns (max_model_len)")
+                             f"{caches.req_manager.req_to_token.shape[1]} columns (bucket_sizes keeps them within "
+                             "max_model_len)")
         dev = caches.req_manager.req_to_token.device
         n = sizes[-1]
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
@@ -127,7 +128,7 @@ class PrefillGraphSet:
         logger.debug("prefill graph bucket %d, snapshot layout %s: warm-up", size, layout)
         for _ in range(2):  # warm-up: Triton compilation and autotuning happen outside the capture
             self.fn(self._batch(size, layout))
-        torch.cuda.synchronize()  # (warming up on a side stream, as the decode graphs do, faulted here)
+        torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         logger.debug("prefill graph bucket %d, snapshot layout %s: capture", size, layout)
         with torch.cuda.graph(graph, pool=self.pool):
@@ -199,7 +200,12 @@ class PrefillGraphSet:
         else:
             graph.replay()
         hidden = out.hidden[:n] if self.keep_all_hidden else out.hidden[:logits_rows]
-        return ModelOutput(logits=out.logits[:logits_rows], hidden=hidden)
+        if graph is None:
+            return ModelOutput(logits=out.logits[:logits_rows], hidden=hidden)
+        # copies: the static outputs sit in the graph pool shared with the decode / verify / draft graphs captured
+        # before, whose replays (the step's verify, a draft module's window) may use that memory as scratch while
+        # the builder and the proposers still read these rows
+        return ModelOutput(logits=out.logits[:logits_rows].clone(), hidden=hidden.clone())
 
 
 def bucket_sizes(max_chunk_rows: int, max_model_len: int) -> tuple[int, ...]:

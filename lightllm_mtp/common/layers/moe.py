@@ -18,9 +18,10 @@ from lightllm_mtp.kernels.moe.moe_routing import select_experts, stack_router
 class SparseMoE(Layer):
     """Softmax top-k routed experts (renormalised) plus a shared expert behind a sigmoid scalar gate.
 
-    One GEMM gives the router logits and the shared gate logit (rows stacked at load). Decode / verify sizes on
-    CUDA: routing + expert alignment (one kernel for small steps), then one expert-major pass over the routed
-    experts and the shared expert (slot k): 1 GEMM + 3 kernels per layer at T * (k+1) <= 64 and T <= 8.
+    One projection gives the router logits and the shared gate logit (rows stacked at load; a few-row GEMV at T <=
+    4 on CUDA). Decode / verify sizes on CUDA: routing + expert alignment (one kernel for small steps), then one
+    expert-major pass over the routed experts and the shared expert (slot k): gate_up, down, slot sum; 5 launches
+    per layer at T * (k+1) <= 64.
     Prefill sizes and CPU: top-k routing, the grouped-GEMM (or reference) routed experts, the shared MLP."""
 
     def __init__(self, cfg: ModelConfig, prefix: str, weights: Weights):
