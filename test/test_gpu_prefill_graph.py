@@ -47,10 +47,12 @@ def test_tokens_identical_with_and_without_prefill_graphs(tiny_dense_mtp3_dir, m
     if cache:  # every chunk of <= 512 rows of a lone request (the 256-row cut ones too)
         assert len(replays) >= len(prompts) - 1
         assert cached > 0 and {(0, 1), (1, 1)} <= {layout for _, layout in replays}
-        # the snapshots the replays wrote (their slots copied into the graphs' static plan) equal the eager ones
+        # the snapshots the replays wrote (their slots copied into the graphs' static plan) equal the eager ones up
+        # to rounding: the graphed chunk's GEMMs run over the bucket's rows and fla's dots are TF32 (the H100 run:
+        # <= 1.3e-3 in 2% of the conv elements, at the last GDN layer); a wrong slot or window would differ by O(1)
         assert snaps[0] == ref_snaps[0] and snaps[0]
         for ours, theirs in zip(snaps[1:], ref_snaps[1:]):
-            torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(ours, theirs, rtol=1e-2, atol=5e-3)
 
 
 def held_snapshots(llm):
