@@ -8,8 +8,6 @@ from lightllm_mtp.common.basemodel.basemodel import TpPartBaseModel
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode, ModelOutput
 from lightllm_mtp.common.basemodel.cuda_graph import CudaGraphSet
 from lightllm_mtp.common.basemodel.prefill_graph import PrefillGraphSet, prefill_graph_set
-from lightllm_mtp.kernels.gdn.fla_prefill import FLA_CHUNK_SIZE
-from lightllm_mtp.kernels.gdn.gated_delta_rule_states import state_save_alignment
 from lightllm_mtp.common.basemodel.stage_graphs import graphed_model_forward, model_graph_set
 from lightllm_mtp.common.parallel_state import pp_broadcast_from_last
 from lightllm_mtp.engine.prefix_cache import PrefixCache
@@ -58,8 +56,6 @@ class ModelRunner:
         if self.graph_max_batch_size == 0 or model.rt.rank.parallel.world_size > 1 or model.caches.snapshots is None:
             return
         if model.cfg.is_moe:  # a bucket's padding rows would be routed to experts: not covered yet (eager chunks)
-            return
-        if state_save_alignment(self.device) != FLA_CHUNK_SIZE:  # without fla the GDN prefill reads the device
             return
         graphs = prefill_graph_set(model.forward, model.caches, keep_all_hidden, self.graph_pool, max_chunk_rows,
                                    max_model_len)  # fmt: skip

@@ -25,7 +25,7 @@ from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMod
 from lightllm_mtp.common.layers.base import ModelCaches
 from lightllm_mtp.common.state_snapshots import SnapshotPiece, SnapshotPlan
 from lightllm_mtp.kernels.gdn.fla_prefill import FLA_CHUNK_SIZE, PrefillChunks
-from lightllm_mtp.kernels.gdn.gated_delta_rule_states import StateSaves
+from lightllm_mtp.kernels.gdn.gated_delta_rule_states import StateSaves, state_save_alignment
 
 logger = logging.getLogger("lightllm_mtp.engine")
 
@@ -224,9 +224,11 @@ def bucket_sizes(max_chunk_rows: int, max_model_len: int) -> tuple[int, ...]:
 def prefill_graph_set(fn, caches: ModelCaches, keep_all_hidden: bool, pool, max_chunk_rows: int,
                       max_model_len: int) -> PrefillGraphSet | None:  # fmt: skip
     """The prefill graphs of a forward (with the prefix cache's snapshot pool in caches), or None when no bucket fits
-    (max_model_len below the smallest)."""
+    (max_model_len below the smallest) or fla's step-by-step forward is missing (the reference GDN prefill reads the
+    device, which a capture refuses)."""
     sizes = bucket_sizes(max_chunk_rows, max_model_len)
-    if not sizes:
+    device = caches.req_manager.req_to_token.device
+    if not sizes or state_save_alignment(device) != FLA_CHUNK_SIZE:
         return None
     start = time.perf_counter()
     try:
