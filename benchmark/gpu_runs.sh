@@ -8,6 +8,7 @@
 #                                       # at the 35B-A3B shape with a tile sweep (check_moe_decode_gpu.py)
 #   bash benchmark/gpu_runs.sh moe_prefill  # the prefill MoE path (fused_moe_grouped) at the 35B-A3B shape, T = 4k and
 #                                       # 16k, vs its previous index_add_ version, with its pieces (check_moe_prefill_gpu.py)
+#   bash benchmark/gpu_runs.sh gemv     # the few-row GEMV vs cuBLAS at the 35B-A3B / 27B projection shapes, T = 1, 2, 4
 #   bash benchmark/gpu_runs.sh profile_35b  # 35B-A3B eager kernel breakdown of a decode step at B=1 and an MTP k=1
 #                                       # step at B=32 (profile_step.py; kernel counts per step)
 #   bash benchmark/gpu_runs.sh peer     # 27B: our engine vs HF transformers generate at B=1,8 (ours freed first)
@@ -193,6 +194,7 @@ case "${1:-}" in
       --out "$out/static_qwen3.5-35b-a3b_h100.json" ;;
   35b_k1) bench --model_shape qwen3.5-35b-a3b --batch_sizes 1,32 --output_len 48 --mtp_mode eagle_with_att \
       --mtp_step 1 --out "$out/static_qwen3.5-35b-a3b_mtp_k1_h100.json" ;;
+  gemv) python3 benchmark/check_gemv_gpu.py --out "$out/gemv_vs_cublas_h100.json" ;;
   moe_kernels) python3 -m pytest -q -m gpu unit_tests/kernels/moe
     python3 benchmark/check_moe_decode_gpu.py ;;
   moe_prefill) python3 -m pytest -q -m gpu unit_tests/kernels/moe/test_moe_permute.py unit_tests/kernels/moe/test_fused_moe.py
@@ -204,5 +206,5 @@ case "${1:-}" in
       --mtp_mode eagle_with_att --mtp_step 1 --out "$out/profile_35b_a3b_bs32_mtp_k1_moe_kernels.json" ;;
   peer) bench --model_shape qwen3.5-27b --batch_sizes 1,8 --output_len 32 --hf_peer --hf_batch_sizes 1,8 \
       --out "$out/static_qwen3.5-27b_hf_peer_h100.json" ;;
-  *) echo "usage: $0 tests|tests_spec|tests_prefill|prefill16k|35b_prefill|prefill_attention_tiles|train_mtp3_ptd|draft_cost|draft_vocab|adaptive_grid|draft_model_cost|train_drafts|27b|27b_k1|27b_large_batch|35b|35b_k1|moe_kernels|moe_prefill|profile_35b|peer|mixed|serving_27b|serving_35b|serving_tiny|prefix_cache|prefix_serving|prefix_serving_27b|multi_turn_steps|prefix_sync_sites|tp2_27b|pp_one_gpu" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|tests_spec|tests_prefill|prefill16k|35b_prefill|prefill_attention_tiles|train_mtp3_ptd|draft_cost|draft_vocab|adaptive_grid|draft_model_cost|train_drafts|27b|27b_k1|27b_large_batch|35b|35b_k1|moe_kernels|gemv|moe_prefill|profile_35b|peer|mixed|serving_27b|serving_35b|serving_tiny|prefix_cache|prefix_serving|prefix_serving_27b|multi_turn_steps|prefix_sync_sites|tp2_27b|pp_one_gpu" >&2; exit 2 ;;
 esac
