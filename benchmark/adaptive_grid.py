@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from benchmark.model_source import build_engine, engine_settings, resolve_source
+from benchmark.model_source import add_source_args, build_engine, engine_settings, resolve_source
 from benchmark.static_inference import free_device_memory
 from benchmark.timing import device_info, versions
 from lightllm_mtp.spec_decode.adaptive import AcceptanceEstimate, SpecLengthController, StepCostTable, expected_tokens
@@ -48,10 +48,7 @@ def simulate(costs: StepCostTable, batch: int, rates: list[float], launches: int
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model_shape", required=True)
-    p.add_argument("--model_dir", default=None)
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--dtype", default="auto")
+    add_source_args(p, shape_required=True)
     p.add_argument("--max_k", type=int, default=3)
     p.add_argument("--batch_sizes", default="1,2,4,8,16")
     p.add_argument("--rates", default="0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,0.95")

@@ -41,6 +41,14 @@ class ModelSource:
         return load_tensors(self.model_dir, specs, dtype, device)
 
 
+def add_source_args(p: argparse.ArgumentParser, shape_required: bool = False) -> None:
+    """--model_shape / --model_dir / --device / --dtype, as resolve_source and engine_settings read them."""
+    p.add_argument("--model_shape", required=shape_required, default=None)
+    p.add_argument("--model_dir", default=None)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", default="auto")
+
+
 def resolve_source(args) -> ModelSource:
     if args.model_dir:
         path = Path(args.model_dir)

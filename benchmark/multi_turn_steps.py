@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmark.model_source import build_engine, engine_settings, resolve_source  # noqa: E402
+from benchmark.model_source import add_source_args, build_engine, engine_settings, resolve_source  # noqa: E402
 from benchmark.static_inference import free_device_memory  # noqa: E402
 from benchmark.timing import TritonCompiles, result_header, summary, sync, sync_sites, write_json  # noqa: E402
 from lightllm_mtp.engine.warm_up import warm_up as engine_warm_up  # noqa: E402
@@ -129,10 +129,7 @@ def run_trace(engine, first: list[list[int]], user_turns: list[list[list[int]]],
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model_shape", default=None)
-    p.add_argument("--model_dir", default=None)
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--dtype", default="auto")
+    add_source_args(p)
     p.add_argument("--num_conversations", type=int, default=16)
     p.add_argument("--num_warmup", type=int, default=0, help="conversations run first, unmeasured (after the "
                    "engine's own start-up warm-up, engine/warm_up.py, as a server worker runs it)")

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmark.model_source import build_engine, engine_settings, resolve_source  # noqa: E402
+from benchmark.model_source import add_source_args, build_engine, engine_settings, resolve_source  # noqa: E402
 from benchmark.static_inference import free_device_memory  # noqa: E402
 from benchmark.timing import result_header, sync, sync_sites, write_json  # noqa: E402
 from lightllm_mtp.sampling_params import SamplingParams  # noqa: E402
@@ -107,10 +107,7 @@ def request_breakdown(engine, prompt: list[int]) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model_shape", default=None)
-    p.add_argument("--model_dir", default=None)
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--dtype", default="auto")
+    add_source_args(p)
     p.add_argument("--prefix_len", type=int, default=8192)
     p.add_argument("--question_len", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
