@@ -71,7 +71,6 @@ class PrefixCache:
         self.snapshots = snapshots
         self.draft_snapshots = draft_snapshots  # the draft model's half of every snapshot slot (mtp_mode draft_model)
         self.draft_catch_up = draft_catch_up  # (request slot, tokens, start): DraftModelProposer.catch_up
-        self._catch_up_tokens = 0
         self.req_manager = req_manager
         self.interval = interval
         self.lookahead = lookahead  # L: draft-KV lookahead of the MTP proposer (0 without MTP)
@@ -80,7 +79,7 @@ class PrefixCache:
         # tp / pp: the driver's DriverRunner, told of each call that changes the tree outside a runner call (match,
         # unmatch, on_finish, evict_all); the followers replay them on their copies in the same order
         self.journal = None
-        self._queries = self._hits = self._prompt_tokens = self._cached_tokens = self._host_hits = 0
+        self.reset_stats()
 
     # ---- admission ----------------------------------------------------------------------------------------------
     def match(self, req: Request) -> int:
@@ -350,7 +349,7 @@ class PrefixCache:
                 self.req_manager.num_free]  # fmt: skip
 
     def reset_stats(self) -> None:
-        """Counters back to zero (after the start-up warm-up, engine/warm_up.py)."""
+        """Counters at zero (at start, and after the start-up warm-up, engine/warm_up.py)."""
         self._queries = self._hits = self._prompt_tokens = self._cached_tokens = self._host_hits = 0
         self._catch_up_tokens = 0
 
