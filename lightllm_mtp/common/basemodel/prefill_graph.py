@@ -82,7 +82,7 @@ class PrefillGraphSet:
         inner, final = layout if layout is not None else (0, 0)
         saves = tuple((0, FLA_CHUNK_SIZE * (j + 1), -1) for j in range(inner)) + ((0, size, -1),) * final
         state_saves = StateSaves(
-            q_lens=(size,), saves=saves, cu_seqlens=self.cu_seqlens, chunk_indices=self.chunk_indices[: size // 64],
+            q_lens=(size,), saves=saves, cu_seqlens=self.cu_seqlens, chunk_indices=self.chunk_indices[: size // FLA_CHUNK_SIZE],
             chunk_offsets=self.chunk_offsets[size], inner_chunk=self.inner_chunk[:inner],
             inner_dest=self.inner_dest[:inner], final_b=self.final_b[:final], final_dest=self.final_dest[:final],
         )  # fmt: skip
@@ -98,7 +98,7 @@ class PrefillGraphSet:
             host_q_lens=(size,),
         )  # fmt: skip
         # made here, not inside the capture: prefill_chunks would copy a host table into the graph
-        batch._derived["gdn_prefill_chunks"] = PrefillChunks(self.cu_seqlens, self.chunk_indices[: size // 64])
+        batch._derived["gdn_prefill_chunks"] = PrefillChunks(self.cu_seqlens, self.chunk_indices[: size // FLA_CHUNK_SIZE])
         return batch
 
     def _eager_batch(self, batch: ForwardBatch, size: int, layout: Layout) -> ForwardBatch:
