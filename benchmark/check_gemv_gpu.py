@@ -2,7 +2,9 @@
 27B models, T = 1, 2, 4 rows: time per call inside a CUDA graph over enough weight copies that every read comes from
 HBM, and the effective bandwidth (weight bytes / time). Says which projections the GEMV should serve.
 
-    python benchmark/check_gemv_gpu.py [--out results.json]
+    python benchmark/check_gemv_gpu.py [--out results.json] [--sweep]
+
+--sweep: at T=1, the GEMV's launch shapes (BLOCK_N, BLOCK_K, warps, stages) per projection, best first.
 """
 
 import argparse
@@ -16,6 +18,10 @@ import torch.nn.functional as F
 
 from benchmark.timing import graph_replay_ms, result_header, write_json
 from lightllm_mtp.kernels.linear.gemv import gemv_ref, gemv_tiles, gemv_triton
+
+SWEEP_SHAPES = ("35b router + shared gate", "35b GDN out_proj / attn o_proj", "35b GDN in_proj", "35b attn qkv",
+                "27b GDN / attn out")
+SWEEP = [(n, k, w, s) for n in (2, 4, 8, 16) for k in (512, 1024, 2048) for w in (4, 8) for s in (2, 3, 4)]
 from lightllm_mtp.kernels.triton_utils import num_sms
 
 SHAPES = {  # name: (N, K)
@@ -35,10 +41,26 @@ def graph_us(fn, x, weights, iters=20):
     return graph_replay_ms(lambda: [fn(x, w) for w in weights], iters) * 1e3 / len(weights)
 
 
+def sweep(x, weights, nbytes):
+    """Every launch shape of SWEEP at this shape (checked against the reference first), fastest first."""
+    out = []
+    for block_n, block_k, warps, stages in SWEEP:
+        def fn(x_, w_):
+            return gemv_triton(x_, w_, tiles=(1, block_n, block_k), num_warps=warps, num_stages=stages)
+
+        got, want = fn(x, weights[0]), gemv_ref(x, weights[0])
+        assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 1e-2
+        us = graph_us(fn, x, weights)
+        out.append(dict(block_n=block_n, block_k=block_k, num_warps=warps, num_stages=stages, us=us,
+                        GB_per_s=nbytes / us / 1e3))  # fmt: skip
+    return sorted(out, key=lambda r: r["us"])
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--rows", default="1,2,4")
     p.add_argument("--out", default=None)
+    p.add_argument("--sweep", action="store_true")
     args = p.parse_args()
     torch.manual_seed(0)
     sms = num_sms(torch.device("cuda"))
@@ -58,6 +80,10 @@ def main():
             rows.append(row)
             print(f"{name:32s} T={t} cuBLAS {cublas:7.2f} us ({row['cublas_GB_per_s']:5.0f} GB/s)  gemv "
                   f"{ours:7.2f} us ({row['gemv_GB_per_s']:5.0f} GB/s) tiles {row['tiles']}", flush=True)  # fmt: skip
+            if args.sweep and t == 1 and name in SWEEP_SHAPES:
+                row["sweep"] = sweep(x, weights, nbytes)
+                for r in row["sweep"][:4]:
+                    print(f"    {r}", flush=True)
         del weights
         torch.cuda.empty_cache()
     header = result_header("benchmark/check_gemv_gpu.py", None, args, torch.device("cuda"))

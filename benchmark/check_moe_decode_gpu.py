@@ -5,7 +5,10 @@ expert reads come from HBM, not L2) at decode rows T = 1..64 and verify rows B *
 (the gate_up / down tiles) and routing + alignment in one
 kernel (route_align's pair bound 64) against route_topk + moe_align (bound 0).
 
-    python benchmark/check_moe_decode_gpu.py [--layers 8] [--rows 1,2,4,7,8,16,32,64,128]
+    python benchmark/check_moe_decode_gpu.py [--layers 8] [--rows 1,2,4,7,8,16,32,64,128] [--pdl]
+
+At T <= 4 the FMA tiles (decode_tiles' choice there) are swept too; --pdl also times the default tiles with
+programmatic dependent launch on, and route_align on 1 and 2 warps.
 
 Effective bandwidth = bytes of the distinct experts routed (plus the shared expert) / time per layer.
 """
@@ -19,13 +22,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 import torch.nn.functional as F
 
+import dataclasses
+
 from benchmark.timing import graph_replay_ms
+from lightllm_mtp import env
+from lightllm_mtp.kernels.moe import moe_route_align
 from lightllm_mtp.kernels.moe.fused_moe import fused_moe_shared
 from lightllm_mtp.kernels.moe.moe_expert_pass import (
     DECODE_TILES,
+    FMA_MAX_TOKENS,
     ExpertPassTiles,
+    decode_tiles,
     expert_pass_ref,
     expert_pass_triton,
+    fma_tiles,
 )  # fmt: skip
 from lightllm_mtp.kernels.moe.moe_route_align import FUSED_MAX_PAIRS, fused_fits, route_align
 from lightllm_mtp.kernels.moe.moe_routing import route_topk, stack_router
@@ -39,6 +49,22 @@ SWEEP = [
     ExpertPassTiles(num_warps=8, gate_up_block_n=64, down_block_n=128),
     ExpertPassTiles(block_m=32),
 ]
+
+
+def fma_sweep(t):
+    base = fma_tiles(t)
+    m = base.block_m
+    return [base] + [dataclasses.replace(base, **kw) for kw in (
+        dict(gate_up_block_n=4, down_block_n=8),
+        dict(gate_up_block_n=16, gate_up_block_k=512 // m, down_block_n=32, down_block_k=256 // m),
+        dict(gate_up_block_n=4, gate_up_block_k=2048 // m, down_block_n=8, down_block_k=1024 // m),
+        dict(num_warps=2),
+        dict(num_warps=8),
+        dict(gate_up_stages=1, down_stages=1),
+        dict(gate_up_stages=4, down_stages=4),
+        dict(down_block_n=32, down_block_k=256 // m),
+        dict(down_block_n=8, down_block_k=max(1024 // m, 512)),
+    )]  # fmt: skip
 
 
 def make_layers(n, dev):
@@ -71,6 +97,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--layers", type=int, default=8)  # 8 x 1.6 GB of experts: far past L2
     p.add_argument("--rows", default="1,2,4,7,8,16,32,64,128")
+    p.add_argument("--pdl", action="store_true")
     args = p.parse_args()
     dev = "cuda"
     torch.manual_seed(0)
@@ -87,7 +114,8 @@ def main():
         distinct = torch.unique(ids).numel()  # routed + shared
         print(f"T={t}: rel err {err:.1e}, {distinct} distinct experts (incl. shared), "
               f"{distinct * expert_bytes / 1e6:.1f} MB of expert weights per layer")  # fmt: skip
-        for tiles, fused_pairs in [(t_, FUSED_MAX_PAIRS) for t_ in SWEEP] + [(DECODE_TILES, 0)]:
+        sweep = (fma_sweep(t) if t <= FMA_MAX_TOKENS else []) + SWEEP
+        for tiles, fused_pairs in [(t_, FUSED_MAX_PAIRS) for t_ in sweep] + [(DECODE_TILES, 0)]:
             r = route_align(F.linear(x, layer["router"]), num_experts=EXPERTS, top_k=TOP_K, shared_gate=True,
                             block_m=tiles.block_m, max_fused_pairs=fused_pairs)  # fmt: skip
             got = expert_pass_triton(x, layer["w_gu"], layer["w_d"], r.weights, r.ids, layer["s_gu"], layer["s_d"],
@@ -97,7 +125,22 @@ def main():
             ms = graph_ms_per_layer(x, layers, tiles, fused_pairs)
             kernels = (1 if fused_fits(t, TOP_K + 1, EXPERTS, fused_pairs) else 2) + 3
             print(f"  fused_pairs={fused_pairs} {tiles}: {ms * 1e3:.1f} us/layer (router GEMM + {kernels} kernels), "
-                  f"{distinct * expert_bytes / ms / 1e6:.0f} GB/s")  # fmt: skip
+                  f"{distinct * expert_bytes / ms / 1e6:.0f} GB/s", flush=True)  # fmt: skip
+        if args.pdl:
+            tiles = decode_tiles(t)
+            for label, pdl, warps in (("pdl off", False, 4), ("pdl on", True, 4), ("pdl on, route_align 2 warps", True,
+                                      2), ("pdl on, route_align 1 warp", True, 1)):  # fmt: skip
+                env.ENV = dataclasses.replace(env.ENV, pdl=pdl)
+                moe_route_align.ROUTE_ALIGN_WARPS = warps
+                r = route_align(F.linear(x, layer["router"]), num_experts=EXPERTS, top_k=TOP_K, shared_gate=True,
+                                block_m=tiles.block_m)  # fmt: skip
+                got = expert_pass_triton(x, layer["w_gu"], layer["w_d"], r.weights, r.ids, layer["s_gu"],
+                                         layer["s_d"], tiles, alignment=(r.sorted_pairs, r.block_expert))  # fmt: skip
+                assert ((got.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2
+                ms = graph_ms_per_layer(x, layers, tiles)
+                print(f"  {label} {tiles}: {ms * 1e3:.1f} us/layer", flush=True)
+            env.ENV = dataclasses.replace(env.ENV, pdl=False)
+            moe_route_align.ROUTE_ALIGN_WARPS = 4
     print("moe decode check OK")
 
 

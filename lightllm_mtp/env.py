@@ -42,6 +42,9 @@ class Env:
     # gloo on CUDA stages every tensor through host memory and puts all ranks on the driver's GPU: tp / pp tests on
     # one GPU (two NCCL ranks cannot share one); CUDA graphs only under pp alone there (tp collectives run eagerly).
     dist_backend: str
+    # Programmatic dependent launch for the decode-path Triton kernels (sm90+): each kernel's launch overlaps its
+    # predecessor's tail and waits (griddepcontrol.wait) before its first read.
+    pdl: bool
 
 
 def _read_env() -> Env:
@@ -53,6 +56,7 @@ def _read_env() -> Env:
         cpu_threads=int(_get_str("CPU_THREADS", "0")) or None,
         worker_profile=_get_str("WORKER_PROFILE", "") or None,
         dist_backend=_get_choice("DIST_BACKEND", "auto", ("auto", "nccl", "gloo")),
+        pdl=_get_bool("PDL", False),
     )
 
 

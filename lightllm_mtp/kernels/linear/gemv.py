@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from lightllm_mtp.kernels._validate import check_device, check_float, check_same_dtype, check_shape
+from lightllm_mtp.kernels.pdl import use_pdl
 from lightllm_mtp.kernels.triton_utils import num_sms, triton_available, use_triton
 
 _OP = "gemv"
@@ -46,8 +47,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x, weight)
 
 
-def gemv_triton(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [T, K] (T <= GEMV_MAX_ROWS, unit last stride) @ weight [N, K]^T (contiguous rows) -> [T, N] in x.dtype."""
+def gemv_triton(
+    x: torch.Tensor, weight: torch.Tensor, *, tiles: tuple[int, int, int] | None = None, num_warps: int = 4,
+    num_stages: int = 3,
+) -> torch.Tensor:
+    """x [T, K] (T <= GEMV_MAX_ROWS, unit last stride) @ weight [N, K]^T (contiguous rows) -> [T, N] in x.dtype.
+    tiles (T_PAD, BLOCK_N, BLOCK_K), num_warps, num_stages: launch shape (default gemv_tiles), for sweeps."""
     check_shape(_OP, "x", x, (None, None), "[T, K]")
     check_shape(_OP, "weight", weight, (None, x.shape[1]), "[N, K] with x's K")
     check_float(_OP, "x", x)
@@ -62,10 +67,14 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if weight.stride(1) != 1:
         raise ValueError(f"{_OP}: weight rows must be contiguous, got strides {tuple(weight.stride())}")
     out = torch.empty(t, n, dtype=x.dtype, device=x.device)
-    t_pad, block_n, block_k = gemv_tiles(t, n, k, num_sms(x.device))
+    t_pad, block_n, block_k = tiles or gemv_tiles(t, n, k, num_sms(x.device))
+    if t_pad < t:
+        raise ValueError(f"{_OP}: tiles {tiles} hold {t_pad} rows, x has {t}")
+    pdl = use_pdl(x)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x, weight, out, t, n, k, x.stride(0), weight.stride(0), out.stride(0),
-        T_PAD=t_pad, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4,
+        T_PAD=t_pad, BLOCK_N=block_n, BLOCK_K=block_k, PDL=pdl, num_warps=num_warps, num_stages=num_stages,
+        launch_pdl=pdl,
     )  # fmt: skip
     return out
 
@@ -74,11 +83,14 @@ if triton_available():
     import triton
     import triton.language as tl
 
+    from lightllm_mtp.kernels.pdl import pdl_wait
+
     @triton.jit
     def _gemv_kernel(
         x_ptr, w_ptr, out_ptr, T, N, K, stride_x, stride_w, stride_out,
-        T_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        T_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
+        pdl_wait(PDL)
         offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_t = tl.arange(0, T_PAD)
         n_mask = offs_n < N

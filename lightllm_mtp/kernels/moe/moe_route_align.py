@@ -17,10 +17,12 @@ import torch
 from lightllm_mtp.kernels._validate import check_float, check_shape
 from lightllm_mtp.kernels.moe.moe_align import max_blocks, moe_align_ref, moe_align_triton
 from lightllm_mtp.kernels.moe.moe_routing import route_topk_ref, route_topk_triton
+from lightllm_mtp.kernels.pdl import use_pdl
 from lightllm_mtp.kernels.triton_utils import triton_available, use_triton
 
 _OP = "route_align"
 FUSED_MAX_PAIRS = 64
+ROUTE_ALIGN_WARPS = 4
 _FUSED_MAX_LANES = 16384  # T x E tile of the one program (padded to powers of two)
 
 
@@ -87,9 +89,11 @@ def route_align(
 
 
 def route_align_triton(
-    router_logits: torch.Tensor, *, num_experts: int, top_k: int, shared_gate: bool, block_m: int
+    router_logits: torch.Tensor, *, num_experts: int, top_k: int, shared_gate: bool, block_m: int,
+    num_warps: int | None = None,
 ) -> RoutedPairs:
-    """The one-program kernel (callers check fused_fits); renormalised weights."""
+    """The one-program kernel (callers check fused_fits); renormalised weights. num_warps: ROUTE_ALIGN_WARPS."""
+    num_warps = num_warps or ROUTE_ALIGN_WARPS
     t = router_logits.shape[0]
     slots = top_k + int(shared_gate)
     n_pairs = t * slots
@@ -103,11 +107,13 @@ def route_align_triton(
         return RoutedPairs(weights, ids, sorted_pairs, block_expert)
     if router_logits.stride(1) != 1:
         router_logits = router_logits.contiguous()
+    pdl = use_pdl(router_logits)
     _route_align_kernel[(1,)](
         router_logits, weights, ids, sorted_pairs, block_expert, t, num_experts, router_logits.stride(0), blocks,
         TOP_K=top_k, SLOTS=slots, SHARED_GATE=shared_gate, BLOCK_M=block_m,
         BLOCK_T=triton.next_power_of_2(t), BLOCK_E=triton.next_power_of_2(num_experts),
-        BLOCK_S=triton.next_power_of_2(slots), BLOCK_B=triton.next_power_of_2(blocks), num_warps=4,
+        BLOCK_S=triton.next_power_of_2(slots), BLOCK_B=triton.next_power_of_2(blocks), PDL=pdl,
+        num_warps=num_warps, launch_pdl=pdl,
     )  # fmt: skip
     return RoutedPairs(weights, ids, sorted_pairs, block_expert)
 
@@ -116,12 +122,16 @@ if triton_available():
     import triton
     import triton.language as tl
 
+    from lightllm_mtp.kernels.pdl import pdl_wait
+
     @triton.jit
     def _route_align_kernel(
         logits_ptr, weights_ptr, ids_ptr, sorted_ptr, block_expert_ptr, T, E, stride_l, MAX_BLOCKS,
         TOP_K: tl.constexpr, SLOTS: tl.constexpr, SHARED_GATE: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_B: tl.constexpr,
+        PDL: tl.constexpr,
     ):  # fmt: skip
+        pdl_wait(PDL)
         # 1. routing, all T rows at once: the same per-row arithmetic as _route_topk_kernel
         offs_t = tl.arange(0, BLOCK_T)
         t_valid = offs_t < T
