@@ -19,9 +19,9 @@ import torch.nn.functional as F
 from benchmark.timing import graph_replay_ms, result_header, write_json
 from lightllm_mtp.kernels.linear.gemv import gemv_ref, gemv_tiles, gemv_triton
 
-SWEEP_SHAPES = ("35b router + shared gate", "35b GDN out_proj / attn o_proj", "35b GDN in_proj", "35b attn qkv",
-                "27b GDN / attn out")
-SWEEP = [(n, k, w, s) for n in (2, 4, 8, 16) for k in (512, 1024, 2048) for w in (4, 8) for s in (2, 3, 4)]
+SWEEP_SHAPES = ("35b GDN out_proj / attn o_proj", "35b GDN in_proj", "35b attn qkv", "27b GDN / attn out",
+                "27b GDN in_proj", "27b MLP down")
+SWEEP = [(n, k, w, s) for n in (1, 2, 4) for k in (1024, 2048, 4096) for w in (2, 4, 8) for s in (2, 4)]
 from lightllm_mtp.kernels.triton_utils import num_sms
 
 SHAPES = {  # name: (N, K)

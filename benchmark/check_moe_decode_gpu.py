@@ -55,15 +55,16 @@ def fma_sweep(t):
     base = fma_tiles(t)
     m = base.block_m
     return [base] + [dataclasses.replace(base, **kw) for kw in (
-        dict(gate_up_block_n=4, down_block_n=8),
+        dict(gate_up_block_n=4, gate_up_block_k=2048 // m, down_block_n=16, down_block_k=512 // m),
+        dict(gate_up_block_n=2, gate_up_block_k=2048 // m, down_block_n=8, down_block_k=512 // m),
+        dict(gate_up_block_n=4, gate_up_block_k=2048 // m, down_block_n=32, down_block_k=512 // m),
+        dict(gate_up_block_n=4, gate_up_block_k=2048 // m, down_block_n=8, down_block_k=512 // m),
+        dict(gate_up_block_n=4, gate_up_block_k=2048 // m, down_block_n=16, down_block_k=512 // m, num_warps=2),
+        dict(gate_up_block_n=4, gate_up_block_k=2048 // m, down_block_n=16, down_block_k=512 // m, num_warps=8),
+        dict(gate_up_block_n=4, gate_up_block_k=2048 // m, down_block_n=16, down_block_k=512 // m, gate_up_stages=4,
+             down_stages=4),
         dict(gate_up_block_n=16, gate_up_block_k=512 // m, down_block_n=32, down_block_k=256 // m),
-        dict(gate_up_block_n=4, gate_up_block_k=2048 // m, down_block_n=8, down_block_k=1024 // m),
-        dict(num_warps=2),
-        dict(num_warps=8),
-        dict(gate_up_stages=1, down_stages=1),
-        dict(gate_up_stages=4, down_stages=4),
-        dict(down_block_n=32, down_block_k=256 // m),
-        dict(down_block_n=8, down_block_k=max(1024 // m, 512)),
+        dict(gate_up_block_n=4, gate_up_block_k=1024 // m, down_block_n=16, down_block_k=256 // m),
     )]  # fmt: skip
 
 
