@@ -32,6 +32,8 @@ SHAPES = {  # name: (N, K)
     "27b GDN / attn out": (5120, 6144),
     "27b GDN in_proj": (16480, 5120),
     "27b MLP down": (5120, 17408),
+    "27b MLP gate_up": (34816, 5120),
+    "35b lm_head": (248320, 2048),
 }
 COPY_BYTES = 512 << 20  # weight copies per shape: >= 512 MB, ten times the L2
 

@@ -7,8 +7,7 @@ kernel (route_align's pair bound 64) against route_topk + moe_align (bound 0).
 
     python benchmark/check_moe_decode_gpu.py [--layers 8] [--rows 1,2,4,7,8,16,32,64,128] [--pdl]
 
-At T <= 4 the FMA tiles (decode_tiles' choice there) are swept too; --pdl also times the default tiles with
-programmatic dependent launch on, and route_align on 1 and 2 warps.
+--pdl also times the default tiles with programmatic dependent launch on, and route_align on 1 and 2 warps.
 
 Effective bandwidth = bytes of the distinct experts routed (plus the shared expert) / time per layer.
 """
@@ -30,12 +29,9 @@ from lightllm_mtp.kernels.moe import moe_route_align
 from lightllm_mtp.kernels.moe.fused_moe import fused_moe_shared
 from lightllm_mtp.kernels.moe.moe_expert_pass import (
     DECODE_TILES,
-    FMA_MAX_TOKENS,
     ExpertPassTiles,
-    decode_tiles,
     expert_pass_ref,
     expert_pass_triton,
-    fma_tiles,
 )  # fmt: skip
 from lightllm_mtp.kernels.moe.moe_route_align import FUSED_MAX_PAIRS, fused_fits, route_align
 from lightllm_mtp.kernels.moe.moe_routing import route_topk, stack_router
@@ -49,23 +45,6 @@ SWEEP = [
     ExpertPassTiles(num_warps=8, gate_up_block_n=64, down_block_n=128),
     ExpertPassTiles(block_m=32),
 ]
-
-
-def fma_sweep(t):
-    base = fma_tiles(t)
-    m = base.block_m
-    return [base] + [dataclasses.replace(base, **kw) for kw in (
-        dict(gate_up_block_n=4, gate_up_block_k=2048 // m, down_block_n=16, down_block_k=512 // m),
-        dict(gate_up_block_n=2, gate_up_block_k=2048 // m, down_block_n=8, down_block_k=512 // m),
-        dict(gate_up_block_n=4, gate_up_block_k=2048 // m, down_block_n=32, down_block_k=512 // m),
-        dict(gate_up_block_n=4, gate_up_block_k=2048 // m, down_block_n=8, down_block_k=512 // m),
-        dict(gate_up_block_n=4, gate_up_block_k=2048 // m, down_block_n=16, down_block_k=512 // m, num_warps=2),
-        dict(gate_up_block_n=4, gate_up_block_k=2048 // m, down_block_n=16, down_block_k=512 // m, num_warps=8),
-        dict(gate_up_block_n=4, gate_up_block_k=2048 // m, down_block_n=16, down_block_k=512 // m, gate_up_stages=4,
-             down_stages=4),
-        dict(gate_up_block_n=16, gate_up_block_k=512 // m, down_block_n=32, down_block_k=256 // m),
-        dict(gate_up_block_n=4, gate_up_block_k=1024 // m, down_block_n=16, down_block_k=256 // m),
-    )]  # fmt: skip
 
 
 def make_layers(n, dev):
@@ -115,8 +94,7 @@ def main():
         distinct = torch.unique(ids).numel()  # routed + shared
         print(f"T={t}: rel err {err:.1e}, {distinct} distinct experts (incl. shared), "
               f"{distinct * expert_bytes / 1e6:.1f} MB of expert weights per layer")  # fmt: skip
-        sweep = (fma_sweep(t) if t <= FMA_MAX_TOKENS else []) + SWEEP
-        for tiles, fused_pairs in [(t_, FUSED_MAX_PAIRS) for t_ in sweep] + [(DECODE_TILES, 0)]:
+        for tiles, fused_pairs in [(t_, FUSED_MAX_PAIRS) for t_ in SWEEP] + [(DECODE_TILES, 0)]:
             r = route_align(F.linear(x, layer["router"]), num_experts=EXPERTS, top_k=TOP_K, shared_gate=True,
                             block_m=tiles.block_m, max_fused_pairs=fused_pairs)  # fmt: skip
             got = expert_pass_triton(x, layer["w_gu"], layer["w_d"], r.weights, r.ids, layer["s_gu"], layer["s_d"],
@@ -128,7 +106,7 @@ def main():
             print(f"  fused_pairs={fused_pairs} {tiles}: {ms * 1e3:.1f} us/layer (router GEMM + {kernels} kernels), "
                   f"{distinct * expert_bytes / ms / 1e6:.0f} GB/s", flush=True)  # fmt: skip
         if args.pdl:
-            tiles = decode_tiles(t)
+            tiles = DECODE_TILES
             for label, pdl, warps in (("pdl off", False, 4), ("pdl on", True, 4), ("pdl on, route_align 2 warps", True,
                                       2), ("pdl on, route_align 1 warp", True, 1)):  # fmt: skip
                 env.ENV = dataclasses.replace(env.ENV, pdl=pdl)

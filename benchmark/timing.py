@@ -201,10 +201,12 @@ def device_info(device: torch.device) -> dict:
 
 def result_header(script: str, argv: list[str] | None, args, device: torch.device) -> dict:
     """What every results file starts with: the exact command, the model, the device, versions and settings."""
+    import os
     import sys
 
     return {
         "command": " ".join(["python", script, *(argv if argv is not None else sys.argv[1:])]),
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("LIGHTLLM_MTP_")},  # the command's env
         "model": {"shape": getattr(args, "model_shape", None), "model_dir": getattr(args, "model_dir", None)},
         "device": device_info(device),
         "versions": versions(),

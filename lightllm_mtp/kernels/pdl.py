@@ -36,3 +36,9 @@ if triton_available():
         if PDL:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
+
+
+def pdl_args(t: torch.Tensor) -> dict:
+    """Launch keywords of a kernel with a PDL constexpr, for tensors like t."""
+    on = use_pdl(t)
+    return {"PDL": on, "launch_pdl": on}

@@ -17,7 +17,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from lightllm_mtp.common.basemodel.basemodel import TpPartBaseModel
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ModelOutput
@@ -29,6 +28,7 @@ from lightllm_mtp.common.layers.norm import RMSNorm
 from lightllm_mtp.common.tensor_spec import TensorSpec
 from lightllm_mtp.common.weight_loader import WeightLoadError, load_weights, shard_index
 from lightllm_mtp.config.runtime import LoadFormat
+from lightllm_mtp.kernels.linear.gemv import linear
 from lightllm_mtp.kernels.norm.rmsnorm import add_rmsnorm
 
 
@@ -107,7 +107,7 @@ class MtpWeightRetargetMixin:
         if self.mask_embedding is not None:
             e = torch.where((ids < 0)[:, None], self.mask_embedding, e)
         e = self.norm_embedding(e)
-        u = F.linear(torch.cat([e, self.norm_hidden(main_hidden)], dim=-1), self.fc)
+        u = linear(torch.cat([e, self.norm_hidden(main_hidden)], dim=-1), self.fc)
         delta, residual = self.layer.forward(u, None, batch, self.caches)
         hidden, _ = add_rmsnorm(delta, residual, self.final_norm.weight, self.final_norm.eps)
         return ModelOutput(logits=self.lm_head(hidden[batch.b_logits_index]), hidden=hidden)

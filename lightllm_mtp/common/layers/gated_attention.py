@@ -4,7 +4,6 @@ GQA over the paged KV pool, sigmoid output gate."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode
 from lightllm_mtp.common.layers.base import Layer, ModelCaches, Weights
@@ -14,6 +13,7 @@ from lightllm_mtp.kernels.attention.decode_attention import decode_attention
 from lightllm_mtp.kernels.attention.output_gate import sigmoid_gate_mul
 from lightllm_mtp.kernels.attention.prefill_attention import prefill_attention
 from lightllm_mtp.kernels.attention.qk_norm_rope import qk_norm_rope_store_kv
+from lightllm_mtp.kernels.linear.gemv import linear
 
 
 class GatedAttention(Layer):
@@ -50,7 +50,7 @@ class GatedAttention(Layer):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
         t = x.shape[0]
-        q_all, k, v = F.linear(x, self.qkv_proj).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q_all, k, v = linear(x, self.qkv_proj).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.has_gate:
             # each head's rows are [query(D) | gate(D)]; both stay views of the projection (the kernels take strides)
             q, gate = q_all.view(t, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
@@ -74,4 +74,4 @@ class GatedAttention(Layer):
             )
         if gate is not None:
             o = sigmoid_gate_mul(o, gate)
-        return F.linear(o.reshape(t, self.num_heads * self.head_dim), self.o_proj)
+        return linear(o.reshape(t, self.num_heads * self.head_dim), self.o_proj)

@@ -4,7 +4,6 @@ per-request state, gated RMSNorm, out_proj."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode
 from lightllm_mtp.common.layers.base import Layer, ModelCaches, Weights
@@ -18,6 +17,7 @@ from lightllm_mtp.kernels.gdn.gated_delta_rule_states import gated_delta_rule_pr
 from lightllm_mtp.kernels.gdn.gated_delta_rule_verify import gated_delta_rule_verify_fused_gates
 from lightllm_mtp.kernels.gdn.gdn_gating import gdn_gating
 from lightllm_mtp.kernels.gdn.snapshot_conv import snapshot_conv_windows
+from lightllm_mtp.kernels.linear.gemv import linear
 from lightllm_mtp.kernels.norm.gated_rmsnorm import gated_rmsnorm
 
 
@@ -60,7 +60,7 @@ class GatedDeltaNet(Layer):
     def forward(self, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
         t = x.shape[0]
         conv_dim = 2 * self.key_dim + self.value_dim
-        qkv, z, b, a = F.linear(x, self.in_proj).split([conv_dim, self.value_dim, self.nv, self.nv], dim=-1)
+        qkv, z, b, a = linear(x, self.in_proj).split([conv_dim, self.value_dim, self.nv, self.nv], dim=-1)
         linear_state = caches.req_manager.linear_state
         assert linear_state is not None
         conv_state, ssm_state = linear_state.layer(self.state_layer)
@@ -74,7 +74,7 @@ class GatedDeltaNet(Layer):
                 b_conv_idx=batch.b_req_idx, b_ssm_idx=b_ssm_row, nk=self.nk, dk=self.dk, dv=self.dv,
             )
             o = gated_rmsnorm(o, z.reshape(t, self.nv, self.dv), self.norm_weight, self.eps)
-            return F.linear(o.reshape(t, self.value_dim), self.out_proj)
+            return linear(o.reshape(t, self.value_dim), self.out_proj)
         if mode is ForwardMode.VERIFY:
             assert batch.b_accept_len is not None, "a VERIFY batch carries b_accept_len"
             qkv = causal_conv1d_verify(
@@ -114,7 +114,7 @@ class GatedDeltaNet(Layer):
             else:
                 o = self._prefill_with_snapshots(q, k, v, g, beta, ssm_state, b_ssm_row, batch, caches)
         o = gated_rmsnorm(o, z.reshape(t, self.nv, self.dv), self.norm_weight, self.eps)
-        return F.linear(o.reshape(t, self.value_dim), self.out_proj)
+        return linear(o.reshape(t, self.value_dim), self.out_proj)
 
     # ---- prefix cache: GDN state snapshots at token boundaries inside prompt chunks (common/state_snapshots.py) ----
     def _snapshot_conv(self, x: torch.Tensor, conv_state: torch.Tensor, batch: ForwardBatch, caches: ModelCaches) -> None:

@@ -1,13 +1,13 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch
 from lightllm_mtp.common.layers.base import Layer, ModelCaches, Weights
 from lightllm_mtp.common.tensor_spec import TensorSpec, TpShard
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.kernels.activation.silu_and_mul import silu_and_mul
+from lightllm_mtp.kernels.linear.gemv import linear
 
 
 def mlp_specs(prefix: str, hidden: int, inter: int) -> list[TensorSpec]:
@@ -26,7 +26,7 @@ class GatedMLP:
         self.down = weights[f"{prefix}down_proj.weight"]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(silu_and_mul(F.linear(x, self.gate_up)), self.down)
+        return linear(silu_and_mul(linear(x, self.gate_up)), self.down)
 
 
 class DenseMLP(Layer):

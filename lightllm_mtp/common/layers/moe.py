@@ -10,7 +10,7 @@ from lightllm_mtp.common.tensor_spec import TensorSpec, TpShard
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.kernels.linear.gemv import linear
 from lightllm_mtp.kernels.moe.fused_moe import fused_moe, fused_moe_shared, fused_moe_shared_fits
-from lightllm_mtp.kernels.moe.moe_expert_pass import decode_tiles
+from lightllm_mtp.kernels.moe.moe_expert_pass import DECODE_TILES
 from lightllm_mtp.kernels.moe.moe_route_align import route_align
 from lightllm_mtp.kernels.moe.moe_routing import select_experts, stack_router
 
@@ -57,8 +57,7 @@ class SparseMoE(Layer):
         logits = linear(x, self.router_and_gate)  # [T, E + 1 + pad]
         e = self.num_experts
         if fused_moe_shared_fits(x, self.top_k):
-            block_m = decode_tiles(x.shape[0]).block_m
-            r = route_align(logits, num_experts=e, top_k=self.top_k, shared_gate=True, block_m=block_m)
+            r = route_align(logits, num_experts=e, top_k=self.top_k, shared_gate=True, block_m=DECODE_TILES.block_m)
             return fused_moe_shared(x, self.w_gate_up, self.w_down, self.shared.gate_up, self.shared.down, r.weights,
                                     r.ids, alignment=(r.sorted_pairs, r.block_expert))  # fmt: skip
         topk_weights, topk_ids = select_experts(logits[:, :e], self.top_k)

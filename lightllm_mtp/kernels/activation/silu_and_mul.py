@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from lightllm_mtp.kernels._validate import check_float
 from lightllm_mtp.kernels.triton_utils import triton_available, use_triton
+from lightllm_mtp.kernels.pdl import pdl_args
 
 _OP = "silu_and_mul"
 
@@ -42,7 +43,7 @@ def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
         xv = xv.contiguous()
     block = min(1024, triton.next_power_of_2(inter))
     _silu_and_mul_kernel[(xv.shape[0], triton.cdiv(inter, block))](
-        xv, out, xv.stride(0), inter, BLOCK=block, num_warps=4 if block >= 512 else 1
+        xv, out, xv.stride(0), inter, BLOCK=block, num_warps=4 if block >= 512 else 1, **pdl_args(x)
     )
     return out
 
@@ -51,8 +52,11 @@ if triton_available():
     import triton
     import triton.language as tl
 
+    from lightllm_mtp.kernels.pdl import pdl_wait
+
     @triton.jit
-    def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, I, BLOCK: tl.constexpr):
+    def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, I, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        pdl_wait(PDL)
         row = tl.program_id(0).to(tl.int64)
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < I

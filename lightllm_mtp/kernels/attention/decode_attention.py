@@ -15,6 +15,7 @@ import torch
 from lightllm_mtp.kernels._validate import check_shape
 from lightllm_mtp.kernels.attention.paged_attention import check_paged_attention_args
 from lightllm_mtp.kernels.triton_utils import num_sms, triton_available, use_triton
+from lightllm_mtp.kernels.pdl import pdl_args
 
 _OP = "decode_attention"
 _GATHER_BUDGET = 1 << 24  # fp32 K elements gathered at once by the reference
@@ -134,13 +135,14 @@ def splitk_attention_triton(
         *mid_o.stride()[:3], *mid_lse.stride()[:2],
         G=group, D=d, DV=dv, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_N=block_n,
         HAS_CU=has_cu, COMPUTE_FP32=compute_fp32,
-        num_warps=4 if block_m <= 32 else 8, num_stages=2,
+        num_warps=4 if block_m <= 32 else 8, num_stages=2, **pdl_args(q),
     )
     _splitk_stage2_kernel[(bsz, max_q_len, hq)](
         mid_o, mid_lse, out, b_seq_len, cu, num_splits,
         *mid_o.stride()[:3], *mid_lse.stride()[:2], *out.stride(),
         DV=dv, BLOCK_DV=block_dv, BLOCK_N=block_n,
         BLOCK_S=triton.next_power_of_2(num_splits), HAS_CU=has_cu, num_warps=4 if block_dv >= 256 else 2,
+        **pdl_args(q),
     )
     return out
 
@@ -148,6 +150,8 @@ def splitk_attention_triton(
 if triton_available():
     import triton
     import triton.language as tl
+
+    from lightllm_mtp.kernels.pdl import pdl_wait
 
     from lightllm_mtp.kernels.attention.paged_attention import attend_paged_range
 
@@ -172,8 +176,9 @@ if triton_available():
         stride_qt, stride_qh, stride_qd, stride_kp, stride_kh, stride_kd, stride_vp, stride_vh, stride_vd,
         stride_rt, stride_ot, stride_oh, stride_os, stride_lt, stride_lh,
         G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-        BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr, HAS_CU: tl.constexpr, COMPUTE_FP32: tl.constexpr,
+        BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr, HAS_CU: tl.constexpr, COMPUTE_FP32: tl.constexpr, PDL: tl.constexpr,
     ):
+        pdl_wait(PDL)
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         split = tl.program_id(2)
@@ -221,8 +226,9 @@ if triton_available():
         mid_o, mid_lse, O, b_seq_len, b1_cu_q_len, num_splits,
         stride_mt, stride_mh, stride_ms, stride_lt, stride_lh, stride_ot, stride_oh, stride_od,
         DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
-        HAS_CU: tl.constexpr,
+        HAS_CU: tl.constexpr, PDL: tl.constexpr,
     ):
+        pdl_wait(PDL)
         b = tl.program_id(0)
         r = tl.program_id(1)
         h = tl.program_id(2)

@@ -10,6 +10,7 @@ import torch
 from lightllm_mtp.kernels._validate import check_device, check_float, check_same_dtype, check_shape
 from lightllm_mtp.kernels.norm.rmsnorm import as_rows3
 from lightllm_mtp.kernels.triton_utils import triton_available, use_triton
+from lightllm_mtp.kernels.pdl import pdl_args
 
 _OP = "sigmoid_gate_mul"
 
@@ -41,7 +42,7 @@ def sigmoid_gate_mul_triton(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor
     block = min(1024, triton.next_power_of_2(n))
     _sigmoid_gate_mul_kernel[(r0 * r1, triton.cdiv(n, block))](
         xv, gv, ov, xv.stride(0), xv.stride(1), gv.stride(0), gv.stride(1), ov.stride(0), ov.stride(1), r1, n,
-        BLOCK=block, num_warps=4 if block >= 512 else (2 if block >= 256 else 1),
+        BLOCK=block, num_warps=4 if block >= 512 else (2 if block >= 256 else 1), **pdl_args(x),
     )
     return out
 
@@ -50,8 +51,12 @@ if triton_available():
     import triton
     import triton.language as tl
 
+    from lightllm_mtp.kernels.pdl import pdl_wait
+
     @triton.jit
-    def _sigmoid_gate_mul_kernel(x_ptr, gate_ptr, out_ptr, sx0, sx1, sg0, sg1, so0, so1, R1, N, BLOCK: tl.constexpr):
+    def _sigmoid_gate_mul_kernel(x_ptr, gate_ptr, out_ptr, sx0, sx1, sg0, sg1, so0, so1, R1, N, BLOCK: tl.constexpr,
+                                 PDL: tl.constexpr):
+        pdl_wait(PDL)
         # row (i, j) of the [R0, R1, N] views; one flat program axis (R0 * R1 may exceed a grid dimension's limit)
         r = tl.program_id(0).to(tl.int64)
         i = r // R1

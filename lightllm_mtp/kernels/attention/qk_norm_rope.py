@@ -25,6 +25,7 @@ from lightllm_mtp.kernels.attention.rotary import apply_partial_rope_ref, check_
 from lightllm_mtp.kernels.attention.store_kv import check_store_kv_args, store_kv_ref
 from lightllm_mtp.kernels.norm.rmsnorm import rmsnorm_ref
 from lightllm_mtp.kernels.triton_utils import triton_available, use_triton
+from lightllm_mtp.kernels.pdl import pdl_args
 
 _OP = "qk_norm_rope"
 
@@ -150,7 +151,7 @@ def qk_norm_rope_triton(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), *sv_src, *sk_dst, *sv_dst,
         cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
         hq, hk, d, cos.shape[1], eps, TO_POOL=store is not None, BLOCK_D=block_d,
-        num_warps=1 if block_d <= 128 else 2,
+        num_warps=1 if block_d <= 128 else 2, **pdl_args(q),
     )  # fmt: skip
     return q_out, k_out
 
@@ -159,12 +160,15 @@ if triton_available():
     import triton
     import triton.language as tl
 
+    from lightllm_mtp.kernels.pdl import pdl_wait
+
     @triton.jit
     def _qk_norm_rope_kernel(
         q_ptr, k_ptr, v_ptr, qo_ptr, kd_ptr, vd_ptr, qw_ptr, kw_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr,
         sq0, sq1, sk0, sk1, sv0, sv1, skd0, skd1, svd0, svd1, sc0, sc1, ss0, ss1, HQ, HK, D, HALF, eps,
-        TO_POOL: tl.constexpr, BLOCK_D: tl.constexpr,
+        TO_POOL: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
     ):
+        pdl_wait(PDL)
         # programs (t, h): h < HQ a q head, then HK k heads (to kd: k_out rows, or pool slot rows when TO_POOL), then
         # (TO_POOL) HK v heads copied to their pool slot rows; heads have a unit last stride (the wrapper sees to it)
         t = tl.program_id(0).to(tl.int64)

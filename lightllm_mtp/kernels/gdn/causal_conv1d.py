@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from lightllm_mtp.kernels._validate import check_device, check_dtype, check_float, check_index, check_shape
 from lightllm_mtp.kernels.triton_utils import triton_available, unspecialized, use_triton
+from lightllm_mtp.kernels.pdl import pdl_args
 
 
 def causal_conv1d_prefill_ref(
@@ -280,7 +281,7 @@ def causal_conv1d_update_triton(
     _conv1d_update_kernel[(bsz, triton.cdiv(c, block_c))](
         x, weight, conv_state, b_state_idx, out,
         x.stride(0), weight.stride(0), weight.stride(1), *conv_state.stride(), out.stride(0), c,
-        KW=kw, BLOCK_C=block_c, num_warps=4,
+        KW=kw, BLOCK_C=block_c, num_warps=4, **pdl_args(x),
     )
     return out
 
@@ -289,12 +290,15 @@ if triton_available():
     import triton
     import triton.language as tl
 
+    from lightllm_mtp.kernels.pdl import pdl_wait
+
     @triton.jit
     def _conv1d_update_kernel(
         x_ptr, w_ptr, state_ptr, idx_ptr, out_ptr,
         stride_x, stride_wc, stride_wk, stride_ss, stride_sc, stride_sw, stride_o, C,
-        KW: tl.constexpr, BLOCK_C: tl.constexpr,
+        KW: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr,
     ):
+        pdl_wait(PDL)
         b = tl.program_id(0).to(tl.int64)
         offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         mask_c = offs_c < C

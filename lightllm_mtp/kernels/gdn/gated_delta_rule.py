@@ -24,6 +24,7 @@ from lightllm_mtp.kernels.gdn.causal_conv1d import causal_conv1d_update_ref, cau
 from lightllm_mtp.kernels.gdn.fla_prefill import PrefillChunks, fla_chunk_kernel, prefill_fla
 from lightllm_mtp.kernels.gdn.gdn_gating import gdn_gating_ref
 from lightllm_mtp.kernels.triton_utils import num_sms, triton_available, use_triton
+from lightllm_mtp.kernels.pdl import pdl_args
 
 
 def _prepare_qk(
@@ -326,7 +327,7 @@ def _launch_decode(q, k, v, g_or_a, beta_or_b, A_log, dt_bias, ssm_state, b_stat
         ssm_state, b_state_idx, *ssm_state.stride(), o, o.stride(0), o.stride(1),
         dk, dv, dk**-0.5,
         REP=nv // nk, FUSED_GATES=fused_gates, BLOCK_K=block_k, BLOCK_V=block_v,
-        num_warps=2 if block_k * block_v <= 4096 else (4 if block_k * block_v <= 8192 else 8),
+        num_warps=2 if block_k * block_v <= 4096 else (4 if block_k * block_v <= 8192 else 8), **pdl_args(q),
     )
     return o
 
@@ -354,6 +355,8 @@ if triton_available():
     import triton
     import triton.language as tl
 
+    from lightllm_mtp.kernels.pdl import pdl_wait
+
     from lightllm_mtp.kernels.gdn.gdn_gating import gdn_gates
 
     @triton.jit
@@ -362,8 +365,9 @@ if triton_available():
         ga_ptr, bb_ptr, s_ga, s_bb, A_log_ptr, dt_bias_ptr,
         state_ptr, idx_ptr, ss_s, ss_h, ss_k, ss_v, o_ptr, so_b, so_h,
         DK, DV, scale,
-        REP: tl.constexpr, FUSED_GATES: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+        REP: tl.constexpr, FUSED_GATES: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr,
     ):
+        pdl_wait(PDL)
         # One (request, value head, V tile): S [dk, V tile] fp32 in registers.
         # S = exp(g) S; delta = beta (v - S^T k); S += k delta^T; o = S^T q  (q, k l2-normalised, q * dk^-0.5)
         b = tl.program_id(0).to(tl.int64)

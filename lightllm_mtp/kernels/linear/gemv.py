@@ -1,12 +1,14 @@
-"""y = x @ W^T for a few rows (decode at B <= 4, a verify block at B = 1) and a narrow output: the MoE router's
-[264, 2048] (35B-A3B), which cuBLAS runs as 5 CTAs of 64 rows at ~0.2 TB/s (5.5 us per call on the H100; this kernel
-2.5 us). For outputs of 2048+ columns cuBLAS is within 7% or faster (benchmark/check_gemv_gpu.py, NOTES stop 26), so
-`linear` keeps them on cuBLAS.
+"""y = x @ W^T for a few rows, where cuBLAS leaves bandwidth unused (H100, benchmark/check_gemv_gpu.py, NOTES stops
+26-27):
+- one row (decode at B=1), every projection: programs of 2 weight rows, each K step 2048 wide, 4 warps. At T=1 this
+  beats cuBLAS on all six projection shapes of the 35B-A3B and 27B models: 7.96 vs 10.75 us on the [2048, 4096]
+  output projection (cuBLAS splits K), 59.4 vs 63.9 us on the 27B GDN in_proj (2.8 vs 2.6 TB/s);
+- 2-4 rows, narrow outputs only: the MoE router's [264, 2048] (cuBLAS: 5 CTAs, 5.5 us; here 2.5 us). Wider outputs
+  at T >= 2 stay on cuBLAS.
 
-One program per BLOCK_N weight rows (BLOCK_N chosen so the grid fills the SMs), all T rows of x in the program, fp32
-accumulation, the result rounded to x.dtype once (as cuBLAS does for a bf16 output). No split-K, no atomics:
-bitwise repeatable; the K step depends on T, so a row alone and the same row among others may round differently
-(as cuBLAS's kernels for different M do)."""
+All T rows of x in the program, fp32 accumulation, the result rounded to x.dtype once (as cuBLAS does for a bf16
+output). No split-K, no atomics: bitwise repeatable; the K step depends on T, so a row alone and the same row among
+others may round differently (as cuBLAS's kernels for different M do)."""
 
 from __future__ import annotations
 
@@ -19,9 +21,10 @@ from lightllm_mtp.kernels.triton_utils import num_sms, triton_available, use_tri
 
 _OP = "gemv"
 GEMV_MAX_ROWS = 4  # the router at T = 4: 3.5 us vs cuBLAS's 5.5; wider outputs lose from T = 2 on
-GEMV_MAX_OUT = 1024  # output columns up to which `linear` takes the GEMV
+GEMV_MAX_OUT = 1024  # output columns up to which `linear` takes the GEMV for 2..GEMV_MAX_ROWS rows
 _MAX_BLOCK_N = 16
 _TILE_ELEMENTS = 8192  # T_PAD x BLOCK_N x BLOCK_K products per loop step (registers of 4 warps)
+_ONE_ROW_BLOCK_N, _ONE_ROW_BLOCK_K = 2, 2048  # one row, wide outputs: the sweep's best or within 2.5% on every shape
 
 
 def gemv_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -29,9 +32,12 @@ def gemv_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def gemv_tiles(rows: int, n: int, k: int, sms: int) -> tuple[int, int, int]:
-    """(T_PAD, BLOCK_N, BLOCK_K): the fewest weight rows per program that still give every SM a program, and a K
-    step of ~_TILE_ELEMENTS products."""
+    """(T_PAD, BLOCK_N, BLOCK_K). One row and an output wider than GEMV_MAX_OUT: 2 weight rows per program, K steps
+    of 2048. Otherwise the fewest weight rows per program that still give every SM a program, and a K step of
+    ~_TILE_ELEMENTS products."""
     t_pad = 1 << max(rows - 1, 0).bit_length()
+    if rows == 1 and n > GEMV_MAX_OUT:
+        return 1, _ONE_ROW_BLOCK_N, min(_ONE_ROW_BLOCK_K, 1 << max(k - 1, 0).bit_length())
     block_n = _MAX_BLOCK_N
     while block_n > 1 and -(-n // block_n) < sms:
         block_n //= 2
@@ -40,10 +46,12 @@ def gemv_tiles(rows: int, n: int, k: int, sms: int) -> tuple[int, int, int]:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [T, K] @ weight [N, K]^T -> [T, N] in x.dtype: the Triton GEMV for T <= GEMV_MAX_ROWS rows and N <=
-    GEMV_MAX_OUT on CUDA, F.linear (cuBLAS) otherwise."""
-    if use_triton(x) and x.ndim == 2 and 0 < x.shape[0] <= GEMV_MAX_ROWS and weight.shape[0] <= GEMV_MAX_OUT:
-        return gemv_triton(x, weight)
+    """x [T, K] @ weight [N, K]^T -> [T, N] in x.dtype: on CUDA the Triton GEMV for T <= GEMV_MAX_ROWS rows and N
+    <= GEMV_MAX_OUT, or for one row of 16-bit activations (the shapes measured); F.linear (cuBLAS) otherwise."""
+    if use_triton(x) and x.ndim == 2 and x.shape[0] > 0:
+        t, n = x.shape[0], weight.shape[0]
+        if (t <= GEMV_MAX_ROWS and n <= GEMV_MAX_OUT) or (t == 1 and x.dtype in (torch.bfloat16, torch.float16)):
+            return gemv_triton(x, weight)
     return F.linear(x, weight)
 
 
@@ -68,6 +76,8 @@ def gemv_triton(
         raise ValueError(f"{_OP}: weight rows must be contiguous, got strides {tuple(weight.stride())}")
     out = torch.empty(t, n, dtype=x.dtype, device=x.device)
     t_pad, block_n, block_k = tiles or gemv_tiles(t, n, k, num_sms(x.device))
+    if tiles is None and t == 1 and n > GEMV_MAX_OUT:
+        num_warps, num_stages = 4, 4
     if t_pad < t:
         raise ValueError(f"{_OP}: tiles {tiles} hold {t_pad} rows, x has {t}")
     pdl = use_pdl(x)

@@ -1,10 +1,6 @@
 """Expert-major fused MoE for decode and verify (small T): rows grouped by expert (moe_align), one tile of up to
 BLOCK_M rows reads its expert's gate_up and down weights once.
 
-Two kernel sets over the same layout: tensor-core tiles of 16 rows (tl.dot), and for steps of at most FMA_MAX_TOKENS
-tokens FMA tiles of next_pow2(T) rows (an expert gets at most T rows, so one block each), whose weight tiles can be
-a few rows narrow: more programs per expert, spread evenly over the SMs (a decode step at B=1 reads 9 experts).
-
 Launches after the alignment: gate_up GEMM with SwiGLU in its epilogue (one activation row per (token, slot) pair),
 a down GEMM writing each pair's weighted row in fp32, and a per-token sum over the slots (a down kernel with the sum
 folded in, one program per column tile looping over the experts, was slower at every T on the H100: NOTES stop 26).
@@ -39,23 +35,9 @@ class ExpertPassTiles:
     num_warps: int = 4
     gate_up_stages: int = 4
     down_stages: int = 3
-    fma: bool = False  # FMA kernels (block_m rows, no tensor cores) instead of tl.dot
 
 
 DECODE_TILES = ExpertPassTiles()
-FMA_MAX_TOKENS = 4
-
-
-def fma_tiles(num_tokens: int) -> ExpertPassTiles:
-    """FMA tiles for a step of 1..FMA_MAX_TOKENS tokens: block_m = next_pow2(T) rows hold any expert's rows."""
-    block_m = 1 << max(num_tokens - 1, 0).bit_length()
-    return ExpertPassTiles(block_m=block_m, gate_up_block_n=8, gate_up_block_k=1024 // block_m, down_block_n=16,
-                           down_block_k=512 // block_m, num_warps=4, gate_up_stages=3, down_stages=3, fma=True)
-
-
-def decode_tiles(num_tokens: int) -> ExpertPassTiles:
-    """The pass's launch shape for a step of `num_tokens` tokens (route_align's block_m must match it)."""
-    return fma_tiles(num_tokens) if num_tokens <= FMA_MAX_TOKENS else DECODE_TILES
 _SUM_BLOCK_H = 512
 
 
@@ -91,15 +73,13 @@ def expert_pass_triton(
     topk_ids: torch.Tensor,
     shared_gate_up: torch.Tensor | None = None,
     shared_down: torch.Tensor | None = None,
-    tiles: ExpertPassTiles | None = None,
+    tiles: ExpertPassTiles = DECODE_TILES,
     alignment: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """Shapes checked by the callers (fused_moe wrappers). Last dims of all weights must have stride 1. `tiles`:
-    decode_tiles(T) by default. `alignment`: (sorted_pairs, block_expert) of topk_ids at tiles.block_m when the
-    caller has it (route_align), else moe_align runs here."""
+    """Shapes checked by the callers (fused_moe wrappers). Last dims of all weights must have stride 1.
+    `alignment`: (sorted_pairs, block_expert) of topk_ids at tiles.block_m when the caller has it (route_align),
+    else moe_align runs here."""
     t, slots = topk_ids.shape
-    if tiles is None:
-        tiles = decode_tiles(t)
     num_experts, hidden = w_gate_up.shape[0], x.shape[1]
     if t == 0:
         return torch.empty_like(x)
@@ -125,9 +105,7 @@ def expert_pass_triton(
     pdl = use_pdl(x)
 
     act = torch.empty(n_pairs, inter_max, dtype=x.dtype, device=x.device)
-    gate_up_kernel, down_kernel = (_gate_up_fma_kernel, _down_fma_kernel) if tiles.fma else (_gate_up_act_kernel,
-                                                                                          _down_weighted_kernel)
-    gate_up_kernel[(blocks, triton.cdiv(inter_max, tiles.gate_up_block_n))](
+    _gate_up_act_kernel[(blocks, triton.cdiv(inter_max, tiles.gate_up_block_n))](
         x, w_gate_up, shared_gate_up, sorted_pairs, block_expert, act,
         n_pairs, hidden, inter, inter_shared, num_experts,
         x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), shared_gate_up.stride(0), act.stride(0),
@@ -136,7 +114,7 @@ def expert_pass_triton(
         launch_pdl=pdl,
     )  # fmt: skip
     rows = torch.empty(n_pairs, hidden, dtype=torch.float32, device=x.device)
-    down_kernel[(blocks, triton.cdiv(hidden, tiles.down_block_n))](
+    _down_weighted_kernel[(blocks, triton.cdiv(hidden, tiles.down_block_n))](
         act, w_down, shared_down, sorted_pairs, block_expert, weights, rows,
         n_pairs, hidden, inter, inter_shared, num_experts,
         act.stride(0), w_down.stride(0), w_down.stride(1), shared_down.stride(0), rows.stride(0),
@@ -239,82 +217,6 @@ if triton_available():
             a = tl.load(a_ptrs + k0, mask=valid[:, None] & k_mask[None, :], other=0.0)
             w = tl.load(w_ptrs + k0, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
             acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
-        weight = tl.load(weights_ptr + pair, mask=valid, other=0.0).to(tl.float32)
-        acc = acc * weight[:, None]
-        out_ptrs = rows_ptr + pair[:, None].to(tl.int64) * stride_rows + offs_n[None, :]
-        tl.store(out_ptrs, acc, mask=valid[:, None] & n_mask[None, :])
-
-    @triton.jit
-    def _gate_up_fma_kernel(
-        x_ptr, w_ptr, shared_w_ptr, sorted_ptr, block_expert_ptr, act_ptr,
-        P, H, INTER, INTER_SHARED, E,
-        stride_x, stride_we, stride_wn, stride_shared_wn, stride_act,
-        SLOTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
-    ):  # fmt: skip
-        # _gate_up_act_kernel with FMA products: [BLOCK_M, BLOCK_N, BLOCK_K] per K step, weight rows along K
-        pdl_wait(PDL)
-        b = tl.program_id(0)
-        n0 = tl.program_id(1) * BLOCK_N
-        expert = tl.load(block_expert_ptr + b)
-        if expert < 0:
-            return
-        w_base, stride_n, inter = _expert_weights(expert, w_ptr, shared_w_ptr, E, INTER, INTER_SHARED, stride_we,
-                                                  stride_wn, stride_shared_wn)  # fmt: skip
-        if n0 >= inter:
-            return
-        pair = tl.load(sorted_ptr + b * BLOCK_M + tl.arange(0, BLOCK_M))
-        valid = pair < P
-        token = tl.where(valid, pair // SLOTS, 0).to(tl.int64)
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < inter
-        offs_k = tl.arange(0, BLOCK_K)
-        x_ptrs = x_ptr + token[:, None] * stride_x + offs_k[None, :]
-        gate_ptrs = w_base + offs_n[:, None].to(tl.int64) * stride_n + offs_k[None, :]
-        up_ptrs = gate_ptrs + inter * stride_n
-        acc_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, H, BLOCK_K):
-            k_mask = offs_k + k0 < H
-            xa = tl.load(x_ptrs + k0, mask=valid[:, None] & k_mask[None, :], other=0.0).to(tl.float32)[:, None, :]
-            w_mask = n_mask[:, None] & k_mask[None, :]
-            gate = tl.load(gate_ptrs + k0, mask=w_mask, other=0.0).to(tl.float32)
-            up = tl.load(up_ptrs + k0, mask=w_mask, other=0.0).to(tl.float32)
-            acc_gate += tl.sum(xa * gate[None, :, :], axis=2)
-            acc_up += tl.sum(xa * up[None, :, :], axis=2)
-        act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up
-        out_ptrs = act_ptr + tl.where(valid, pair, 0)[:, None].to(tl.int64) * stride_act + offs_n[None, :]
-        tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=valid[:, None] & n_mask[None, :])
-
-    @triton.jit
-    def _down_fma_kernel(
-        act_ptr, w_ptr, shared_w_ptr, sorted_ptr, block_expert_ptr, weights_ptr, rows_ptr,
-        P, H, INTER, INTER_SHARED, E,
-        stride_act, stride_we, stride_wn, stride_shared_wn, stride_rows,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
-    ):  # fmt: skip
-        # _down_weighted_kernel with FMA products
-        pdl_wait(PDL)
-        b = tl.program_id(0)
-        n0 = tl.program_id(1) * BLOCK_N
-        expert = tl.load(block_expert_ptr + b)
-        if expert < 0:
-            return
-        w_base, stride_n, inter = _expert_weights(expert, w_ptr, shared_w_ptr, E, INTER, INTER_SHARED, stride_we,
-                                                  stride_wn, stride_shared_wn)  # fmt: skip
-        pair = tl.load(sorted_ptr + b * BLOCK_M + tl.arange(0, BLOCK_M))
-        valid = pair < P
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < H
-        offs_k = tl.arange(0, BLOCK_K)
-        a_ptrs = act_ptr + tl.where(valid, pair, 0)[:, None].to(tl.int64) * stride_act + offs_k[None, :]
-        w_ptrs = w_base + offs_n[:, None].to(tl.int64) * stride_n + offs_k[None, :]
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, inter, BLOCK_K):
-            k_mask = offs_k + k0 < inter
-            a = tl.load(a_ptrs + k0, mask=valid[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
-            w = tl.load(w_ptrs + k0, mask=n_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
-            acc += tl.sum(a[:, None, :] * w[None, :, :], axis=2)
         weight = tl.load(weights_ptr + pair, mask=valid, other=0.0).to(tl.float32)
         acc = acc * weight[:, None]
         out_ptrs = rows_ptr + pair[:, None].to(tl.int64) * stride_rows + offs_n[None, :]

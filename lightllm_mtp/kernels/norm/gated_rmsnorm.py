@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from lightllm_mtp.kernels._validate import check_device, check_float, check_same_dtype, check_shape
 from lightllm_mtp.kernels.norm.rmsnorm import as_rows3
 from lightllm_mtp.kernels.triton_utils import triton_available, use_triton
+from lightllm_mtp.kernels.pdl import pdl_args
 
 _OP = "gated_rmsnorm"
 
@@ -57,7 +58,7 @@ def gated_rmsnorm_triton(
     round_wx = torch.promote_types(weight.dtype, x.dtype) == x.dtype
     _gated_rmsnorm_kernel[(r0, triton.cdiv(r1, block_h))](
         xv, zv, weight, ov, xv.stride(0), xv.stride(1), zv.stride(0), zv.stride(1), ov.stride(0), ov.stride(1),
-        r1, n, eps, ROUND_WX=round_wx, BLOCK_H=block_h, BLOCK_N=block_n, num_warps=warps,
+        r1, n, eps, ROUND_WX=round_wx, BLOCK_H=block_h, BLOCK_N=block_n, num_warps=warps, **pdl_args(x),
     )
     return out
 
@@ -66,11 +67,14 @@ if triton_available():
     import triton
     import triton.language as tl
 
+    from lightllm_mtp.kernels.pdl import pdl_wait
+
     @triton.jit
     def _gated_rmsnorm_kernel(
         x_ptr, z_ptr, w_ptr, out_ptr, sx0, sx1, sz0, sz1, so0, so1, R1, N, eps,
-        ROUND_WX: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+        ROUND_WX: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
     ):
+        pdl_wait(PDL)
         # rows (i, j0 .. j0 + BLOCK_H) of the [R0, R1, N] views, each normalised over its N columns
         i = tl.program_id(0).to(tl.int64)
         j = (tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)).to(tl.int64)

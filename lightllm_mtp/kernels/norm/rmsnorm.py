@@ -9,6 +9,7 @@ import torch
 
 from lightllm_mtp.kernels._validate import check_device, check_float, check_same_dtype, check_shape
 from lightllm_mtp.kernels.triton_utils import triton_available, use_triton
+from lightllm_mtp.kernels.pdl import pdl_args
 
 _OP = "rmsnorm"
 _OP_ADD = "add_rmsnorm"
@@ -94,7 +95,7 @@ def rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
     block, warps = row_launch_params(n)
     _rmsnorm_kernel[(r0, r1)](
         xv, xv, weight, ov, ov, xv.stride(0), xv.stride(1), 0, 0, ov.stride(0), ov.stride(1), 0, 0, n, eps,
-        HAS_RESIDUAL=False, BLOCK_N=block, num_warps=warps,
+        HAS_RESIDUAL=False, BLOCK_N=block, num_warps=warps, **pdl_args(x),
     )
     return out
 
@@ -112,7 +113,7 @@ def add_rmsnorm_triton(
     block, warps = row_launch_params(n)
     _rmsnorm_kernel[(r0, r1)](
         xv, rv, weight, ov, nv, xv.stride(0), xv.stride(1), rv.stride(0), rv.stride(1), ov.stride(0), ov.stride(1),
-        nv.stride(0), nv.stride(1), n, eps, HAS_RESIDUAL=True, BLOCK_N=block, num_warps=warps,
+        nv.stride(0), nv.stride(1), n, eps, HAS_RESIDUAL=True, BLOCK_N=block, num_warps=warps, **pdl_args(x),
     )
     return out, new_res
 
@@ -121,12 +122,15 @@ if triton_available():
     import triton
     import triton.language as tl
 
+    from lightllm_mtp.kernels.pdl import pdl_wait
+
     @triton.jit
     def _rmsnorm_kernel(
         x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr,
         sx0, sx1, sr0, sr1, so0, so1, sn0, sn1, N, eps,
-        HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr,
+        HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
     ):
+        pdl_wait(PDL)
         # Row (i, j): out = s * rsqrt(mean(s^2) + eps) * (1 + w), s = x (+ residual, rounded to x's dtype).
         i = tl.program_id(0).to(tl.int64)
         j = tl.program_id(1).to(tl.int64)

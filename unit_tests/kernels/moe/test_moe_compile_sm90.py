@@ -117,28 +117,25 @@ def test_route_align_compiles(t, experts, top_k, dtype):
              num_warps=4)  # fmt: skip
 
 
-@pytest.mark.parametrize("t", [1, 2, 4])
 @pytest.mark.parametrize("pdl", [False, True])
-def test_fma_pass_compiles(t, pdl):
-    """The FMA kernels at their decode tiles (35B-A3B, T = 1, 2, 4 tokens); with PDL each waits on the grid
-    dependency before its first load."""
-    tiles = moe_expert_pass.fma_tiles(t)
-    common = dict(sorted_ptr="*i32", block_expert_ptr="*i32", P=9 * t, H=2048, INTER=512, INTER_SHARED=512, E=256)
+def test_pdl_kernels_wait_first(pdl):
+    """With PDL the pass's kernels wait on the grid dependency (griddepcontrol.wait) before anything else; without,
+    no such instruction."""
+    tiles = moe_expert_pass.DECODE_TILES
+    common = dict(sorted_ptr="*i32", block_expert_ptr="*i32", P=9, H=2048, INTER=512, INTER_SHARED=512, E=256)
     gate_up = _compile(
-        moe_expert_pass._gate_up_fma_kernel,
+        moe_expert_pass._gate_up_act_kernel,
         dict(common, x_ptr="*bf16", w_ptr="*bf16", shared_w_ptr="*bf16", act_ptr="*bf16", stride_x=2048,
              stride_we=2 * 512 * 2048, stride_wn=2048, stride_shared_wn=2048, stride_act=512),
         dict(SLOTS=9, BLOCK_M=tiles.block_m, BLOCK_N=tiles.gate_up_block_n, BLOCK_K=tiles.gate_up_block_k,
              DOT_PRECISION="tf32", PDL=pdl),
         num_warps=tiles.num_warps, num_stages=tiles.gate_up_stages,
     )  # fmt: skip
-    down = _compile(
-        moe_expert_pass._down_fma_kernel,
-        dict(common, act_ptr="*bf16", w_ptr="*bf16", shared_w_ptr="*bf16", weights_ptr="*fp32", rows_ptr="*fp32",
-             stride_act=512, stride_wn=512, stride_shared_wn=512, stride_rows=2048, stride_we=2048 * 512),
-        dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.down_block_n, BLOCK_K=tiles.down_block_k, DOT_PRECISION="tf32",
-             PDL=pdl),
-        num_warps=tiles.num_warps, num_stages=tiles.down_stages,
-    )  # fmt: skip
-    for kernel in (gate_up, down):
-        assert ("griddepcontrol.wait" in kernel.asm["ptx"]) == pdl
+    summed = _compile(moe_expert_pass._sum_slots_kernel, dict(rows_ptr="*fp32", out_ptr="*bf16", H=2048,
+                                                               stride_out=2048),
+                      dict(SLOTS=9, BLOCK_S=16, BLOCK_H=512, PDL=pdl))  # fmt: skip
+    for kernel in (gate_up, summed):
+        ptx = kernel.asm["ptx"]
+        assert ("griddepcontrol.wait" in ptx) == pdl
+        if pdl:
+            assert ptx.index("griddepcontrol.wait") < ptx.index("ld.global"), "a load before the wait"
