@@ -4,7 +4,8 @@ HBM, and the effective bandwidth (weight bytes / time). Says which projections t
 
     python benchmark/check_gemv_gpu.py [--out results.json] [--sweep]
 
---sweep: at T=1, the GEMV's launch shapes (BLOCK_N, BLOCK_K, warps, stages) per projection, best first.
+--sweep: at T=1, the GEMV's launch shapes (BLOCK_N, BLOCK_K, warps, stages) per projection, best first;
+--sweep_rows 2,4: a smaller grid of them at those row counts.
 """
 
 import argparse
@@ -20,8 +21,9 @@ from benchmark.timing import graph_replay_ms, result_header, write_json
 from lightllm_mtp.kernels.linear.gemv import gemv_ref, gemv_tiles, gemv_triton
 
 SWEEP_SHAPES = ("35b GDN out_proj / attn o_proj", "35b GDN in_proj", "35b attn qkv", "27b GDN / attn out",
-                "27b GDN in_proj", "27b MLP down")
+                "27b GDN in_proj", "27b MLP down", "27b MLP gate_up", "35b lm_head")
 SWEEP = [(n, k, w, s) for n in (1, 2, 4) for k in (1024, 2048, 4096) for w in (2, 4, 8) for s in (2, 4)]
+SWEEP_FEW_ROWS = [(n, k, w, s) for n in (1, 2, 4) for k in (512, 1024, 2048) for w in (4, 8) for s in (2, 4)]
 from lightllm_mtp.kernels.triton_utils import num_sms
 
 SHAPES = {  # name: (N, K)
@@ -43,12 +45,13 @@ def graph_us(fn, x, weights, iters=20):
     return graph_replay_ms(lambda: [fn(x, w) for w in weights], iters) * 1e3 / len(weights)
 
 
-def sweep(x, weights, nbytes):
-    """Every launch shape of SWEEP at this shape (checked against the reference first), fastest first."""
+def sweep(x, weights, nbytes, shapes):
+    """Every launch shape of `shapes` at this shape (checked against the reference first), fastest first."""
     out = []
-    for block_n, block_k, warps, stages in SWEEP:
+    t_pad = 1 << max(x.shape[0] - 1, 0).bit_length()
+    for block_n, block_k, warps, stages in shapes:
         def fn(x_, w_):
-            return gemv_triton(x_, w_, tiles=(1, block_n, block_k), num_warps=warps, num_stages=stages)
+            return gemv_triton(x_, w_, tiles=(t_pad, block_n, block_k), num_warps=warps, num_stages=stages)
 
         got, want = fn(x, weights[0]), gemv_ref(x, weights[0])
         assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 1e-2
@@ -63,6 +66,7 @@ def main():
     p.add_argument("--rows", default="1,2,4")
     p.add_argument("--out", default=None)
     p.add_argument("--sweep", action="store_true")
+    p.add_argument("--sweep_rows", default="")
     args = p.parse_args()
     torch.manual_seed(0)
     sms = num_sms(torch.device("cuda"))
@@ -82,8 +86,9 @@ def main():
             rows.append(row)
             print(f"{name:32s} T={t} cuBLAS {cublas:7.2f} us ({row['cublas_GB_per_s']:5.0f} GB/s)  gemv "
                   f"{ours:7.2f} us ({row['gemv_GB_per_s']:5.0f} GB/s) tiles {row['tiles']}", flush=True)  # fmt: skip
-            if args.sweep and t == 1 and name in SWEEP_SHAPES:
-                row["sweep"] = sweep(x, weights, nbytes)
+            few = t in [int(r) for r in args.sweep_rows.split(",") if r]
+            if ((args.sweep and t == 1) or few) and name in SWEEP_SHAPES:
+                row["sweep"] = sweep(x, weights, nbytes, SWEEP_FEW_ROWS if few else SWEEP)
                 for r in row["sweep"][:4]:
                     print(f"    {r}", flush=True)
         del weights

@@ -10,6 +10,7 @@ from lightllm_mtp.common.layers.base import Weights
 from lightllm_mtp.common.parallel_state import state, tp_all_gather_last, tp_all_reduce
 from lightllm_mtp.common.tensor_spec import TensorSpec, TpShard
 from lightllm_mtp.config.model_config import ModelConfig
+from lightllm_mtp.kernels.linear.gemv import linear
 
 _VOCAB_ROWS = TpShard(0, pad=True)
 
@@ -49,7 +50,7 @@ class LMHead:
         return [TensorSpec("lm_head.weight", (cfg.vocab_size, cfg.hidden_size), tp=_VOCAB_ROWS)]
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden, self.weight).float()
+        logits = linear(hidden, self.weight).float()
         if state().tp_size == 1 or not self.vocab_parallel:
             return logits
         return tp_all_gather_last(logits)[:, : self.vocab_size]

@@ -1,8 +1,9 @@
 """y = x @ W^T for a few rows, where cuBLAS leaves bandwidth unused (H100, benchmark/check_gemv_gpu.py, NOTES stops
 26-27):
-- one row (decode at B=1), every projection: programs of 2 weight rows, each K step 2048 wide, 4 warps. At T=1 this
-  beats cuBLAS on all six projection shapes of the 35B-A3B and 27B models: 7.96 vs 10.75 us on the [2048, 4096]
-  output projection (cuBLAS splits K), 59.4 vs 63.9 us on the 27B GDN in_proj (2.8 vs 2.6 TB/s);
+- one row (decode at B=1), every projection and the lm_head: programs of 2 weight rows, each K step 2048 wide, 4
+  warps. At T=1 this beats cuBLAS on all eight projection shapes of the 35B-A3B and 27B models measured: 7.93 vs
+  10.67 us on the [2048, 4096] output projection (cuBLAS splits K), 59.2 vs 63.7 us on the 27B GDN in_proj, 321 vs
+  355 us on the 35B lm_head (3.2 vs 2.9 TB/s);
 - 2-4 rows, narrow outputs only: the MoE router's [264, 2048] (cuBLAS: 5 CTAs, 5.5 us; here 2.5 us). Wider outputs
   at T >= 2 stay on cuBLAS.
 
@@ -48,7 +49,7 @@ def gemv_tiles(rows: int, n: int, k: int, sms: int) -> tuple[int, int, int]:
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [T, K] @ weight [N, K]^T -> [T, N] in x.dtype: on CUDA the Triton GEMV for T <= GEMV_MAX_ROWS rows and N
     <= GEMV_MAX_OUT, or for one row of 16-bit activations (the shapes measured); F.linear (cuBLAS) otherwise."""
-    if use_triton(x) and x.ndim == 2 and x.shape[0] > 0:
+    if use_triton(x) and x.ndim == 2 and x.shape[0] > 0 and weight.stride(-1) == 1:
         t, n = x.shape[0], weight.shape[0]
         if (t <= GEMV_MAX_ROWS and n <= GEMV_MAX_OUT) or (t == 1 and x.dtype in (torch.bfloat16, torch.float16)):
             return gemv_triton(x, weight)
