@@ -4,8 +4,10 @@
   warps. At T=1 this beats cuBLAS on all eight projection shapes of the 35B-A3B and 27B models measured: 7.93 vs
   10.67 us on the [2048, 4096] output projection (cuBLAS splits K), 59.2 vs 63.7 us on the 27B GDN in_proj, 321 vs
   355 us on the 35B lm_head (3.2 vs 2.9 TB/s);
-- 2-4 rows, narrow outputs only: the MoE router's [264, 2048] (cuBLAS: 5 CTAs, 5.5 us; here 2.5 us). Wider outputs
-  at T >= 2 stay on cuBLAS.
+- two rows (a k=1 verify at B=1) with the same tiles where K <= 2048 or N <= 2048 (the 35B-A3B projections and
+  lm_head: out projection 8.3 vs 10.8 us, in_proj 19.3 vs 19.9, lm_head 328 vs 362); the 27B shapes lose 1-5% there
+  and stay on cuBLAS, as does everything at 3+ rows;
+- 2-4 rows, narrow outputs: the MoE router's [264, 2048] (cuBLAS: 5 CTAs, 5.5 us; here 2.5 us).
 
 All T rows of x in the program, fp32 accumulation, the result rounded to x.dtype once (as cuBLAS does for a bf16
 output). No split-K, no atomics: bitwise repeatable; the K step depends on T, so a row alone and the same row among
@@ -26,6 +28,7 @@ GEMV_MAX_OUT = 1024  # output columns up to which `linear` takes the GEMV for 2.
 _MAX_BLOCK_N = 16
 _TILE_ELEMENTS = 8192  # T_PAD x BLOCK_N x BLOCK_K products per loop step (registers of 4 warps)
 _ONE_ROW_BLOCK_N, _ONE_ROW_BLOCK_K = 2, 2048  # one row, wide outputs: the sweep's best or within 2.5% on every shape
+_TWO_ROWS_MAX_SIDE = 2048  # two rows, wide outputs: the GEMV when K or N is at most this
 
 
 def gemv_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -33,12 +36,12 @@ def gemv_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def gemv_tiles(rows: int, n: int, k: int, sms: int) -> tuple[int, int, int]:
-    """(T_PAD, BLOCK_N, BLOCK_K). One row and an output wider than GEMV_MAX_OUT: 2 weight rows per program, K steps
-    of 2048. Otherwise the fewest weight rows per program that still give every SM a program, and a K step of
-    ~_TILE_ELEMENTS products."""
+    """(T_PAD, BLOCK_N, BLOCK_K). One or two rows and an output wider than GEMV_MAX_OUT: 2 weight rows per program,
+    K steps of 2048. Otherwise the fewest weight rows per program that still give every SM a program, and a K step
+    of ~_TILE_ELEMENTS products."""
     t_pad = 1 << max(rows - 1, 0).bit_length()
-    if rows == 1 and n > GEMV_MAX_OUT:
-        return 1, _ONE_ROW_BLOCK_N, min(_ONE_ROW_BLOCK_K, 1 << max(k - 1, 0).bit_length())
+    if rows <= 2 and n > GEMV_MAX_OUT:
+        return t_pad, _ONE_ROW_BLOCK_N, min(_ONE_ROW_BLOCK_K, 1 << max(k - 1, 0).bit_length())
     block_n = _MAX_BLOCK_N
     while block_n > 1 and -(-n // block_n) < sms:
         block_n //= 2
@@ -48,10 +51,14 @@ def gemv_tiles(rows: int, n: int, k: int, sms: int) -> tuple[int, int, int]:
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [T, K] @ weight [N, K]^T -> [T, N] in x.dtype: on CUDA the Triton GEMV for T <= GEMV_MAX_ROWS rows and N
-    <= GEMV_MAX_OUT, or for one row of 16-bit activations (the shapes measured); F.linear (cuBLAS) otherwise."""
+    <= GEMV_MAX_OUT, for one row of 16-bit activations, or for two where K or N <= 2048 (the shapes measured);
+    F.linear (cuBLAS) otherwise.
+    Under PDL the GEMV starts reading `weight` before the previous kernel has finished: weights only, never a
+    tensor the kernel just before wrote."""
     if use_triton(x) and x.ndim == 2 and x.shape[0] > 0 and weight.stride(-1) == 1:
-        t, n = x.shape[0], weight.shape[0]
-        if (t <= GEMV_MAX_ROWS and n <= GEMV_MAX_OUT) or (t == 1 and x.dtype in (torch.bfloat16, torch.float16)):
+        t, (n, k) = x.shape[0], weight.shape
+        wide = x.dtype in (torch.bfloat16, torch.float16) and (t == 1 or (t == 2 and min(n, k) <= _TWO_ROWS_MAX_SIDE))
+        if (t <= GEMV_MAX_ROWS and n <= GEMV_MAX_OUT) or wide:
             return gemv_triton(x, weight)
     return F.linear(x, weight)
 
@@ -77,7 +84,7 @@ def gemv_triton(
         raise ValueError(f"{_OP}: weight rows must be contiguous, got strides {tuple(weight.stride())}")
     out = torch.empty(t, n, dtype=x.dtype, device=x.device)
     t_pad, block_n, block_k = tiles or gemv_tiles(t, n, k, num_sms(x.device))
-    if tiles is None and t == 1 and n > GEMV_MAX_OUT:
+    if tiles is None and t <= 2 and n > GEMV_MAX_OUT:
         num_warps, num_stages = 4, 4
     if t_pad < t:
         raise ValueError(f"{_OP}: tiles {tiles} hold {t_pad} rows, x has {t}")
@@ -101,19 +108,24 @@ if triton_available():
         x_ptr, w_ptr, out_ptr, T, N, K, stride_x, stride_w, stride_out,
         T_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
-        pdl_wait(PDL)
+        # the first K step's weights are loaded before the wait on the previous kernel (they are not its output)
         offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_t = tl.arange(0, T_PAD)
         n_mask = offs_n < N
         t_mask = offs_t < T
-        acc = tl.zeros([T_PAD, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_w
+        x_rows = x_ptr + offs_t[:, None] * stride_x
+        offs_k = tl.arange(0, BLOCK_K)
+        k_mask = offs_k < K
+        w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        pdl_wait(PDL)
+        xs = tl.load(x_rows + offs_k[None, :], mask=t_mask[:, None] & k_mask[None, :], other=0.0)
+        acc = tl.sum(xs.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+        for k0 in range(BLOCK_K, K, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             k_mask = offs_k < K
-            w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_w + offs_k[None, :],
-                        mask=n_mask[:, None] & k_mask[None, :], other=0.0)  # fmt: skip
-            xs = tl.load(x_ptr + offs_t[:, None] * stride_x + offs_k[None, :], mask=t_mask[:, None] & k_mask[None, :],
-                         other=0.0)  # fmt: skip
+            w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            xs = tl.load(x_rows + offs_k[None, :], mask=t_mask[:, None] & k_mask[None, :], other=0.0)
             acc += tl.sum(xs.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
         out_ptrs = out_ptr + offs_t[:, None] * stride_out + offs_n[None, :]
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=t_mask[:, None] & n_mask[None, :])

@@ -18,7 +18,7 @@ INTERPRET_SCRIPT = textwrap.dedent(
     # (T, N, K): one row; N and K not multiples of the tiles; a K of several steps; N below the SM count (small
     # BLOCK_N); every T up to the bound
     for t, n, k in ((1, 40, 64), (3, 37, 100), (2, 300, 1000), (4, 17, 24), (1, 2, 4096), (4, 264, 256),
-                    (1, 1031, 4100)):  # the last: one row, wide (2-row programs, K steps of 2048, a partial step)
+                    (1, 1031, 4100), (2, 1031, 2100)):  # the last two: wide (2-row programs, K steps of 2048)
         x = torch.randn(t, k + 5, generator=gen)[:, 2 : 2 + k]  # strided rows
         w = torch.randn(n, k, generator=gen)
         torch.testing.assert_close(gemv_triton(x, w), gemv_ref(x, w), rtol=1e-5, atol=1e-4)
@@ -37,8 +37,9 @@ def test_tiles_fill_the_sms():
     assert gemv_tiles(1, 1024, 4096, 132) == (1, 4, 2048)  # 256 programs of 4 rows
     assert gemv_tiles(1, 2048, 4096, 132) == (1, 2, 2048)  # one row, wide: 2 rows a program, K steps of 2048
     assert gemv_tiles(1, 2048, 1000, 132) == (1, 2, 1024)
+    assert gemv_tiles(2, 2048, 4096, 132) == (2, 2, 2048)
     assert gemv_tiles(3, 2048, 4096, 132) == (4, 8, 256)
-    assert gemv_tiles(2, 100000, 64, 132) == (2, 16, 64)
+    assert gemv_tiles(3, 100000, 64, 132) == (4, 16, 64)
 
 
 def test_linear_takes_the_gemv_for_few_rows_and_narrow_outputs_only(monkeypatch):
@@ -51,9 +52,14 @@ def test_linear_takes_the_gemv_for_few_rows_and_narrow_outputs_only(monkeypatch)
     for t, n in ((1, 264), (4, 1024), (5, 264), (2, 1025), (1, 1025)):
         linear(torch.randn(t, 8), torch.randn(n, 8))
     assert calls == [(1, 264), (4, 1024)]  # more rows, or wider outputs in fp32 or at T >= 2: cuBLAS
-    linear(torch.randn(1, 8, dtype=torch.bfloat16), torch.randn(5000, 8, dtype=torch.bfloat16))
-    linear(torch.randn(2, 8, dtype=torch.bfloat16), torch.randn(5000, 8, dtype=torch.bfloat16))
-    assert calls[2:] == [(1, 5000)]  # one 16-bit row: every width
+    bf16 = dict(dtype=torch.bfloat16)
+    linear(torch.randn(1, 4096, **bf16), torch.randn(5000, 4096, **bf16))
+    linear(torch.randn(2, 2048, **bf16), torch.randn(5000, 2048, **bf16))
+    linear(torch.randn(2, 4096, **bf16), torch.randn(2048, 4096, **bf16))
+    linear(torch.randn(2, 4096, **bf16), torch.randn(5000, 4096, **bf16))
+    linear(torch.randn(3, 8, **bf16), torch.randn(5000, 8, **bf16))
+    # one 16-bit row: every width; two: where K or N <= 2048; three or more: cuBLAS
+    assert calls[2:] == [(1, 5000), (2, 5000), (2, 2048)]
     with pytest.raises(ValueError, match="weight must"):
         gemv_triton(torch.randn(2, 8), torch.randn(5, 7))
     with pytest.raises(ValueError, match="rows"):
