@@ -39,7 +39,6 @@ from lightllm_mtp.kernels.moe.moe_routing import route_topk, stack_router
 EXPERTS, TOP_K, HIDDEN, INTER = 256, 8, 2048, 512
 SWEEP = [
     DECODE_TILES,
-    ExpertPassTiles(down_whole_k=False),
     ExpertPassTiles(gate_up_block_n=16, down_block_n=32),
     ExpertPassTiles(gate_up_block_n=64, gate_up_block_k=64, down_block_n=128, down_block_k=64),
     ExpertPassTiles(gate_up_block_k=256, gate_up_stages=3, down_block_k=256, down_stages=2),

@@ -367,21 +367,15 @@ if triton_available():
         DK, DV, scale,
         REP: tl.constexpr, FUSED_GATES: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr,
     ):
+        pdl_wait(PDL)
         # One (request, value head, V tile): S [dk, V tile] fp32 in registers.
         # S = exp(g) S; delta = beta (v - S^T k); S += k delta^T; o = S^T q  (q, k l2-normalised, q * dk^-0.5)
-        # The state tile is loaded before the wait on the previous kernel (the conv update): its last writer, this
-        # layer's previous step or a state copy at the step's start, finished kernels ago.
         b = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
         offs_k = tl.arange(0, BLOCK_K)
         offs_v = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
         mask_k = offs_k < DK
         mask_v = offs_v < DV
-        slot = tl.load(idx_ptr + b).to(tl.int64)
-        s_ptrs = state_ptr + slot * ss_s + h * ss_h + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v
-        mask_s = mask_k[:, None] & mask_v[None, :]
-        S = tl.load(s_ptrs, mask=mask_s, other=0.0)
-        pdl_wait(PDL)
         kh = h // REP
         q = tl.load(q_ptr + b * sq_b + kh * sq_h + offs_k, mask=mask_k, other=0.0).to(tl.float32)
         k = tl.load(k_ptr + b * sk_b + kh * sk_h + offs_k, mask=mask_k, other=0.0).to(tl.float32)
@@ -396,7 +390,10 @@ if triton_available():
         else:
             g = tl.load(ga_ptr + b * s_ga + h).to(tl.float32)
             beta = tl.load(bb_ptr + b * s_bb + h).to(tl.float32)
-        S = S * tl.exp(g)
+        slot = tl.load(idx_ptr + b).to(tl.int64)
+        s_ptrs = state_ptr + slot * ss_s + h * ss_h + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v
+        mask_s = mask_k[:, None] & mask_v[None, :]
+        S = tl.load(s_ptrs, mask=mask_s, other=0.0) * tl.exp(g)
         delta = beta * (v - tl.sum(S * k[:, None], axis=0))
         S = S + k[:, None] * delta[None, :]
         o = tl.sum(S * q[:, None], axis=0)

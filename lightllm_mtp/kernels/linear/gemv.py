@@ -52,9 +52,7 @@ def gemv_tiles(rows: int, n: int, k: int, sms: int) -> tuple[int, int, int]:
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [T, K] @ weight [N, K]^T -> [T, N] in x.dtype: on CUDA the Triton GEMV for T <= GEMV_MAX_ROWS rows and N
     <= GEMV_MAX_OUT, for one row of 16-bit activations, or for two where K or N <= 2048 (the shapes measured);
-    F.linear (cuBLAS) otherwise.
-    Under PDL the GEMV starts reading `weight` before the previous kernel has finished: weights only, never a
-    tensor the kernel just before wrote."""
+    F.linear (cuBLAS) otherwise."""
     if use_triton(x) and x.ndim == 2 and x.shape[0] > 0 and weight.stride(-1) == 1:
         t, (n, k) = x.shape[0], weight.shape
         wide = x.dtype in (torch.bfloat16, torch.float16) and (t == 1 or (t == 2 and min(n, k) <= _TWO_ROWS_MAX_SIDE))
@@ -108,24 +106,19 @@ if triton_available():
         x_ptr, w_ptr, out_ptr, T, N, K, stride_x, stride_w, stride_out,
         T_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
-        # the first K step's weights are loaded before the wait on the previous kernel (they are not its output)
+        pdl_wait(PDL)
         offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_t = tl.arange(0, T_PAD)
         n_mask = offs_n < N
         t_mask = offs_t < T
-        w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_w
-        x_rows = x_ptr + offs_t[:, None] * stride_x
-        offs_k = tl.arange(0, BLOCK_K)
-        k_mask = offs_k < K
-        w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-        pdl_wait(PDL)
-        xs = tl.load(x_rows + offs_k[None, :], mask=t_mask[:, None] & k_mask[None, :], other=0.0)
-        acc = tl.sum(xs.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
-        for k0 in range(BLOCK_K, K, BLOCK_K):
+        acc = tl.zeros([T_PAD, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             k_mask = offs_k < K
-            w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-            xs = tl.load(x_rows + offs_k[None, :], mask=t_mask[:, None] & k_mask[None, :], other=0.0)
+            w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_w + offs_k[None, :],
+                        mask=n_mask[:, None] & k_mask[None, :], other=0.0)  # fmt: skip
+            xs = tl.load(x_ptr + offs_t[:, None] * stride_x + offs_k[None, :], mask=t_mask[:, None] & k_mask[None, :],
+                         other=0.0)  # fmt: skip
             acc += tl.sum(xs.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
         out_ptrs = out_ptr + offs_t[:, None] * stride_out + offs_n[None, :]
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=t_mask[:, None] & n_mask[None, :])

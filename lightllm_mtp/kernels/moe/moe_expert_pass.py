@@ -35,14 +35,9 @@ class ExpertPassTiles:
     num_warps: int = 4
     gate_up_stages: int = 4
     down_stages: int = 3
-    # down: each program loads its whole [I, down_whole_k_block_n] weight tile before waiting on gate_up (PDL), so
-    # the down weights stream while gate_up finishes; used when next_pow2(I) x that width <= _WHOLE_K_ELEMENTS
-    down_whole_k: bool = True
-    down_whole_k_block_n: int = 32
 
 
 DECODE_TILES = ExpertPassTiles()
-_WHOLE_K_ELEMENTS = 16384  # bf16 weight tile held in registers: 64 per thread at 4 warps
 _SUM_BLOCK_H = 512
 
 
@@ -119,16 +114,13 @@ def expert_pass_triton(
         launch_pdl=pdl,
     )  # fmt: skip
     rows = torch.empty(n_pairs, hidden, dtype=torch.float32, device=x.device)
-    whole_k = max(16, triton.next_power_of_2(inter_max))
-    whole = tiles.down_whole_k and whole_k * tiles.down_whole_k_block_n <= _WHOLE_K_ELEMENTS
-    down_block_n, down_block_k = (tiles.down_whole_k_block_n, whole_k) if whole else (tiles.down_block_n,
-                                                                                      tiles.down_block_k)
-    _down_weighted_kernel[(blocks, triton.cdiv(hidden, down_block_n))](
+    _down_weighted_kernel[(blocks, triton.cdiv(hidden, tiles.down_block_n))](
         act, w_down, shared_down, sorted_pairs, block_expert, weights, rows,
         n_pairs, hidden, inter, inter_shared, num_experts,
         act.stride(0), w_down.stride(0), w_down.stride(1), shared_down.stride(0), rows.stride(0),
-        BLOCK_M=tiles.block_m, BLOCK_N=down_block_n, BLOCK_K=down_block_k, DOT_PRECISION=dot_precision,
-        WHOLE_K=whole, PDL=pdl, num_warps=tiles.num_warps, num_stages=tiles.down_stages, launch_pdl=pdl,
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.down_block_n, BLOCK_K=tiles.down_block_k,
+        DOT_PRECISION=dot_precision, PDL=pdl, num_warps=tiles.num_warps, num_stages=tiles.down_stages,
+        launch_pdl=pdl,
     )  # fmt: skip
     out = torch.empty(t, hidden, dtype=x.dtype, device=x.device)
     _sum_slots_kernel[(t, triton.cdiv(hidden, _SUM_BLOCK_H))](
@@ -200,15 +192,10 @@ if triton_available():
         act_ptr, w_ptr, shared_w_ptr, sorted_ptr, block_expert_ptr, weights_ptr, rows_ptr,
         P, H, INTER, INTER_SHARED, E,
         stride_act, stride_we, stride_wn, stride_shared_wn, stride_rows,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
-        WHOLE_K: tl.constexpr, PDL: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
-        # rows[pair, n] = weight[pair] * (act[row] . down_e[n]) for the BLOCK_M rows of block b, fp32. WHOLE_K (one
-        # K tile): the weights are loaded before the wait on gate_up; the expert ids and pairs read before it come
-        # from the kernel before gate_up, which had finished when gate_up let this kernel launch (gate_up waits on
-        # it first).
-        if not WHOLE_K:
-            pdl_wait(PDL)
+        # rows[pair, n] = weight[pair] * (act[row] . down_e[n]) for the BLOCK_M rows of block b, fp32
+        pdl_wait(PDL)
         b = tl.program_id(0)
         n0 = tl.program_id(1) * BLOCK_N
         expert = tl.load(block_expert_ptr + b)
@@ -225,18 +212,11 @@ if triton_available():
         a_ptrs = act_ptr + tl.where(valid, pair, 0)[:, None].to(tl.int64) * stride_act + offs_k[None, :]
         w_ptrs = w_base + offs_n[None, :].to(tl.int64) * stride_n + offs_k[:, None]
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        if WHOLE_K:
-            k_mask = offs_k < inter
-            w = tl.load(w_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
-            pdl_wait(PDL)
-            a = tl.load(a_ptrs, mask=valid[:, None] & k_mask[None, :], other=0.0)
+        for k0 in range(0, inter, BLOCK_K):
+            k_mask = offs_k + k0 < inter
+            a = tl.load(a_ptrs + k0, mask=valid[:, None] & k_mask[None, :], other=0.0)
+            w = tl.load(w_ptrs + k0, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
             acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
-        else:
-            for k0 in range(0, inter, BLOCK_K):
-                k_mask = offs_k + k0 < inter
-                a = tl.load(a_ptrs + k0, mask=valid[:, None] & k_mask[None, :], other=0.0)
-                w = tl.load(w_ptrs + k0, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
-                acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
         weight = tl.load(weights_ptr + pair, mask=valid, other=0.0).to(tl.float32)
         acc = acc * weight[:, None]
         out_ptrs = rows_ptr + pair[:, None].to(tl.int64) * stride_rows + offs_n[None, :]

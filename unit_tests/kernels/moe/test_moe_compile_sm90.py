@@ -72,8 +72,7 @@ def test_expert_pass_compiles_pipelined(tiles):
         moe_expert_pass._down_weighted_kernel,
         dict(common, act_ptr="*bf16", w_ptr="*bf16", shared_w_ptr="*bf16", weights_ptr="*fp32", rows_ptr="*fp32",
              stride_act=512, stride_wn=512, stride_shared_wn=512, stride_rows=2048, stride_we=2048 * 512),
-        dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.down_block_n, BLOCK_K=tiles.down_block_k, DOT_PRECISION="tf32",
-             WHOLE_K=False, PDL=False),
+        dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.down_block_n, BLOCK_K=tiles.down_block_k, DOT_PRECISION="tf32", PDL=False),
         num_warps=tiles.num_warps, num_stages=tiles.down_stages,
     )  # fmt: skip
     for kernel in (gate_up, down):
@@ -97,8 +96,7 @@ def test_expert_pass_compiles_fp32_ieee():
     _compile(moe_expert_pass._down_weighted_kernel,
              dict(common, act_ptr="*fp32", weights_ptr="*fp32", rows_ptr="*fp32", stride_act=48, stride_we=2048,
                   stride_wn=32, stride_shared_wn=48, stride_rows=64),
-             dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.down_block_n, BLOCK_K=tiles.down_block_k, DOT_PRECISION="ieee",
-                  WHOLE_K=False, PDL=False),
+             dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.down_block_n, BLOCK_K=tiles.down_block_k, DOT_PRECISION="ieee", PDL=False),
              num_warps=tiles.num_warps, num_stages=tiles.down_stages)  # fmt: skip
 
 
@@ -141,18 +139,3 @@ def test_pdl_kernels_wait_first(pdl):
         assert ("griddepcontrol.wait" in ptx) == pdl
         if pdl:
             assert ptx.index("griddepcontrol.wait") < ptx.index("ld.global"), "a load before the wait"
-
-
-def test_whole_k_down_loads_its_weights_before_the_wait():
-    """The whole-K down kernel (35B-A3B: I = 512, 32 columns a program) issues its weight loads before
-    griddepcontrol.wait, and reads gate_up's activations only after it."""
-    common = dict(sorted_ptr="*i32", block_expert_ptr="*i32", P=9, H=2048, INTER=512, INTER_SHARED=512, E=256)
-    down = _compile(
-        moe_expert_pass._down_weighted_kernel,
-        dict(common, act_ptr="*bf16", w_ptr="*bf16", shared_w_ptr="*bf16", weights_ptr="*fp32", rows_ptr="*fp32",
-             stride_act=512, stride_wn=512, stride_shared_wn=512, stride_rows=2048, stride_we=2048 * 512),
-        dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=512, DOT_PRECISION="tf32", WHOLE_K=True, PDL=True), num_warps=4,
-    )  # fmt: skip
-    ptx = down.asm["ptx"]
-    wait = ptx.index("griddepcontrol.wait")
-    assert ptx.count("ld.global") > ptx[:wait].count("ld.global") > 2  # weights (and ids) before, activations after
