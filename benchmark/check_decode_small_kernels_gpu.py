@@ -34,7 +34,9 @@ def gdn_decode():
     for block_v in (None, 8, 16, 32, 64, 128):
         s0 = state[:1].clone()
         got = gated_delta_rule_decode_triton(q, k, v, g, beta, s0, idx[0], block_v=block_v)
-        assert torch.allclose(got.float(), want.float(), atol=2e-2, rtol=2e-2), block_v
+        if not torch.allclose(got.float(), want.float(), atol=2e-2, rtol=2e-2):
+            print(f"GDN decode block_v={block_v}: WRONG (max err {(got.float() - want.float()).abs().max():.3g})")
+            continue
         ms = graph_replay_ms(lambda: [gated_delta_rule_decode_triton(q, k, v, g, beta, state, i, block_v=block_v)
                                       for i in idx], 10) / SLOTS  # fmt: skip
         print(f"GDN decode B=1 block_v={block_v}: {ms * 1e3:.2f} us per call ({4 * nv * d * d * 2 / ms / 1e6:.0f} GB/s"
@@ -57,7 +59,9 @@ def attention():
             def run(i, splits=splits):
                 return splitk_attention_triton(q, ks[i], vs[i], req_to_token, b_req_idx, b_seq_len, d**-0.5,
                                                num_splits=splits)  # fmt: skip
-            assert torch.allclose(run(0).float(), want.float(), atol=2e-2, rtol=2e-2), splits
+            if not torch.allclose(run(0).float(), want.float(), atol=2e-2, rtol=2e-2):
+                print(f"attention splits={splits}: WRONG")
+                continue
             ms = graph_replay_ms(lambda: [run(i) for i in range(copies)], 10) / copies
             print(f"attention B=1 kv {seq} max_kv_len {max_len} splits={splits}: {ms * 1e3:.2f} us per call (2 "
                   f"launches)", flush=True)  # fmt: skip
