@@ -42,15 +42,17 @@ def run_worker(rank: int, engine_args, dp: int, inbox, outbox, log_level: str) -
     if os.getppid() != parent:  # the front died before the death signal was armed
         os._exit(0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the front shuts us down
-    # The outbox's feeder thread must not hold the exit: once the front is gone nobody drains that pipe
-    outbox.cancel_join_thread()
     logging.basicConfig(level=log_level.upper(), format=f"%(asctime)s worker{rank} %(levelname)s %(message)s")
     try:
         worker = ModelWorker(rank, engine_args, dp, inbox, outbox)
     except Exception as e:  # reported to the front, which prints it and exits
         logger.error("start-up failed:\n%s", traceback.format_exc())
+        # the exit joins the outbox's feeder thread, so the report is in the pipe before the process ends (one small
+        # message: it fits the pipe's buffer even if the front is gone)
         outbox.put(WorkerFailed(rank, f"{type(e).__name__}: {e}"))
         return
+    # From here the feeder thread must not hold the exit: once the front is gone nobody drains that pipe
+    outbox.cancel_join_thread()
     if ENV.worker_profile:
         profiler = cProfile.Profile()
         served = profiler.runcall(worker.run)
