@@ -4,7 +4,8 @@ HBM, and the effective bandwidth (weight bytes / time). Says which projections t
 
     python benchmark/check_gemv_gpu.py [--out results.json] [--sweep]
 
---sweep: at T=1, the GEMV's launch shapes (BLOCK_N, BLOCK_K, warps, stages) per projection, best first;
+--sweep: at T=1, the GEMV's launch shapes (BLOCK_N, BLOCK_K, warps) per projection, best first (the recorded
+sweeps also varied num_stages 2-4: no effect, the loop is not pipelined);
 --sweep_rows 2,4: a smaller grid of them at those row counts.
 """
 
@@ -19,11 +20,6 @@ import torch.nn.functional as F
 
 from benchmark.timing import graph_replay_ms, result_header, write_json
 from lightllm_mtp.kernels.linear.gemv import gemv_ref, gemv_tiles, gemv_triton
-
-SWEEP_SHAPES = ("35b GDN out_proj / attn o_proj", "35b GDN in_proj", "35b attn qkv", "27b GDN / attn out",
-                "27b GDN in_proj", "27b MLP down", "27b MLP gate_up", "35b lm_head")
-SWEEP = [(n, k, w, s) for n in (1, 2, 4) for k in (1024, 2048, 4096) for w in (2, 4, 8) for s in (2, 4)]
-SWEEP_FEW_ROWS = [(n, k, w, s) for n in (1, 2, 4) for k in (512, 1024, 2048) for w in (4, 8) for s in (2, 4)]
 from lightllm_mtp.kernels.triton_utils import num_sms
 
 SHAPES = {  # name: (N, K)
@@ -38,6 +34,10 @@ SHAPES = {  # name: (N, K)
     "35b lm_head": (248320, 2048),
 }
 COPY_BYTES = 512 << 20  # weight copies per shape: >= 512 MB, ten times the L2
+SWEEP_SHAPES = ("35b GDN out_proj / attn o_proj", "35b GDN in_proj", "35b attn qkv", "27b GDN / attn out",
+                "27b GDN in_proj", "27b MLP down", "27b MLP gate_up", "35b lm_head")
+SWEEP = [(n, k, w) for n in (1, 2, 4) for k in (1024, 2048, 4096) for w in (2, 4, 8)]
+SWEEP_FEW_ROWS = [(n, k, w) for n in (1, 2, 4) for k in (512, 1024, 2048) for w in (4, 8)]
 
 
 def graph_us(fn, x, weights, iters=20):
@@ -49,15 +49,14 @@ def sweep(x, weights, nbytes, shapes):
     """Every launch shape of `shapes` at this shape (checked against the reference first), fastest first."""
     out = []
     t_pad = 1 << max(x.shape[0] - 1, 0).bit_length()
-    for block_n, block_k, warps, stages in shapes:
+    for block_n, block_k, warps in shapes:
         def fn(x_, w_):
-            return gemv_triton(x_, w_, tiles=(t_pad, block_n, block_k), num_warps=warps, num_stages=stages)
+            return gemv_triton(x_, w_, tiles=(t_pad, block_n, block_k), num_warps=warps)
 
         got, want = fn(x, weights[0]), gemv_ref(x, weights[0])
         assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 1e-2
         us = graph_us(fn, x, weights)
-        out.append(dict(block_n=block_n, block_k=block_k, num_warps=warps, num_stages=stages, us=us,
-                        GB_per_s=nbytes / us / 1e3))  # fmt: skip
+        out.append(dict(block_n=block_n, block_k=block_k, num_warps=warps, us=us, GB_per_s=nbytes / us / 1e3))
     return sorted(out, key=lambda r: r["us"])
 
 
@@ -82,7 +81,8 @@ def main():
             assert err < 1e-2, (name, t, err)
             cublas, ours = graph_us(F.linear, x, weights), graph_us(gemv_triton, x, weights)
             row = dict(shape=name, n=n, k=k, t=t, tiles=gemv_tiles(t, n, k, sms), cublas_us=cublas, gemv_us=ours,
-                       cublas_GB_per_s=nbytes / cublas / 1e3, gemv_GB_per_s=nbytes / ours / 1e3, rel_err=err)  # fmt: skip
+                       cublas_GB_per_s=nbytes / cublas / 1e3, gemv_GB_per_s=nbytes / ours / 1e3,
+                       rel_err=err)  # fmt: skip
             rows.append(row)
             print(f"{name:32s} T={t} cuBLAS {cublas:7.2f} us ({row['cublas_GB_per_s']:5.0f} GB/s)  gemv "
                   f"{ours:7.2f} us ({row['gemv_GB_per_s']:5.0f} GB/s) tiles {row['tiles']}", flush=True)  # fmt: skip

@@ -7,7 +7,9 @@ kernel (route_align's pair bound 64) against route_topk + moe_align (bound 0).
 
     python benchmark/check_moe_decode_gpu.py [--layers 8] [--rows 1,2,4,7,8,16,32,64,128] [--pdl]
 
---pdl also times the default tiles with programmatic dependent launch on, and route_align on 1 and 2 warps.
+--pdl also times the default tiles with programmatic dependent launch off and on, and route_align on 4, 2 and 1
+warps (the sweep above runs with the environment's PDL setting, on by default). The stop-27 logs measured the
+"route_align 4 warps" rows at T=1 with its one-row default of 1 warp (fixed since).
 
 Effective bandwidth = bytes of the distinct experts routed (plus the shared expert) / time per layer.
 """
@@ -107,10 +109,11 @@ def main():
                   f"{distinct * expert_bytes / ms / 1e6:.0f} GB/s", flush=True)  # fmt: skip
         if args.pdl:
             tiles = DECODE_TILES
+            saved = env.ENV, moe_route_align.ROUTE_ALIGN_WARPS, moe_route_align.ONE_ROW_WARPS
             for label, pdl, warps in (("pdl off", False, 4), ("pdl on", True, 4), ("pdl on, route_align 2 warps", True,
                                       2), ("pdl on, route_align 1 warp", True, 1)):  # fmt: skip
-                env.ENV = dataclasses.replace(env.ENV, pdl=pdl)
-                moe_route_align.ROUTE_ALIGN_WARPS = warps
+                env.ENV = dataclasses.replace(saved[0], pdl=pdl)
+                moe_route_align.ROUTE_ALIGN_WARPS = moe_route_align.ONE_ROW_WARPS = warps
                 r = route_align(F.linear(x, layer["router"]), num_experts=EXPERTS, top_k=TOP_K, shared_gate=True,
                                 block_m=tiles.block_m)  # fmt: skip
                 got = expert_pass_triton(x, layer["w_gu"], layer["w_d"], r.weights, r.ids, layer["s_gu"],
@@ -118,8 +121,7 @@ def main():
                 assert ((got.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2
                 ms = graph_ms_per_layer(x, layers, tiles)
                 print(f"  {label} {tiles}: {ms * 1e3:.1f} us/layer", flush=True)
-            env.ENV = dataclasses.replace(env.ENV, pdl=False)
-            moe_route_align.ROUTE_ALIGN_WARPS = 4
+            env.ENV, moe_route_align.ROUTE_ALIGN_WARPS, moe_route_align.ONE_ROW_WARPS = saved
     print("moe decode check OK")
 
 

@@ -40,15 +40,17 @@
 #                                       # shape pp=2 + MTP k=1 at B=1,8 with graphs per stage vs eager
 #   bash benchmark/gpu_runs.sh mixed    # 27B, MTP k=1, 32 running with arrivals: this tree, then baseline/ (an older
 #                                       # commit exported with `git archive REV --prefix=baseline/`; carry baseline)
-#   bash benchmark/gpu_runs.sh decode_sweep  # the MoE pass's FMA tiles (T <= 4) and PDL: GPU tests with PDL off and
-#                                       # on, the per-layer sweep at T = 1, 2, 4, 8, then the GEMV's launch shapes at T=1
+#   bash benchmark/gpu_runs.sh decode_sweep  # MoE GPU tests with PDL off and on, the per-layer sweep at T = 1, 2, 4, 8
+#                                       # (--pdl), the GEMV's launch shapes at T=1 (stop 27 ran it with FMA tiles, since
+#                                       # removed)
 #   bash benchmark/gpu_runs.sh stop27    # the kernel GPU tests with PDL on; the GEMV vs cuBLAS at T = 1, 2; 35B-A3B
 #                                       # B=1,32 with PDL off and on; 27B B=1 with PDL on
 #   bash benchmark/gpu_runs.sh stop27_final  # the GEMV's launch shapes at T = 2, 4; 35B-A3B and 27B decode at B=1,32
 #                                       # without and with MTP k=1 (PDL on, the default)
-#   bash benchmark/gpu_runs.sh prefetch_tests  # the kernel and engine GPU tests (PDL on, loads ahead of the waits)
-#   bash benchmark/gpu_runs.sh prefetch  # MoE layer sweep (whole-K down vs K loop, PDL), GEMV vs cuBLAS at T = 1, 2,
-#                                       # 35B-A3B and 27B decode at B=1,32 without and with MTP k=1
+#   bash benchmark/gpu_runs.sh prefetch_tests  # the kernel and engine GPU tests
+#   bash benchmark/gpu_runs.sh prefetch  # MoE layer sweep (--pdl), GEMV vs cuBLAS at T = 1, 2, 35B-A3B and 27B decode
+#                                       # at B=1,32 without and with MTP k=1 (stop 27 ran it with a whole-K down pass and
+#                                       # loads ahead of the PDL waits, since removed: `*_prefetch_h100.json`)
 #   bash benchmark/gpu_runs.sh prefetch_ab  # 35B-A3B B=1,32 for A (this tree), B (+ the GEMV's first K step loaded
 #                                       # ahead of the PDL wait), C (+ the GDN decode state too): benchmark/patches/
 #   bash benchmark/gpu_runs.sh prefix_cache  # 27B, MTP k=1: TTFT of an 8k shared prefix + 128-token question, cold vs
@@ -208,14 +210,15 @@ case "${1:-}" in
   gemv) python3 benchmark/check_gemv_gpu.py --out "$out/gemv_vs_cublas_h100.json" ;;
   decode_sweep)
     tests="unit_tests/kernels/moe/test_moe_expert_pass.py unit_tests/kernels/moe/test_moe_route_align.py unit_tests/kernels/linear"
-    python3 -m pytest -q -m gpu $tests
+    LIGHTLLM_MTP_PDL=0 python3 -m pytest -q -m gpu $tests
     LIGHTLLM_MTP_PDL=1 python3 -m pytest -q -m gpu $tests
     python3 benchmark/check_moe_decode_gpu.py --rows 1,2,4,8 --pdl
     python3 benchmark/check_gemv_gpu.py --rows 1 --sweep --out "$out/gemv_sweep_h100.json" ;;
   stop27)
     LIGHTLLM_MTP_PDL=1 python3 -m pytest -q -m gpu unit_tests/kernels | tail -5
     python3 benchmark/check_gemv_gpu.py --rows 1,2 --out "$out/gemv_vs_cublas_h100.json"
-    bench --model_shape qwen3.5-35b-a3b --batch_sizes 1,32 --output_len 48 --out "$out/static_qwen3.5-35b-a3b_pdl_off_h100.json"
+    LIGHTLLM_MTP_PDL=0 bench --model_shape qwen3.5-35b-a3b --batch_sizes 1,32 --output_len 48 \
+      --out "$out/static_qwen3.5-35b-a3b_pdl_off_h100.json"
     LIGHTLLM_MTP_PDL=1 bench --model_shape qwen3.5-35b-a3b --batch_sizes 1,32 --output_len 48 --plot \
       --out "$out/static_qwen3.5-35b-a3b_h100.json"
     LIGHTLLM_MTP_PDL=1 bench --model_shape qwen3.5-27b --batch_sizes 1 --output_len 48 \

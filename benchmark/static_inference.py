@@ -47,6 +47,7 @@ from benchmark.timing import (
     sync,
     versions,
 )
+from lightllm_mtp import env
 from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.engine.llm_engine import LLMEngine
@@ -435,6 +436,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     report: dict = {
         "command": command,
+        "engine_env": {k: str(v) for k, v in dataclasses.asdict(env.ENV).items()},  # the LIGHTLLM_MTP_ settings in force, defaults included
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "device": device_info(device),
         "versions": versions(),

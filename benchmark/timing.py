@@ -201,12 +201,16 @@ def device_info(device: torch.device) -> dict:
 
 def result_header(script: str, argv: list[str] | None, args, device: torch.device) -> dict:
     """What every results file starts with: the exact command, the model, the device, versions and settings."""
+    import dataclasses
     import os
     import sys
+
+    from lightllm_mtp import env
 
     return {
         "command": " ".join(["python", script, *(argv if argv is not None else sys.argv[1:])]),
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("LIGHTLLM_MTP_")},  # the command's env
+        "engine_env": {k: str(v) for k, v in dataclasses.asdict(env.ENV).items()},  # the settings in force, defaults included
         "model": {"shape": getattr(args, "model_shape", None), "model_dir": getattr(args, "model_dir", None)},
         "device": device_info(device),
         "versions": versions(),

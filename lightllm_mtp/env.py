@@ -42,9 +42,9 @@ class Env:
     # gloo on CUDA stages every tensor through host memory and puts all ranks on the driver's GPU: tp / pp tests on
     # one GPU (two NCCL ranks cannot share one); CUDA graphs only under pp alone there (tp collectives run eagerly).
     dist_backend: str
-    # Programmatic dependent launch for the decode-path Triton kernels (sm90+): each kernel's launch overlaps its
-    # predecessor's tail and waits (griddepcontrol.wait) before its first read. On by default (35B-A3B B=1 decode
-    # 3.42 -> 3.12 ms on the H100, NOTES stop 27); LIGHTLLM_MTP_PDL=0 turns it off.
+    # Programmatic dependent launch for the Triton kernels listed in kernels/pdl.py (CUDA sm90+): each kernel's
+    # launch overlaps its predecessor's tail and waits (griddepcontrol.wait) before touching memory. On by default
+    # (35B-A3B B=1 decode 3.42 -> 3.12 ms on the H100, benchmark/results/stop27_h100_log.txt); 0 turns it off.
     pdl: bool
 
 

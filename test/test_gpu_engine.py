@@ -166,3 +166,20 @@ def test_adaptive_speculation_on_graphs_stays_exact(monkeypatch, tiny_dense_mtp3
     assert [o.token_ids for o in outs] == plain
     assert outs[0].spec.steps_at_k[0] > 0
     assert caches.kv_pool.num_free == free_kv
+
+
+def test_pdl_on_and_off_give_the_same_tokens(monkeypatch, model_dir):
+    """Programmatic dependent launch changes when kernels start, never what they compute: bf16 prefill and graphed
+    decode of the dense and MoE checkpoints, token-identical with it on and off. A kernel touching memory before its
+    wait would race with its predecessor and could break this."""
+    import dataclasses
+
+    from lightllm_mtp import env
+
+    runs = []
+    for pdl in (False, True):
+        monkeypatch.setattr(env, "ENV", dataclasses.replace(env.ENV, pdl=pdl))
+        llm = LLM(model_dir, device="cuda", dtype="bfloat16", max_model_len=64, graph_max_batch_size=8)
+        runs.append(tokens(llm))
+        llm.shutdown()
+    assert runs[0] == runs[1]

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from lightllm_mtp.kernels._validate import check_float
-from lightllm_mtp.kernels.triton_utils import triton_available, use_triton
 from lightllm_mtp.kernels.pdl import pdl_args
+from lightllm_mtp.kernels.triton_utils import triton_available, use_triton
 
 _OP = "silu_and_mul"
 

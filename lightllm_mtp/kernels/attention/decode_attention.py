@@ -14,8 +14,8 @@ import torch
 
 from lightllm_mtp.kernels._validate import check_shape
 from lightllm_mtp.kernels.attention.paged_attention import check_paged_attention_args
-from lightllm_mtp.kernels.triton_utils import num_sms, triton_available, use_triton
 from lightllm_mtp.kernels.pdl import pdl_args
+from lightllm_mtp.kernels.triton_utils import num_sms, triton_available, use_triton
 
 _OP = "decode_attention"
 _GATHER_BUDGET = 1 << 24  # fp32 K elements gathered at once by the reference
@@ -151,9 +151,8 @@ if triton_available():
     import triton
     import triton.language as tl
 
-    from lightllm_mtp.kernels.pdl import pdl_wait
-
     from lightllm_mtp.kernels.attention.paged_attention import attend_paged_range
+    from lightllm_mtp.kernels.pdl import pdl_wait
 
     @triton.jit
     def _split_len(seq_len, num_splits, BLOCK_N: tl.constexpr):
@@ -176,7 +175,8 @@ if triton_available():
         stride_qt, stride_qh, stride_qd, stride_kp, stride_kh, stride_kd, stride_vp, stride_vh, stride_vd,
         stride_rt, stride_ot, stride_oh, stride_os, stride_lt, stride_lh,
         G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-        BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr, HAS_CU: tl.constexpr, COMPUTE_FP32: tl.constexpr, PDL: tl.constexpr,
+        BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr, HAS_CU: tl.constexpr, COMPUTE_FP32: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         pdl_wait(PDL)
         b = tl.program_id(0)

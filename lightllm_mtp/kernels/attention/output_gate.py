@@ -9,8 +9,8 @@ import torch
 
 from lightllm_mtp.kernels._validate import check_device, check_float, check_same_dtype, check_shape
 from lightllm_mtp.kernels.norm.rmsnorm import as_rows3
-from lightllm_mtp.kernels.triton_utils import triton_available, use_triton
 from lightllm_mtp.kernels.pdl import pdl_args
+from lightllm_mtp.kernels.triton_utils import triton_available, use_triton
 
 _OP = "sigmoid_gate_mul"
 

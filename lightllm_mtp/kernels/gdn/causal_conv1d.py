@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from lightllm_mtp.kernels._validate import check_device, check_dtype, check_float, check_index, check_shape
-from lightllm_mtp.kernels.triton_utils import triton_available, unspecialized, use_triton
 from lightllm_mtp.kernels.pdl import pdl_args
+from lightllm_mtp.kernels.triton_utils import triton_available, unspecialized, use_triton
 
 
 def causal_conv1d_prefill_ref(

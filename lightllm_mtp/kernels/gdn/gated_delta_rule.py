@@ -355,9 +355,8 @@ if triton_available():
     import triton
     import triton.language as tl
 
-    from lightllm_mtp.kernels.pdl import pdl_wait
-
     from lightllm_mtp.kernels.gdn.gdn_gating import gdn_gates
+    from lightllm_mtp.kernels.pdl import pdl_wait
 
     @triton.jit
     def _gdr_decode_kernel(

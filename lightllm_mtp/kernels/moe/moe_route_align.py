@@ -5,8 +5,8 @@ steps run the two kernels. Both give the same bits (the routing weights use no l
 
 The one-program bound: pairs P = T * k' <= 64 (35B-A3B, k' = 9: decode B <= 7, a k=1 verify at B <= 3, a k <= 6
 verify at B = 1). The program holds a [T, E] logits tile and a [Q, Q] pair-by-pair comparison (Q = T padded x
-k' padded <= 128), i.e. <= 16k lanes on 4 warps; above that the work of one SM grows as T * E + Q^2 while the
-two-kernel path spreads the routing over T programs."""
+k' padded <= 128), i.e. <= 16k lanes on 4 warps (one warp for a single row); above that the work of one SM grows as
+T * E + Q^2 while the two-kernel path spreads the routing over T programs."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import torch
 from lightllm_mtp.kernels._validate import check_float, check_shape
 from lightllm_mtp.kernels.moe.moe_align import max_blocks, moe_align_ref, moe_align_triton
 from lightllm_mtp.kernels.moe.moe_routing import route_topk_ref, route_topk_triton
-from lightllm_mtp.kernels.pdl import use_pdl
+from lightllm_mtp.kernels.pdl import pdl_args
 from lightllm_mtp.kernels.triton_utils import triton_available, use_triton
 
 _OP = "route_align"
@@ -111,13 +111,12 @@ def route_align_triton(
         return RoutedPairs(weights, ids, sorted_pairs, block_expert)
     if router_logits.stride(1) != 1:
         router_logits = router_logits.contiguous()
-    pdl = use_pdl(router_logits)
     _route_align_kernel[(1,)](
         router_logits, weights, ids, sorted_pairs, block_expert, t, num_experts, router_logits.stride(0), blocks,
         TOP_K=top_k, SLOTS=slots, SHARED_GATE=shared_gate, BLOCK_M=block_m,
         BLOCK_T=triton.next_power_of_2(t), BLOCK_E=triton.next_power_of_2(num_experts),
-        BLOCK_S=triton.next_power_of_2(slots), BLOCK_B=triton.next_power_of_2(blocks), PDL=pdl,
-        num_warps=num_warps, launch_pdl=pdl,
+        BLOCK_S=triton.next_power_of_2(slots), BLOCK_B=triton.next_power_of_2(blocks), num_warps=num_warps,
+        **pdl_args(router_logits),
     )  # fmt: skip
     return RoutedPairs(weights, ids, sorted_pairs, block_expert)
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 
 from lightllm_mtp.kernels._validate import check_device, check_float, check_same_dtype, check_shape
-from lightllm_mtp.kernels.triton_utils import triton_available, use_triton
 from lightllm_mtp.kernels.pdl import pdl_args
+from lightllm_mtp.kernels.triton_utils import triton_available, use_triton
 
 _OP = "rmsnorm"
 _OP_ADD = "add_rmsnorm"

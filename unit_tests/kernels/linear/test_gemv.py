@@ -60,6 +60,13 @@ def test_linear_takes_the_gemv_for_few_rows_and_narrow_outputs_only(monkeypatch)
     linear(torch.randn(3, 8, **bf16), torch.randn(5000, 8, **bf16))
     # one 16-bit row: every width; two: where K or N <= 2048; three or more: cuBLAS
     assert calls[2:] == [(1, 5000), (2, 5000), (2, 2048)]
+    # what F.linear takes and the GEMV does not: a transposed weight, 3-D x, no rows, a 1-D weight
+    calls.clear()
+    w = torch.randn(8, 5, **bf16)
+    for x_, w_ in ((torch.randn(1, 8, **bf16), w.t()), (torch.randn(2, 1, 8, **bf16), w.t().contiguous()),
+                   (torch.randn(0, 8, **bf16), w.t().contiguous()), (torch.randn(1, 8, **bf16), torch.randn(8, **bf16))):
+        torch.testing.assert_close(linear(x_, w_), torch.nn.functional.linear(x_, w_))
+    assert calls == []
     with pytest.raises(ValueError, match="weight must"):
         gemv_triton(torch.randn(2, 8), torch.randn(5, 7))
     with pytest.raises(ValueError, match="rows"):

@@ -56,8 +56,9 @@ def test_routing_and_alignment_compile():
                  dict(BLOCK_M=16, NUM_BINS=512, CHUNK=128, BLOCK_B=triton.next_power_of_2(blocks)))  # fmt: skip
 
 
+@pytest.mark.parametrize("pdl", [False, True])
 @pytest.mark.parametrize("tiles", [moe_expert_pass.DECODE_TILES, moe_expert_pass.ExpertPassTiles(block_m=32)])
-def test_expert_pass_compiles_pipelined(tiles):
+def test_expert_pass_compiles_pipelined(tiles, pdl):
     common = dict(sorted_ptr="*i32", block_expert_ptr="*i32", P=9, H=2048, INTER=512, INTER_SHARED=512, E=256,
                   stride_we=2 * 512 * 2048)  # fmt: skip
     gate_up = _compile(
@@ -65,18 +66,21 @@ def test_expert_pass_compiles_pipelined(tiles):
         dict(common, x_ptr="*bf16", w_ptr="*bf16", shared_w_ptr="*bf16", act_ptr="*bf16", stride_x=2048,
              stride_wn=2048, stride_shared_wn=2048, stride_act=512),
         dict(SLOTS=9, BLOCK_M=tiles.block_m, BLOCK_N=tiles.gate_up_block_n, BLOCK_K=tiles.gate_up_block_k,
-             DOT_PRECISION="tf32", PDL=False),
+             DOT_PRECISION="tf32", PDL=pdl),
         num_warps=tiles.num_warps, num_stages=tiles.gate_up_stages,
     )  # fmt: skip
     down = _compile(
         moe_expert_pass._down_weighted_kernel,
         dict(common, act_ptr="*bf16", w_ptr="*bf16", shared_w_ptr="*bf16", weights_ptr="*fp32", rows_ptr="*fp32",
              stride_act=512, stride_wn=512, stride_shared_wn=512, stride_rows=2048, stride_we=2048 * 512),
-        dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.down_block_n, BLOCK_K=tiles.down_block_k, DOT_PRECISION="tf32", PDL=False),
+        dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.down_block_n, BLOCK_K=tiles.down_block_k, DOT_PRECISION="tf32",
+             PDL=pdl),
         num_warps=tiles.num_warps, num_stages=tiles.down_stages,
     )  # fmt: skip
     for kernel in (gate_up, down):
         assert re.search(r"cp\.async\.", kernel.asm["ptx"]), "weight loads not pipelined"
+        if pdl:
+            assert_waits_first(kernel.asm["ptx"])
     _compile(moe_expert_pass._sum_slots_kernel, dict(rows_ptr="*fp32", out_ptr="*bf16", H=2048, stride_out=2048),
              dict(SLOTS=9, BLOCK_S=16, BLOCK_H=512, PDL=False))  # fmt: skip
 
@@ -96,7 +100,8 @@ def test_expert_pass_compiles_fp32_ieee():
     _compile(moe_expert_pass._down_weighted_kernel,
              dict(common, act_ptr="*fp32", weights_ptr="*fp32", rows_ptr="*fp32", stride_act=48, stride_we=2048,
                   stride_wn=32, stride_shared_wn=48, stride_rows=64),
-             dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.down_block_n, BLOCK_K=tiles.down_block_k, DOT_PRECISION="ieee", PDL=False),
+             dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.down_block_n, BLOCK_K=tiles.down_block_k, DOT_PRECISION="ieee",
+                  PDL=False),
              num_warps=tiles.num_warps, num_stages=tiles.down_stages)  # fmt: skip
 
 
@@ -117,25 +122,50 @@ def test_route_align_compiles(t, experts, top_k, dtype):
              num_warps=4)  # fmt: skip
 
 
+_MEMORY_OP = re.compile(r"\b(ld\.global|cp\.async|st\.global|atom\.|red\.)")
+
+
+def assert_waits_first(ptx: str) -> None:
+    """griddepcontrol.wait, then launch_dependents, both before the first global memory access."""
+    wait = ptx.index("griddepcontrol.wait")
+    assert wait < ptx.index("griddepcontrol.launch_dependents")
+    first = _MEMORY_OP.search(ptx)
+    assert first is not None and wait < first.start(), f"{first.group(0)} before the wait"
+
+
 @pytest.mark.parametrize("pdl", [False, True])
 def test_pdl_kernels_wait_first(pdl):
-    """With PDL the pass's kernels wait on the grid dependency (griddepcontrol.wait) before anything else; without,
-    no such instruction."""
+    """With PDL the MoE chain's kernels and the GEMV wait on the grid dependency before any global memory access;
+    without, no such instruction."""
+    from lightllm_mtp.kernels.linear import gemv
+    from lightllm_mtp.kernels.moe import moe_route_align
+
     tiles = moe_expert_pass.DECODE_TILES
     common = dict(sorted_ptr="*i32", block_expert_ptr="*i32", P=9, H=2048, INTER=512, INTER_SHARED=512, E=256)
-    gate_up = _compile(
-        moe_expert_pass._gate_up_act_kernel,
-        dict(common, x_ptr="*bf16", w_ptr="*bf16", shared_w_ptr="*bf16", act_ptr="*bf16", stride_x=2048,
-             stride_we=2 * 512 * 2048, stride_wn=2048, stride_shared_wn=2048, stride_act=512),
-        dict(SLOTS=9, BLOCK_M=tiles.block_m, BLOCK_N=tiles.gate_up_block_n, BLOCK_K=tiles.gate_up_block_k,
-             DOT_PRECISION="tf32", PDL=pdl),
-        num_warps=tiles.num_warps, num_stages=tiles.gate_up_stages,
-    )  # fmt: skip
-    summed = _compile(moe_expert_pass._sum_slots_kernel, dict(rows_ptr="*fp32", out_ptr="*bf16", H=2048,
-                                                               stride_out=2048),
-                      dict(SLOTS=9, BLOCK_S=16, BLOCK_H=512, PDL=pdl))  # fmt: skip
-    for kernel in (gate_up, summed):
+    kernels = [
+        _compile(moe_expert_pass._gate_up_act_kernel,
+                 dict(common, x_ptr="*bf16", w_ptr="*bf16", shared_w_ptr="*bf16", act_ptr="*bf16", stride_x=2048,
+                      stride_we=2 * 512 * 2048, stride_wn=2048, stride_shared_wn=2048, stride_act=512),
+                 dict(SLOTS=9, BLOCK_M=tiles.block_m, BLOCK_N=tiles.gate_up_block_n, BLOCK_K=tiles.gate_up_block_k,
+                      DOT_PRECISION="tf32", PDL=pdl),
+                 num_warps=tiles.num_warps, num_stages=tiles.gate_up_stages),
+        _compile(moe_expert_pass._sum_slots_kernel,
+                 dict(rows_ptr="*fp32", out_ptr="*bf16", H=2048, stride_out=2048),
+                 dict(SLOTS=9, BLOCK_S=16, BLOCK_H=512, PDL=pdl)),
+        _compile(moe_route_align._route_align_kernel,
+                 dict(logits_ptr="*bf16", weights_ptr="*fp32", ids_ptr="*i32", sorted_ptr="*i32",
+                      block_expert_ptr="*i32", T=1, E=256, stride_l=264, MAX_BLOCKS=9),
+                 dict(TOP_K=8, SLOTS=9, SHARED_GATE=True, BLOCK_M=16, BLOCK_T=1, BLOCK_E=256, BLOCK_S=16, BLOCK_B=16,
+                      PDL=pdl),
+                 num_warps=1),
+        _compile(gemv._gemv_kernel,
+                 dict(x_ptr="*bf16", w_ptr="*bf16", out_ptr="*bf16", T=1, N=12352, K=2048, stride_x=2048,
+                      stride_w=2048, stride_out=12352),
+                 dict(T_PAD=1, BLOCK_N=2, BLOCK_K=2048, PDL=pdl), num_warps=4),
+    ]  # fmt: skip
+    for kernel in kernels:
         ptx = kernel.asm["ptx"]
-        assert ("griddepcontrol.wait" in ptx) == pdl
         if pdl:
-            assert ptx.index("griddepcontrol.wait") < ptx.index("ld.global"), "a load before the wait"
+            assert_waits_first(ptx)
+        else:
+            assert "griddepcontrol" not in ptx
