@@ -13,7 +13,7 @@ import functools
 import torch
 
 from lightllm_mtp import env
-from lightllm_mtp.kernels.triton_utils import triton_available
+from lightllm_mtp.kernels.triton_utils import cuda_index, triton_available
 
 
 def use_pdl(t: torch.Tensor) -> bool:
@@ -21,7 +21,7 @@ def use_pdl(t: torch.Tensor) -> bool:
     and LIGHTLLM_MTP_PDL not 0."""
     if not (t.is_cuda and env.ENV.pdl and torch.version.hip is None and _triton_launches_pdl()):
         return False
-    return _capability(t.device.index if t.device.index is not None else torch.cuda.current_device()) >= (9, 0)
+    return _capability(cuda_index(t.device)) >= (9, 0)
 
 
 def pdl_args(t: torch.Tensor) -> dict:

@@ -24,6 +24,11 @@ def use_triton(t: torch.Tensor) -> bool:
     return t.is_cuda and triton_available() and not env.ENV.force_reference_kernels
 
 
+def cuda_index(device: torch.device) -> int:
+    """The index of a CUDA device ("cuda" alone: the current one)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 @functools.cache
 def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -33,7 +38,7 @@ def num_sms(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA device; 132 (an H100/H200) elsewhere, e.g. under the interpreter."""
     if device.type != "cuda":
         return 132
-    return sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return sm_count(cuda_index(device))
 
 
 @functools.cache
@@ -45,7 +50,7 @@ def shared_memory_per_block(device: torch.device) -> int:
     """Bytes of shared memory one block may opt in to on a CUDA device; 0 elsewhere (or when torch does not say)."""
     if device.type != "cuda":
         return 0
-    return _smem_optin(device.index if device.index is not None else torch.cuda.current_device())
+    return _smem_optin(cuda_index(device))
 
 
 def to_device_async(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
