@@ -24,6 +24,11 @@ def use_triton(t: torch.Tensor) -> bool:
     return t.is_cuda and triton_available() and not env.ENV.force_reference_kernels
 
 
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1); triton.next_power_of_2 without needing triton."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def cuda_index(device: torch.device) -> int:
     """The index of a CUDA device ("cuda" alone: the current one)."""
     return device.index if device.index is not None else torch.cuda.current_device()

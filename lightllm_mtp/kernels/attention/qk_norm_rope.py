@@ -24,8 +24,8 @@ from lightllm_mtp.kernels._validate import (
 from lightllm_mtp.kernels.attention.rotary import apply_partial_rope_ref, check_rope_args
 from lightllm_mtp.kernels.attention.store_kv import check_store_kv_args, store_kv_ref
 from lightllm_mtp.kernels.norm.rmsnorm import rmsnorm_ref
-from lightllm_mtp.kernels.triton_utils import triton_available, use_triton
 from lightllm_mtp.kernels.pdl import pdl_args
+from lightllm_mtp.kernels.triton_utils import triton_available, use_triton
 
 _OP = "qk_norm_rope"
 

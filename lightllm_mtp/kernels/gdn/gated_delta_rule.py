@@ -23,8 +23,8 @@ from lightllm_mtp.kernels._validate import (
 from lightllm_mtp.kernels.gdn.causal_conv1d import causal_conv1d_update_ref, causal_conv1d_update_triton
 from lightllm_mtp.kernels.gdn.fla_prefill import PrefillChunks, fla_chunk_kernel, prefill_fla
 from lightllm_mtp.kernels.gdn.gdn_gating import gdn_gating_ref
-from lightllm_mtp.kernels.triton_utils import num_sms, triton_available, use_triton
 from lightllm_mtp.kernels.pdl import pdl_args
+from lightllm_mtp.kernels.triton_utils import num_sms, triton_available, use_triton
 
 
 def _prepare_qk(

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from lightllm_mtp.kernels._validate import check_device, check_float, check_same_dtype, check_shape
 from lightllm_mtp.kernels.pdl import pdl_args
-from lightllm_mtp.kernels.triton_utils import num_sms, triton_available, use_triton
+from lightllm_mtp.kernels.triton_utils import next_pow2, num_sms, triton_available, use_triton
 
 _OP = "gemv"
 GEMV_MAX_ROWS = 4  # the router at T = 4: 3.5 us vs cuBLAS's 5.5
@@ -42,17 +42,13 @@ def gemv_tiles(rows: int, n: int, k: int, sms: int) -> tuple[int, int, int]:
     """(T_PAD, BLOCK_N, BLOCK_K). One or two rows and an output wider than GEMV_MAX_OUT: 2 weight rows per program,
     K steps of 2048. Otherwise the fewest weight rows per program that still give every SM a program, and a K step
     of ~_TILE_ELEMENTS products."""
-    t_pad = _pow2(rows)
+    t_pad = next_pow2(rows)
     if rows <= 2 and n > GEMV_MAX_OUT:
-        return t_pad, _WIDE_BLOCK_N, min(_WIDE_BLOCK_K, _pow2(k))
+        return t_pad, _WIDE_BLOCK_N, min(_WIDE_BLOCK_K, next_pow2(k))
     block_n = _MAX_BLOCK_N
     while block_n > 1 and -(-n // block_n) < sms:
         block_n //= 2
-    return t_pad, block_n, min(_pow2(k), max(64, _TILE_ELEMENTS // (t_pad * block_n)))
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
+    return t_pad, block_n, min(next_pow2(k), max(64, _TILE_ELEMENTS // (t_pad * block_n)))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

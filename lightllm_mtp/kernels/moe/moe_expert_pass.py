@@ -102,7 +102,7 @@ def expert_pass_triton(
     if not weights.is_contiguous():
         weights = weights.contiguous()
     dot_precision = "ieee" if x.dtype == torch.float32 else "tf32"
-    pdl = pdl_args(x)
+    pdl_kw = pdl_args(x)
 
     act = torch.empty(n_pairs, inter_max, dtype=x.dtype, device=x.device)
     _gate_up_act_kernel[(blocks, triton.cdiv(inter_max, tiles.gate_up_block_n))](
@@ -110,7 +110,7 @@ def expert_pass_triton(
         n_pairs, hidden, inter, inter_shared, num_experts,
         x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), shared_gate_up.stride(0), act.stride(0),
         SLOTS=slots, BLOCK_M=tiles.block_m, BLOCK_N=tiles.gate_up_block_n, BLOCK_K=tiles.gate_up_block_k,
-        DOT_PRECISION=dot_precision, num_warps=tiles.num_warps, num_stages=tiles.gate_up_stages, **pdl,
+        DOT_PRECISION=dot_precision, num_warps=tiles.num_warps, num_stages=tiles.gate_up_stages, **pdl_kw,
     )  # fmt: skip
     rows = torch.empty(n_pairs, hidden, dtype=torch.float32, device=x.device)
     _down_weighted_kernel[(blocks, triton.cdiv(hidden, tiles.down_block_n))](
@@ -118,12 +118,12 @@ def expert_pass_triton(
         n_pairs, hidden, inter, inter_shared, num_experts,
         act.stride(0), w_down.stride(0), w_down.stride(1), shared_down.stride(0), rows.stride(0),
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.down_block_n, BLOCK_K=tiles.down_block_k,
-        DOT_PRECISION=dot_precision, num_warps=tiles.num_warps, num_stages=tiles.down_stages, **pdl,
+        DOT_PRECISION=dot_precision, num_warps=tiles.num_warps, num_stages=tiles.down_stages, **pdl_kw,
     )  # fmt: skip
     out = torch.empty(t, hidden, dtype=x.dtype, device=x.device)
     _sum_slots_kernel[(t, triton.cdiv(hidden, _SUM_BLOCK_H))](
         rows, out, hidden, out.stride(0), SLOTS=slots, BLOCK_S=triton.next_power_of_2(slots), BLOCK_H=_SUM_BLOCK_H,
-        **pdl,
+        **pdl_kw,
     )  # fmt: skip
     return out
 

@@ -18,7 +18,7 @@ from lightllm_mtp.kernels._validate import check_float, check_shape
 from lightllm_mtp.kernels.moe.moe_align import max_blocks, moe_align_ref, moe_align_triton
 from lightllm_mtp.kernels.moe.moe_routing import route_topk_ref, route_topk_triton
 from lightllm_mtp.kernels.pdl import pdl_args
-from lightllm_mtp.kernels.triton_utils import triton_available, use_triton
+from lightllm_mtp.kernels.triton_utils import next_pow2, triton_available, use_triton
 
 _OP = "route_align"
 FUSED_MAX_PAIRS = 64
@@ -49,12 +49,8 @@ def route_align_ref(
 
 def fused_fits(num_tokens: int, slots: int, num_experts: int, max_pairs: int = FUSED_MAX_PAIRS) -> bool:
     """Whether the one-program kernel takes a step of `num_tokens` rows (see the module docstring)."""
-    lanes = _next_pow2(num_tokens) * _next_pow2(num_experts)
+    lanes = next_pow2(num_tokens) * next_pow2(num_experts)
     return 0 < num_tokens * slots <= max_pairs and lanes <= _FUSED_MAX_LANES
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
 
 
 def route_align(
@@ -92,13 +88,12 @@ def route_align(
 
 
 def route_align_triton(
-    router_logits: torch.Tensor, *, num_experts: int, top_k: int, shared_gate: bool, block_m: int,
-    num_warps: int | None = None,
+    router_logits: torch.Tensor, *, num_experts: int, top_k: int, shared_gate: bool, block_m: int
 ) -> RoutedPairs:
-    """The one-program kernel (callers check fused_fits); renormalised weights. num_warps: ONE_ROW_WARPS for one row,
-    else ROUTE_ALIGN_WARPS."""
-    num_warps = num_warps or (ONE_ROW_WARPS if router_logits.shape[0] == 1 else ROUTE_ALIGN_WARPS)
+    """The one-program kernel (callers check fused_fits); renormalised weights; ONE_ROW_WARPS for one row, else
+    ROUTE_ALIGN_WARPS."""
     t = router_logits.shape[0]
+    num_warps = ONE_ROW_WARPS if t == 1 else ROUTE_ALIGN_WARPS
     slots = top_k + int(shared_gate)
     n_pairs = t * slots
     blocks = max_blocks(n_pairs, num_experts + int(shared_gate), block_m)
