@@ -53,6 +53,9 @@
 #                                       # loads ahead of the PDL waits, since removed: `*_prefetch_h100.json`)
 #   bash benchmark/gpu_runs.sh prefetch_ab  # 35B-A3B B=1,32 for A (this tree), B (+ the GEMV's first K step loaded
 #                                       # ahead of the PDL wait), C (+ the GDN decode state too): benchmark/patches/
+#   bash benchmark/gpu_runs.sh one_pass  # the one-launch MoE gate_up + down pass: its GPU tests, the layer sweep at
+#                                       # T=1,2,4,8, then 35B-A3B B=1 with A (two passes, GDN V tile 32), B (one pass),
+#                                       # C (one pass + GDN V tile 16 at batch 1: the tree), MTP k=1 on C
 #   bash benchmark/gpu_runs.sh prefix_cache  # 27B, MTP k=1: TTFT of an 8k shared prefix + 128-token question, cold vs
 #                                       # warm prefix cache and without it; then the prefix-cache GPU-path tests
 #   bash benchmark/gpu_runs.sh prefill16k  # 27B 1x16k prefill (static_inference, the issue-17 figure), then a kernel
@@ -250,6 +253,16 @@ case "${1:-}" in
     patch -p1 < benchmark/patches/gdn_state_ahead_of_wait.patch && ab C
     patch -R -p1 < benchmark/patches/gdn_state_ahead_of_wait.patch
     patch -R -p1 < benchmark/patches/gemv_first_step_ahead_of_wait.patch ;;
+  one_pass)
+    python3 -m pytest -q -m gpu unit_tests/kernels/moe/test_moe_expert_pass.py unit_tests/kernels/gdn/test_gated_delta_rule.py | tail -3
+    python3 benchmark/check_moe_decode_gpu.py --one_pass --rows 1,2,4,8
+    one() { date +%T; bench --model_shape qwen3.5-35b-a3b --batch_sizes 1 --output_len 48 --out "$out/static_qwen3.5-35b-a3b_$1_h100.json"; }
+    patch -p1 < benchmark/patches/one_pass_off.patch && patch -p1 < benchmark/patches/gdn_decode_v32_at_batch_1.patch
+    one two_pass
+    patch -R -p1 < benchmark/patches/one_pass_off.patch && one one_pass
+    patch -R -p1 < benchmark/patches/gdn_decode_v32_at_batch_1.patch && one one_pass_gdn16
+    bench --model_shape qwen3.5-35b-a3b --batch_sizes 1 --output_len 48 --mtp_mode eagle_with_att --mtp_step 1 \
+      --out "$out/static_qwen3.5-35b-a3b_mtp_k1_one_pass_gdn16_h100.json" ;;
   moe_kernels) python3 -m pytest -q -m gpu unit_tests/kernels/moe
     python3 benchmark/check_moe_decode_gpu.py ;;
   moe_prefill) python3 -m pytest -q -m gpu unit_tests/kernels/moe/test_moe_permute.py unit_tests/kernels/moe/test_fused_moe.py
@@ -261,5 +274,5 @@ case "${1:-}" in
       --mtp_mode eagle_with_att --mtp_step 1 --out "$out/profile_35b_a3b_bs32_mtp_k1_moe_kernels.json" ;;
   peer) bench --model_shape qwen3.5-27b --batch_sizes 1,8 --output_len 32 --hf_peer --hf_batch_sizes 1,8 \
       --out "$out/static_qwen3.5-27b_hf_peer_h100.json" ;;
-  *) echo "usage: $0 tests|tests_spec|tests_prefill|prefill16k|35b_prefill|prefill_attention_tiles|train_mtp3_ptd|draft_cost|draft_vocab|adaptive_grid|draft_model_cost|train_drafts|27b|27b_k1|27b_large_batch|35b|35b_k1|moe_kernels|decode_sweep|stop27|stop27_final|prefetch_tests|prefetch|prefetch_ab|gemv|moe_prefill|profile_35b|peer|mixed|serving_27b|serving_35b|serving_tiny|prefix_cache|prefix_serving|prefix_serving_27b|multi_turn_steps|prefix_sync_sites|tp2_27b|pp_one_gpu" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|tests_spec|tests_prefill|prefill16k|35b_prefill|prefill_attention_tiles|train_mtp3_ptd|draft_cost|draft_vocab|adaptive_grid|draft_model_cost|train_drafts|27b|27b_k1|27b_large_batch|35b|35b_k1|moe_kernels|decode_sweep|stop27|stop27_final|prefetch_tests|prefetch|prefetch_ab|one_pass|gemv|moe_prefill|profile_35b|peer|mixed|serving_27b|serving_35b|serving_tiny|prefix_cache|prefix_serving|prefix_serving_27b|multi_turn_steps|prefix_sync_sites|tp2_27b|pp_one_gpu" >&2; exit 2 ;;
 esac
