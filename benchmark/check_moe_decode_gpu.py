@@ -5,14 +5,11 @@ expert reads come from HBM, not L2) at decode rows T = 1..64 and verify rows B *
 (the gate_up / down tiles) and routing + alignment in one
 kernel (route_align's pair bound 64) against route_topk + moe_align (bound 0).
 
-    python benchmark/check_moe_decode_gpu.py [--layers 8] [--rows 1,2,4,7,8,16,32,64,128] [--pdl] [--one_pass]
+    python benchmark/check_moe_decode_gpu.py [--layers 8] [--rows 1,2,4,7,8,16,32,64,128] [--pdl]
 
 --pdl also times the default tiles with programmatic dependent launch off and on, and route_align on 4, 2 and 1
 warps (the sweep above runs with the environment's PDL setting, on by default). The stop-27 logs measured the
 "route_align 4 warps" rows at T=1 with its one-row default of 1 warp (fixed since).
-
---one_pass sweeps the one-launch gate_up + down pass (activation chunk, down's hidden tile, warps, stages, the sum's
-hidden tile) against the two-pass default instead of the two-pass tiles.
 
 Effective bandwidth = bytes of the distinct experts routed (plus the shared expert) / time per layer.
 """
@@ -50,21 +47,6 @@ SWEEP = [
     ExpertPassTiles(num_warps=8, gate_up_block_n=64, down_block_n=128),
     ExpertPassTiles(block_m=32),
 ]
-_ONE = dict(one_pass_max_pairs=1 << 20)
-ONE_PASS_SWEEP = [
-    dataclasses.replace(DECODE_TILES, one_pass_max_pairs=0),
-    ExpertPassTiles(**_ONE),
-    ExpertPassTiles(**_ONE, one_pass_chunk=16),
-    ExpertPassTiles(**_ONE, one_pass_chunk=16, one_pass_block_h=256),
-    ExpertPassTiles(**_ONE, one_pass_chunk=64),
-    ExpertPassTiles(**_ONE, one_pass_block_h=64),
-    ExpertPassTiles(**_ONE, one_pass_block_h=256),
-    ExpertPassTiles(**_ONE, one_pass_warps=8),
-    ExpertPassTiles(**_ONE, one_pass_stages=3),
-    ExpertPassTiles(**_ONE, gate_up_block_k=256, one_pass_stages=3),
-    ExpertPassTiles(**_ONE, sum_block_h=32),
-    ExpertPassTiles(**_ONE, sum_block_h=128),
-]
 
 
 def make_layers(n, dev):
@@ -98,7 +80,6 @@ def main():
     p.add_argument("--layers", type=int, default=8)  # 8 x 1.6 GB of experts: far past L2
     p.add_argument("--rows", default="1,2,4,7,8,16,32,64,128")
     p.add_argument("--pdl", action="store_true")
-    p.add_argument("--one_pass", action="store_true")
     args = p.parse_args()
     dev = "cuda"
     torch.manual_seed(0)
@@ -115,9 +96,7 @@ def main():
         distinct = torch.unique(ids).numel()  # routed + shared
         print(f"T={t}: rel err {err:.1e}, {distinct} distinct experts (incl. shared), "
               f"{distinct * expert_bytes / 1e6:.1f} MB of expert weights per layer")  # fmt: skip
-        sweep = [(t_, FUSED_MAX_PAIRS) for t_ in ONE_PASS_SWEEP] if args.one_pass else \
-            [(t_, FUSED_MAX_PAIRS) for t_ in SWEEP] + [(DECODE_TILES, 0)]
-        for tiles, fused_pairs in sweep:
+        for tiles, fused_pairs in [(t_, FUSED_MAX_PAIRS) for t_ in SWEEP] + [(DECODE_TILES, 0)]:
             r = route_align(F.linear(x, layer["router"]), num_experts=EXPERTS, top_k=TOP_K, shared_gate=True,
                             block_m=tiles.block_m, max_fused_pairs=fused_pairs)  # fmt: skip
             got = expert_pass_triton(x, layer["w_gu"], layer["w_d"], r.weights, r.ids, layer["s_gu"], layer["s_d"],
@@ -125,8 +104,7 @@ def main():
             rel = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
             assert rel < 1e-2, (tiles, fused_pairs, rel)  # every launch shape checked before it is timed
             ms = graph_ms_per_layer(x, layers, tiles, fused_pairs)
-            kernels = (1 if fused_fits(t, TOP_K + 1, EXPERTS, fused_pairs) else 2) + (
-                2 if t * (TOP_K + 1) <= tiles.one_pass_max_pairs else 3)
+            kernels = (1 if fused_fits(t, TOP_K + 1, EXPERTS, fused_pairs) else 2) + 3
             print(f"  fused_pairs={fused_pairs} {tiles}: {ms * 1e3:.1f} us/layer (router GEMM + {kernels} kernels), "
                   f"{distinct * expert_bytes / ms / 1e6:.0f} GB/s", flush=True)  # fmt: skip
         if args.pdl:

@@ -53,9 +53,10 @@
 #                                       # loads ahead of the PDL waits, since removed: `*_prefetch_h100.json`)
 #   bash benchmark/gpu_runs.sh prefetch_ab  # 35B-A3B B=1,32 for A (this tree), B (+ the GEMV's first K step loaded
 #                                       # ahead of the PDL wait), C (+ the GDN decode state too): benchmark/patches/
-#   bash benchmark/gpu_runs.sh one_pass  # the one-launch MoE gate_up + down pass: its GPU tests, the layer sweep at
-#                                       # T=1,2,4,8, then 35B-A3B B=1 with A (two passes, GDN V tile 32), B (one pass),
-#                                       # C (one pass + GDN V tile 16 at batch 1: the tree), MTP k=1 on C
+#   bash benchmark/gpu_runs.sh one_pass  # the one-launch MoE gate_up + down pass (benchmark/patches/moe_one_pass.patch,
+#                                       # measured slower, not in the tree): its GPU tests, the layer sweep at T=1,2,4,8,
+#                                       # then 35B-A3B B=1 with A (two passes, GDN V tile 32), B (one pass), C (one pass
+#                                       # + GDN V tile 16 at batch 1), MTP k=1 on C; the tree restored after
 #   bash benchmark/gpu_runs.sh prefix_cache  # 27B, MTP k=1: TTFT of an 8k shared prefix + 128-token question, cold vs
 #                                       # warm prefix cache and without it; then the prefix-cache GPU-path tests
 #   bash benchmark/gpu_runs.sh prefill16k  # 27B 1x16k prefill (static_inference, the issue-17 figure), then a kernel
@@ -254,6 +255,7 @@ case "${1:-}" in
     patch -R -p1 < benchmark/patches/gdn_state_ahead_of_wait.patch
     patch -R -p1 < benchmark/patches/gemv_first_step_ahead_of_wait.patch ;;
   one_pass)
+    patch -p1 < benchmark/patches/moe_one_pass.patch
     python3 -m pytest -q -m gpu unit_tests/kernels/moe/test_moe_expert_pass.py unit_tests/kernels/gdn/test_gated_delta_rule.py | tail -3
     python3 benchmark/check_moe_decode_gpu.py --one_pass --rows 1,2,4,8
     one() { date +%T; bench --model_shape qwen3.5-35b-a3b --batch_sizes 1 --output_len 48 --out "$out/static_qwen3.5-35b-a3b_$1_h100.json"; }
@@ -262,7 +264,8 @@ case "${1:-}" in
     patch -R -p1 < benchmark/patches/one_pass_off.patch && one one_pass
     patch -R -p1 < benchmark/patches/gdn_decode_v32_at_batch_1.patch && one one_pass_gdn16
     bench --model_shape qwen3.5-35b-a3b --batch_sizes 1 --output_len 48 --mtp_mode eagle_with_att --mtp_step 1 \
-      --out "$out/static_qwen3.5-35b-a3b_mtp_k1_one_pass_gdn16_h100.json" ;;
+      --out "$out/static_qwen3.5-35b-a3b_mtp_k1_one_pass_gdn16_h100.json"
+    patch -R -p1 < benchmark/patches/moe_one_pass.patch ;;
   moe_kernels) python3 -m pytest -q -m gpu unit_tests/kernels/moe
     python3 benchmark/check_moe_decode_gpu.py ;;
   moe_prefill) python3 -m pytest -q -m gpu unit_tests/kernels/moe/test_moe_permute.py unit_tests/kernels/moe/test_fused_moe.py

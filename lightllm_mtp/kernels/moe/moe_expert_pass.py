@@ -4,10 +4,7 @@ BLOCK_M rows reads its expert's gate_up and down weights once.
 Launches after the alignment: gate_up GEMM with SwiGLU in its epilogue (one activation row per (token, slot) pair),
 a down GEMM writing each pair's weighted row in fp32, and a per-token sum over the slots (a down kernel with the sum
 folded in, one program per column tile looping over the experts, was slower at every T on the H100: NOTES stop 26).
-Up to `one_pass_max_pairs` pairs (the smallest steps) gate_up and down run in one launch instead: a program makes
-its CHUNK activation columns and multiplies them by the matching CHUNK columns of down, writing a partial row per
-(pair, chunk) that the sum adds up with the slots. No atomics: bitwise repeatable, and a row's result does not
-depend on the other rows of the step. An optional shared
+No atomics: bitwise repeatable, and a row's result does not depend on the other rows of the step. An optional shared
 expert is the extra expert id E (weights in their own tensors, its own intermediate size), selected by slot k of
 the routing (route_topk / route_align with shared_gate)."""
 
@@ -38,13 +35,6 @@ class ExpertPassTiles:
     num_warps: int = 4
     gate_up_stages: int = 4
     down_stages: int = 3
-    # the one-launch gate_up + down pass (0 pairs: never): activation columns per program, down's hidden tile
-    one_pass_max_pairs: int = 9
-    one_pass_chunk: int = 32
-    one_pass_block_h: int = 128
-    one_pass_warps: int = 4
-    one_pass_stages: int = 4
-    sum_block_h: int = 64
 
 
 DECODE_TILES = ExpertPassTiles()
@@ -114,28 +104,6 @@ def expert_pass_triton(
     dot_precision = "ieee" if x.dtype == torch.float32 else "tf32"
     pdl_kw = pdl_args(x)
 
-    if n_pairs <= tiles.one_pass_max_pairs:
-        rows, rows_per_token = _one_pass(x, w_gate_up, w_down, shared_gate_up, shared_down, sorted_pairs,
-                                         block_expert, weights, slots, inter_max, tiles, dot_precision, pdl_kw)
-        sum_block_h = tiles.sum_block_h
-    else:
-        rows, rows_per_token = _two_passes(x, w_gate_up, w_down, shared_gate_up, shared_down, sorted_pairs,
-                                           block_expert, weights, slots, inter_max, tiles, dot_precision, pdl_kw)
-        sum_block_h = _SUM_BLOCK_H
-    out = torch.empty(t, hidden, dtype=x.dtype, device=x.device)
-    block_s = min(triton.next_power_of_2(rows_per_token), max(16, 4096 // sum_block_h))
-    _sum_slots_kernel[(t, triton.cdiv(hidden, sum_block_h))](
-        rows, out, hidden, out.stride(0), ROWS=rows_per_token, BLOCK_S=block_s, BLOCK_H=sum_block_h, **pdl_kw,
-    )  # fmt: skip
-    return out
-
-
-def _two_passes(x, w_gate_up, w_down, shared_gate_up, shared_down, sorted_pairs, block_expert, weights, slots,
-                inter_max, tiles, dot_precision, pdl_kw):
-    # gate_up + SwiGLU into act, then down: one weighted fp32 row per pair
-    n_pairs, hidden = weights.numel(), x.shape[1]
-    num_experts, inter, inter_shared = w_gate_up.shape[0], w_down.shape[2], shared_down.shape[1]
-    blocks = block_expert.numel()
     act = torch.empty(n_pairs, inter_max, dtype=x.dtype, device=x.device)
     _gate_up_act_kernel[(blocks, triton.cdiv(inter_max, tiles.gate_up_block_n))](
         x, w_gate_up, shared_gate_up, sorted_pairs, block_expert, act,
@@ -152,26 +120,12 @@ def _two_passes(x, w_gate_up, w_down, shared_gate_up, shared_down, sorted_pairs,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.down_block_n, BLOCK_K=tiles.down_block_k,
         DOT_PRECISION=dot_precision, num_warps=tiles.num_warps, num_stages=tiles.down_stages, **pdl_kw,
     )  # fmt: skip
-    return rows, slots
-
-
-def _one_pass(x, w_gate_up, w_down, shared_gate_up, shared_down, sorted_pairs, block_expert, weights, slots,
-              inter_max, tiles, dot_precision, pdl_kw):
-    # gate_up + SwiGLU + down in one launch: a weighted fp32 partial row per (pair, activation chunk), pair-major
-    n_pairs, hidden = weights.numel(), x.shape[1]
-    num_experts, inter, inter_shared = w_gate_up.shape[0], w_down.shape[2], shared_down.shape[1]
-    chunks = triton.cdiv(inter_max, tiles.one_pass_chunk)
-    rows = torch.empty(n_pairs * chunks, hidden, dtype=torch.float32, device=x.device)
-    _gate_up_down_kernel[(block_expert.numel(), chunks)](
-        x, w_gate_up, shared_gate_up, w_down, shared_down, sorted_pairs, block_expert, weights, rows,
-        n_pairs, hidden, inter, inter_shared, num_experts, chunks,
-        x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), shared_gate_up.stride(0),
-        w_down.stride(0), w_down.stride(1), shared_down.stride(0),
-        SLOTS=slots, BLOCK_M=tiles.block_m, CHUNK=tiles.one_pass_chunk, BLOCK_K=tiles.gate_up_block_k,
-        BLOCK_H=tiles.one_pass_block_h, DOT_PRECISION=dot_precision, num_warps=tiles.one_pass_warps,
-        num_stages=tiles.one_pass_stages, **pdl_kw,
+    out = torch.empty(t, hidden, dtype=x.dtype, device=x.device)
+    _sum_slots_kernel[(t, triton.cdiv(hidden, _SUM_BLOCK_H))](
+        rows, out, hidden, out.stride(0), SLOTS=slots, BLOCK_S=triton.next_power_of_2(slots), BLOCK_H=_SUM_BLOCK_H,
+        **pdl_kw,
     )  # fmt: skip
-    return rows, slots * chunks
+    return out
 
 
 
@@ -188,26 +142,6 @@ if triton_available():
         shared = expert == E
         w_base = tl.where(shared, shared_w_ptr, w_ptr + expert.to(tl.int64) * stride_we)
         return w_base, tl.where(shared, stride_shared_wn, stride_wn), tl.where(shared, INTER_SHARED, INTER)
-
-    @triton.jit
-    def _swiglu_tile(x_ptr, w_base, token, valid, offs_n, n_mask, inter, stride_n, H, stride_x,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     DOT_PRECISION: tl.constexpr):  # fmt: skip
-        # silu(x_tok . gate[n]) * (x_tok . up[n]) for the tile's rows and columns offs_n, fp32 [BLOCK_M, BLOCK_N]
-        offs_k = tl.arange(0, BLOCK_K)
-        x_ptrs = x_ptr + token[:, None] * stride_x + offs_k[None, :]
-        gate_ptrs = w_base + offs_n[None, :].to(tl.int64) * stride_n + offs_k[:, None]
-        up_ptrs = gate_ptrs + inter * stride_n
-        acc_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, H, BLOCK_K):
-            k_mask = offs_k + k0 < H
-            xa = tl.load(x_ptrs + k0, mask=valid[:, None] & k_mask[None, :], other=0.0)
-            w_mask = k_mask[:, None] & n_mask[None, :]
-            acc_gate = tl.dot(xa, tl.load(gate_ptrs + k0, mask=w_mask, other=0.0), acc_gate,
-                              input_precision=DOT_PRECISION)  # fmt: skip
-            acc_up = tl.dot(xa, tl.load(up_ptrs + k0, mask=w_mask, other=0.0), acc_up, input_precision=DOT_PRECISION)
-        return acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up
 
     @triton.jit
     def _gate_up_act_kernel(
@@ -234,8 +168,20 @@ if triton_available():
         token = tl.where(valid, pair // SLOTS, 0).to(tl.int64)
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < inter
-        act = _swiglu_tile(x_ptr, w_base, token, valid, offs_n, n_mask, inter, stride_n, H, stride_x, BLOCK_M,
-                           BLOCK_N, BLOCK_K, DOT_PRECISION)  # fmt: skip
+        offs_k = tl.arange(0, BLOCK_K)
+        x_ptrs = x_ptr + token[:, None] * stride_x + offs_k[None, :]
+        gate_ptrs = w_base + offs_n[None, :].to(tl.int64) * stride_n + offs_k[:, None]
+        up_ptrs = gate_ptrs + inter * stride_n
+        acc_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            k_mask = offs_k + k0 < H
+            xa = tl.load(x_ptrs + k0, mask=valid[:, None] & k_mask[None, :], other=0.0)
+            w_mask = k_mask[:, None] & n_mask[None, :]
+            acc_gate = tl.dot(xa, tl.load(gate_ptrs + k0, mask=w_mask, other=0.0), acc_gate,
+                              input_precision=DOT_PRECISION)  # fmt: skip
+            acc_up = tl.dot(xa, tl.load(up_ptrs + k0, mask=w_mask, other=0.0), acc_up, input_precision=DOT_PRECISION)
+        act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up
         out_ptrs = act_ptr + tl.where(valid, pair, 0)[:, None].to(tl.int64) * stride_act + offs_n[None, :]
         tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=valid[:, None] & n_mask[None, :])
 
@@ -276,54 +222,14 @@ if triton_available():
         tl.store(out_ptrs, acc, mask=valid[:, None] & n_mask[None, :])
 
     @triton.jit
-    def _gate_up_down_kernel(
-        x_ptr, w_gu_ptr, shared_gu_ptr, w_d_ptr, shared_d_ptr, sorted_ptr, block_expert_ptr, weights_ptr, rows_ptr,
-        P, H, INTER, INTER_SHARED, E, CHUNKS,
-        stride_x, stride_gu_e, stride_gu_n, stride_shared_gu_n, stride_d_e, stride_d_n, stride_shared_d_n,
-        SLOTS: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, BLOCK_K: tl.constexpr,
-        BLOCK_H: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
-    ):  # fmt: skip
-        # rows[pair * CHUNKS + c, :] = weight[pair] * down_e[:, chunk c] . act[pair, chunk c] for the BLOCK_M pairs
-        # of block b (expert e); a chunk past e's intermediate size writes zeros
-        pdl_wait(PDL)
-        b = tl.program_id(0)
-        c = tl.program_id(1)
-        expert = tl.load(block_expert_ptr + b)
-        if expert < 0:
-            return
-        gu_base, gu_stride_n, inter = _expert_weights(expert, w_gu_ptr, shared_gu_ptr, E, INTER, INTER_SHARED,
-                                                      stride_gu_e, stride_gu_n, stride_shared_gu_n)  # fmt: skip
-        d_base, d_stride_n, _ = _expert_weights(expert, w_d_ptr, shared_d_ptr, E, INTER, INTER_SHARED, stride_d_e,
-                                                stride_d_n, stride_shared_d_n)  # fmt: skip
-        offs_m = tl.arange(0, BLOCK_M)
-        pair = tl.load(sorted_ptr + b * BLOCK_M + offs_m)
-        valid = pair < P
-        token = tl.where(valid, pair // SLOTS, 0).to(tl.int64)
-        offs_n = c * CHUNK + tl.arange(0, CHUNK)
-        n_mask = offs_n < inter
-        act = _swiglu_tile(x_ptr, gu_base, token, valid, offs_n, n_mask, inter, gu_stride_n, H, stride_x, BLOCK_M,
-                           CHUNK, BLOCK_K, DOT_PRECISION).to(x_ptr.dtype.element_ty)  # fmt: skip
-        weight = tl.load(weights_ptr + pair, mask=valid, other=0.0).to(tl.float32)
-        offs_h = tl.arange(0, BLOCK_H)
-        d_ptrs = d_base + offs_h[None, :].to(tl.int64) * d_stride_n + offs_n[:, None]
-        out_ptrs = rows_ptr + (tl.where(valid, pair, 0).to(tl.int64) * CHUNKS + c)[:, None] * H + offs_h[None, :]
-        for h0 in range(0, H, BLOCK_H):
-            h_mask = offs_h + h0 < H
-            w = tl.load(d_ptrs + h0 * d_stride_n, mask=n_mask[:, None] & h_mask[None, :], other=0.0)
-            part = tl.dot(act, w, input_precision=DOT_PRECISION) * weight[:, None]
-            tl.store(out_ptrs + h0, part, mask=valid[:, None] & h_mask[None, :])
-
-    @triton.jit
-    def _sum_slots_kernel(rows_ptr, out_ptr, H, stride_out, ROWS: tl.constexpr, BLOCK_S: tl.constexpr,
+    def _sum_slots_kernel(rows_ptr, out_ptr, H, stride_out, SLOTS: tl.constexpr, BLOCK_S: tl.constexpr,
                           BLOCK_H: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
         pdl_wait(PDL)
-        # out[t, :] = sum of the token's ROWS rows (contiguous, fp32), in a fixed order
+        # out[t, :] = sum over the token's SLOTS rows (contiguous, fp32), in a fixed order
         t = tl.program_id(0).to(tl.int64)
         offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
         offs_s = tl.arange(0, BLOCK_S)
-        acc = tl.zeros([BLOCK_H], dtype=tl.float32)
-        for s0 in tl.static_range(0, ROWS, BLOCK_S):
-            mask = (offs_s[:, None] + s0 < ROWS) & (offs_h[None, :] < H)
-            vals = tl.load(rows_ptr + (t * ROWS + s0 + offs_s)[:, None] * H + offs_h[None, :], mask=mask, other=0.0)
-            acc += tl.sum(vals, axis=0)
-        tl.store(out_ptr + t * stride_out + offs_h, acc.to(out_ptr.dtype.element_ty), mask=offs_h < H)
+        mask = (offs_s[:, None] < SLOTS) & (offs_h[None, :] < H)
+        vals = tl.load(rows_ptr + (t * SLOTS + offs_s)[:, None] * H + offs_h[None, :], mask=mask, other=0.0)
+        tl.store(out_ptr + t * stride_out + offs_h, tl.sum(vals, axis=0).to(out_ptr.dtype.element_ty),
+                 mask=offs_h < H)  # fmt: skip
