@@ -57,6 +57,9 @@
 #                                       # measured slower, not in the tree): its GPU tests, the layer sweep at T=1,2,4,8,
 #                                       # then 35B-A3B B=1 with A (two passes, GDN V tile 32), B (one pass), C (one pass
 #                                       # + GDN V tile 16 at batch 1), MTP k=1 on C; the tree restored after
+#   bash benchmark/gpu_runs.sh one_token  # the B=1 MoE layer with the routing in the gate_up kernel: MoE + GDN kernel
+#                                       # GPU tests, the layer at T=1,2, 35B-A3B B=1 with route_align (patched) vs the
+#                                       # tree, then the tree's 35B figures (B=1,32, MTP k=1) and its B=1 profile
 #   bash benchmark/gpu_runs.sh prefix_cache  # 27B, MTP k=1: TTFT of an 8k shared prefix + 128-token question, cold vs
 #                                       # warm prefix cache and without it; then the prefix-cache GPU-path tests
 #   bash benchmark/gpu_runs.sh prefill16k  # 27B 1x16k prefill (static_inference, the issue-17 figure), then a kernel
@@ -266,6 +269,17 @@ case "${1:-}" in
     bench --model_shape qwen3.5-35b-a3b --batch_sizes 1 --output_len 48 --mtp_mode eagle_with_att --mtp_step 1 \
       --out "$out/static_qwen3.5-35b-a3b_mtp_k1_one_pass_gdn16_h100.json"
     patch -R -p1 < benchmark/patches/moe_one_pass.patch ;;
+  one_token)
+    python3 -m pytest -q -m gpu unit_tests/kernels/moe unit_tests/kernels/gdn | tail -3
+    python3 benchmark/check_moe_decode_gpu.py --rows 1,2
+    patch -p1 < benchmark/patches/one_token_off.patch
+    bench --model_shape qwen3.5-35b-a3b --batch_sizes 1 --output_len 48 --out "$out/static_qwen3.5-35b-a3b_route_align_h100.json"
+    patch -R -p1 < benchmark/patches/one_token_off.patch
+    bench --model_shape qwen3.5-35b-a3b --batch_sizes 1,32 --output_len 48 --plot --out "$out/static_qwen3.5-35b-a3b_h100.json"
+    bench --model_shape qwen3.5-35b-a3b --batch_sizes 1,32 --output_len 48 --mtp_mode eagle_with_att --mtp_step 1 \
+      --out "$out/static_qwen3.5-35b-a3b_mtp_k1_h100.json"
+    python3 benchmark/profile_step.py --model_shape qwen3.5-35b-a3b --batch_size 1 --steps 6 --top 25 \
+      --out "$out/profile_35b_a3b_bs1_moe_kernels.json" ;;
   moe_kernels) python3 -m pytest -q -m gpu unit_tests/kernels/moe
     python3 benchmark/check_moe_decode_gpu.py ;;
   moe_prefill) python3 -m pytest -q -m gpu unit_tests/kernels/moe/test_moe_permute.py unit_tests/kernels/moe/test_fused_moe.py
@@ -277,5 +291,5 @@ case "${1:-}" in
       --mtp_mode eagle_with_att --mtp_step 1 --out "$out/profile_35b_a3b_bs32_mtp_k1_moe_kernels.json" ;;
   peer) bench --model_shape qwen3.5-27b --batch_sizes 1,8 --output_len 32 --hf_peer --hf_batch_sizes 1,8 \
       --out "$out/static_qwen3.5-27b_hf_peer_h100.json" ;;
-  *) echo "usage: $0 tests|tests_spec|tests_prefill|prefill16k|35b_prefill|prefill_attention_tiles|train_mtp3_ptd|draft_cost|draft_vocab|adaptive_grid|draft_model_cost|train_drafts|27b|27b_k1|27b_large_batch|35b|35b_k1|moe_kernels|decode_sweep|stop27|stop27_final|prefetch_tests|prefetch|prefetch_ab|one_pass|gemv|moe_prefill|profile_35b|peer|mixed|serving_27b|serving_35b|serving_tiny|prefix_cache|prefix_serving|prefix_serving_27b|multi_turn_steps|prefix_sync_sites|tp2_27b|pp_one_gpu" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|tests_spec|tests_prefill|prefill16k|35b_prefill|prefill_attention_tiles|train_mtp3_ptd|draft_cost|draft_vocab|adaptive_grid|draft_model_cost|train_drafts|27b|27b_k1|27b_large_batch|35b|35b_k1|moe_kernels|decode_sweep|stop27|stop27_final|prefetch_tests|prefetch|prefetch_ab|one_pass|one_token|gemv|moe_prefill|profile_35b|peer|mixed|serving_27b|serving_35b|serving_tiny|prefix_cache|prefix_serving|prefix_serving_27b|multi_turn_steps|prefix_sync_sites|tp2_27b|pp_one_gpu" >&2; exit 2 ;;
 esac
