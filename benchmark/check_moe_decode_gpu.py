@@ -2,8 +2,8 @@
 shared expert I 512, bf16, random routing): the layer's path (router+gate GEMM, route_align, the expert-major pass)
 against the per-expert reference, and its time per layer inside a CUDA graph (8 layers of weights by default, so
 expert reads come from HBM, not L2) at decode rows T = 1..64 and verify rows B * (k+1); sweeps the pass's tiles
-(the gate_up / down tiles), at T=1 the one-token path (routing inside the gate_up kernel), and routing + alignment
-in one kernel (route_align's pair bound 64) against route_topk + moe_align (bound 0).
+(the gate_up / down tiles) and routing + alignment in one
+kernel (route_align's pair bound 64) against route_topk + moe_align (bound 0).
 
     python benchmark/check_moe_decode_gpu.py [--layers 8] [--rows 1,2,4,7,8,16,32,64,128] [--pdl]
 
@@ -28,7 +28,7 @@ import dataclasses
 from benchmark.timing import graph_replay_ms
 from lightllm_mtp import env
 from lightllm_mtp.kernels.moe import moe_route_align
-from lightllm_mtp.kernels.moe.fused_moe import fused_moe_shared, fused_moe_shared_one_token
+from lightllm_mtp.kernels.moe.fused_moe import fused_moe_shared
 from lightllm_mtp.kernels.moe.moe_expert_pass import (
     DECODE_TILES,
     ExpertPassTiles,
@@ -70,12 +70,6 @@ def moe_layer(x, layer, tiles, fused_pairs):
                               alignment=(r.sorted_pairs, r.block_expert))  # fmt: skip
 
 
-def one_token_layer(x, layer):
-    # T=1: the gate_up kernel routes (moe_one_token), no route_align launch
-    return fused_moe_shared_one_token(x, F.linear(x, layer["router"]), layer["w_gu"], layer["w_d"], layer["s_gu"],
-                                      layer["s_d"], num_experts=EXPERTS, top_k=TOP_K)  # fmt: skip
-
-
 def graph_ms_per_layer(x, layers, tiles, fused_pairs=FUSED_MAX_PAIRS, iters=10):
     # the layers in sequence on one stream, each on the same input (its own router: its own experts)
     return graph_replay_ms(lambda: [moe_layer(x, layer, tiles, fused_pairs) for layer in layers], iters) / len(layers)
@@ -113,12 +107,6 @@ def main():
             kernels = (1 if fused_fits(t, TOP_K + 1, EXPERTS, fused_pairs) else 2) + 3
             print(f"  fused_pairs={fused_pairs} {tiles}: {ms * 1e3:.1f} us/layer (router GEMM + {kernels} kernels), "
                   f"{distinct * expert_bytes / ms / 1e6:.0f} GB/s", flush=True)  # fmt: skip
-        if t == 1:
-            got = one_token_layer(x, layer)
-            assert torch.equal(got, moe_layer(x, layer, DECODE_TILES, FUSED_MAX_PAIRS)), "one-token path differs"
-            ms = graph_replay_ms(lambda: [one_token_layer(x, layer_) for layer_ in layers], 10) / len(layers)
-            print(f"  one-token path (routing in the gate_up kernel): {ms * 1e3:.1f} us/layer (router GEMM + 3 "
-                  f"kernels), {distinct * expert_bytes / ms / 1e6:.0f} GB/s", flush=True)  # fmt: skip
         if args.pdl:
             tiles = DECODE_TILES
             saved = env.ENV, moe_route_align.ROUTE_ALIGN_WARPS, moe_route_align.ONE_ROW_WARPS

@@ -57,9 +57,10 @@
 #                                       # measured slower, not in the tree): its GPU tests, the layer sweep at T=1,2,4,8,
 #                                       # then 35B-A3B B=1 with A (two passes, GDN V tile 32), B (one pass), C (one pass
 #                                       # + GDN V tile 16 at batch 1), MTP k=1 on C; the tree restored after
-#   bash benchmark/gpu_runs.sh one_token  # the B=1 MoE layer with the routing in the gate_up kernel: MoE + GDN kernel
-#                                       # GPU tests, the layer at T=1,2, 35B-A3B B=1 with route_align (patched) vs the
-#                                       # tree, then the tree's 35B figures (B=1,32, MTP k=1) and its B=1 profile
+#   bash benchmark/gpu_runs.sh one_token  # the B=1 MoE layer with the routing in the gate_up kernel
+#                                       # (benchmark/patches/moe_one_token.patch, measured slower, not in the tree): MoE +
+#                                       # GDN kernel GPU tests, the layer at T=1,2, 35B-A3B B=1 with route_align vs the
+#                                       # one-token path, its B=1,32 and MTP k=1 figures and B=1 profile; tree restored
 #   bash benchmark/gpu_runs.sh prefix_cache  # 27B, MTP k=1: TTFT of an 8k shared prefix + 128-token question, cold vs
 #                                       # warm prefix cache and without it; then the prefix-cache GPU-path tests
 #   bash benchmark/gpu_runs.sh prefill16k  # 27B 1x16k prefill (static_inference, the issue-17 figure), then a kernel
@@ -270,16 +271,18 @@ case "${1:-}" in
       --out "$out/static_qwen3.5-35b-a3b_mtp_k1_one_pass_gdn16_h100.json"
     patch -R -p1 < benchmark/patches/moe_one_pass.patch ;;
   one_token)
+    patch -p1 < benchmark/patches/moe_one_token.patch
     python3 -m pytest -q -m gpu unit_tests/kernels/moe unit_tests/kernels/gdn | tail -3
     python3 benchmark/check_moe_decode_gpu.py --rows 1,2
     patch -p1 < benchmark/patches/one_token_off.patch
     bench --model_shape qwen3.5-35b-a3b --batch_sizes 1 --output_len 48 --out "$out/static_qwen3.5-35b-a3b_route_align_h100.json"
     patch -R -p1 < benchmark/patches/one_token_off.patch
-    bench --model_shape qwen3.5-35b-a3b --batch_sizes 1,32 --output_len 48 --plot --out "$out/static_qwen3.5-35b-a3b_h100.json"
+    bench --model_shape qwen3.5-35b-a3b --batch_sizes 1,32 --output_len 48 --out "$out/static_qwen3.5-35b-a3b_one_token_h100.json"
     bench --model_shape qwen3.5-35b-a3b --batch_sizes 1,32 --output_len 48 --mtp_mode eagle_with_att --mtp_step 1 \
-      --out "$out/static_qwen3.5-35b-a3b_mtp_k1_h100.json"
+      --out "$out/static_qwen3.5-35b-a3b_mtp_k1_one_token_h100.json"
     python3 benchmark/profile_step.py --model_shape qwen3.5-35b-a3b --batch_size 1 --steps 6 --top 25 \
-      --out "$out/profile_35b_a3b_bs1_moe_kernels.json" ;;
+      --out "$out/profile_35b_a3b_bs1_one_token.json"
+    patch -R -p1 < benchmark/patches/moe_one_token.patch ;;
   moe_kernels) python3 -m pytest -q -m gpu unit_tests/kernels/moe
     python3 benchmark/check_moe_decode_gpu.py ;;
   moe_prefill) python3 -m pytest -q -m gpu unit_tests/kernels/moe/test_moe_permute.py unit_tests/kernels/moe/test_fused_moe.py

@@ -9,12 +9,7 @@ from lightllm_mtp.common.layers.mlp import GatedMLP, mlp_specs
 from lightllm_mtp.common.tensor_spec import TensorSpec, TpShard
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.kernels.linear.gemv import linear
-from lightllm_mtp.kernels.moe.fused_moe import (
-    fused_moe,
-    fused_moe_shared,
-    fused_moe_shared_fits,
-    fused_moe_shared_one_token,
-)  # fmt: skip
+from lightllm_mtp.kernels.moe.fused_moe import fused_moe, fused_moe_shared, fused_moe_shared_fits
 from lightllm_mtp.kernels.moe.moe_expert_pass import DECODE_TILES
 from lightllm_mtp.kernels.moe.moe_route_align import route_align
 from lightllm_mtp.kernels.moe.moe_routing import select_experts, stack_router
@@ -26,7 +21,7 @@ class SparseMoE(Layer):
     One projection gives the router logits and the shared gate logit (rows stacked at load; a few-row GEMV at T <=
     4 on CUDA). Decode / verify sizes on CUDA: routing + expert alignment (one kernel for small steps), then one
     expert-major pass over the routed experts and the shared expert (slot k): gate_up, down, slot sum; 5 launches
-    per layer at T * (k+1) <= 64, 4 at T = 1 (the gate_up kernel routes).
+    per layer at T * (k+1) <= 64.
     Prefill sizes and CPU: top-k routing, the grouped-GEMM (or reference) routed experts, the shared MLP."""
 
     def __init__(self, cfg: ModelConfig, prefix: str, weights: Weights):
@@ -62,9 +57,6 @@ class SparseMoE(Layer):
         logits = linear(x, self.router_and_gate)  # [T, E + 1 + pad]
         e = self.num_experts
         if fused_moe_shared_fits(x, self.top_k):
-            if x.shape[0] == 1:  # B=1 decode: the gate_up kernel routes (no routing launch)
-                return fused_moe_shared_one_token(x, logits, self.w_gate_up, self.w_down, self.shared.gate_up,
-                                                  self.shared.down, num_experts=e, top_k=self.top_k)  # fmt: skip
             r = route_align(logits, num_experts=e, top_k=self.top_k, shared_gate=True, block_m=DECODE_TILES.block_m)
             return fused_moe_shared(x, self.w_gate_up, self.w_down, self.shared.gate_up, self.shared.down, r.weights,
                                     r.ids, alignment=(r.sorted_pairs, r.block_expert))  # fmt: skip

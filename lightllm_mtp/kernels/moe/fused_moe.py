@@ -10,14 +10,11 @@ import torch.nn.functional as F
 from lightllm_mtp.kernels._validate import check_device, check_float, check_index, check_same_dtype, check_shape
 from lightllm_mtp.kernels.activation.silu_and_mul import silu_and_mul
 from lightllm_mtp.kernels.moe.moe_expert_pass import expert_pass_ref, expert_pass_triton
-from lightllm_mtp.kernels.moe.moe_one_token import one_token_moe_triton
 from lightllm_mtp.kernels.moe.moe_permute import moe_permute, moe_unpermute, sort_by_expert
-from lightllm_mtp.kernels.moe.moe_routing import route_topk_ref
 from lightllm_mtp.kernels.triton_utils import use_triton
 
 _OP = "fused_moe"
 _SHARED_OP = "fused_moe_shared"
-_ONE_TOKEN_OP = "fused_moe_shared_one_token"
 # Up to this many routed (token, expert) rows the expert-major Triton pass runs (each expert's weights read once
 # per 16-row tile, no host sync: CUDA-graph safe); above, the grouped GEMM (prefill sizes).
 EXPERT_PASS_MAX_ROWS = 1024
@@ -80,7 +77,13 @@ def fused_moe_shared(
     this path. `alignment`: route_align's (sorted_pairs, block_expert) for these ids at DECODE_TILES.block_m, which
     saves the pass its own moe_align launch (device data, not checked)."""
     _check_moe_args(_SHARED_OP, x, w_gate_up, w_down, topk_weights, topk_ids)
-    _check_shared(_SHARED_OP, x, shared_gate_up, shared_down)
+    check_shape(_SHARED_OP, "shared_gate_up", shared_gate_up, (None, x.shape[1]), "[2I_s, H]")
+    if shared_gate_up.shape[0] % 2:
+        raise ValueError(f"{_SHARED_OP}: shared_gate_up must be [2I_s, H] with an even dim 0, got "
+                         f"{list(shared_gate_up.shape)}")  # fmt: skip
+    check_shape(_SHARED_OP, "shared_down", shared_down, (x.shape[1], shared_gate_up.shape[0] // 2), "[H, I_s]")
+    check_same_dtype(_SHARED_OP, "x", x, shared_gate_up=shared_gate_up, shared_down=shared_down)
+    check_device(_SHARED_OP, x=x, shared_gate_up=shared_gate_up, shared_down=shared_down)
     if topk_ids.shape[1] < 2:
         raise ValueError(f"{_SHARED_OP}: topk_ids must hold k routed slots and the shared slot, got "
                          f"{list(topk_ids.shape)}")  # fmt: skip
@@ -92,54 +95,12 @@ def fused_moe_shared(
     return expert_pass_ref(x, w_gate_up, w_down, topk_weights, topk_ids, shared_gate_up, shared_down)
 
 
-def fused_moe_shared_one_token(
-    x: torch.Tensor,
-    router_logits: torch.Tensor,
-    w_gate_up: torch.Tensor,
-    w_down: torch.Tensor,
-    shared_gate_up: torch.Tensor,
-    shared_down: torch.Tensor,
-    *,
-    num_experts: int,
-    top_k: int,
-) -> torch.Tensor:
-    """One token's routing (renormalised softmax top-k, the shared gate's sigmoid: route_topk(shared_gate=True))
-    and fused_moe_shared in one call: x [1, H], router_logits [1, >= E + 1] (column E the shared gate's logit). On
-    CUDA the gate_up kernel routes (moe_one_token: no routing launch); elsewhere the reference."""
-    check_shape(_ONE_TOKEN_OP, "x", x, (1, None), "[1, H]")
-    check_shape(_ONE_TOKEN_OP, "router_logits", router_logits, (1, None), "[1, >= E + 1]")
-    check_float(_ONE_TOKEN_OP, "router_logits", router_logits)
-    if router_logits.shape[1] < num_experts + 1 or w_gate_up.shape[0] != num_experts or not 1 <= top_k <= num_experts:
-        raise ValueError(f"{_ONE_TOKEN_OP}: needs {num_experts} expert weights, top_k in [1, {num_experts}] and "
-                         f"num_experts + 1 logit columns, got w_gate_up {list(w_gate_up.shape)}, top_k={top_k}, "
-                         f"logits {list(router_logits.shape)}")  # fmt: skip
-    check_device(_ONE_TOKEN_OP, x=x, router_logits=router_logits)
-    if not use_triton(x):
-        weights, ids = route_topk_ref(router_logits, num_experts=num_experts, top_k=top_k, shared_gate=True)
-        return fused_moe_shared(x, w_gate_up, w_down, shared_gate_up, shared_down, weights, ids)
-    _check_moe_weights(_ONE_TOKEN_OP, x, w_gate_up, w_down)
-    _check_shared(_ONE_TOKEN_OP, x, shared_gate_up, shared_down)
-    _check_unit_stride(_ONE_TOKEN_OP, w_gate_up=w_gate_up, w_down=w_down, shared_gate_up=shared_gate_up,
-                       shared_down=shared_down)  # fmt: skip
-    return one_token_moe_triton(_rows_unit_stride(x), router_logits, w_gate_up, w_down, shared_gate_up, shared_down,
-                                num_experts=num_experts, top_k=top_k)  # fmt: skip
-
-
 def fused_moe_shared_fits(x: torch.Tensor, top_k: int) -> bool:
     """Whether fused_moe_shared runs the Triton pass for x (CUDA, decode / verify sizes)."""
     return use_triton(x) and x.shape[0] * top_k <= EXPERT_PASS_MAX_ROWS
 
 
 def _check_moe_args(op, x, w_gate_up, w_down, topk_weights, topk_ids) -> None:
-    _check_moe_weights(op, x, w_gate_up, w_down)
-    check_shape(op, "topk_ids", topk_ids, (x.shape[0], None), "[T, k]")
-    check_index(op, "topk_ids", topk_ids)
-    check_shape(op, "topk_weights", topk_weights, tuple(topk_ids.shape), "[T, k]")
-    check_float(op, "topk_weights", topk_weights)
-    check_device(op, x=x, w_gate_up=w_gate_up, w_down=w_down, topk_weights=topk_weights, topk_ids=topk_ids)
-
-
-def _check_moe_weights(op, x, w_gate_up, w_down) -> None:
     check_shape(op, "x", x, (None, None), "[T, H]")
     check_float(op, "x", x)
     check_shape(op, "w_gate_up", w_gate_up, (None, None, x.shape[1]), "[E, 2I, H]")
@@ -148,17 +109,11 @@ def _check_moe_weights(op, x, w_gate_up, w_down) -> None:
     e, inter = w_gate_up.shape[0], w_gate_up.shape[1] // 2
     check_shape(op, "w_down", w_down, (e, x.shape[1], inter), "[E, H, I]")
     check_same_dtype(op, "x", x, w_gate_up=w_gate_up, w_down=w_down)
-    check_device(op, x=x, w_gate_up=w_gate_up, w_down=w_down)
-
-
-def _check_shared(op, x, shared_gate_up, shared_down) -> None:
-    check_shape(op, "shared_gate_up", shared_gate_up, (None, x.shape[1]), "[2I_s, H]")
-    if shared_gate_up.shape[0] % 2:
-        raise ValueError(f"{op}: shared_gate_up must be [2I_s, H] with an even dim 0, got "
-                         f"{list(shared_gate_up.shape)}")  # fmt: skip
-    check_shape(op, "shared_down", shared_down, (x.shape[1], shared_gate_up.shape[0] // 2), "[H, I_s]")
-    check_same_dtype(op, "x", x, shared_gate_up=shared_gate_up, shared_down=shared_down)
-    check_device(op, x=x, shared_gate_up=shared_gate_up, shared_down=shared_down)
+    check_shape(op, "topk_ids", topk_ids, (x.shape[0], None), "[T, k]")
+    check_index(op, "topk_ids", topk_ids)
+    check_shape(op, "topk_weights", topk_weights, tuple(topk_ids.shape), "[T, k]")
+    check_float(op, "topk_weights", topk_weights)
+    check_device(op, x=x, w_gate_up=w_gate_up, w_down=w_down, topk_weights=topk_weights, topk_ids=topk_ids)
 
 
 def _rows_unit_stride(t: torch.Tensor) -> torch.Tensor:

@@ -112,38 +112,16 @@ def expert_pass_triton(
         SLOTS=slots, BLOCK_M=tiles.block_m, BLOCK_N=tiles.gate_up_block_n, BLOCK_K=tiles.gate_up_block_k,
         DOT_PRECISION=dot_precision, num_warps=tiles.num_warps, num_stages=tiles.gate_up_stages, **pdl_kw,
     )  # fmt: skip
-    return down_and_sum_triton(act, w_down, shared_down, sorted_pairs, block_expert, weights, num_tokens=t,
-                               slots=slots, tiles=tiles)  # fmt: skip
-
-
-def down_and_sum_triton(
-    act: torch.Tensor,
-    w_down: torch.Tensor,
-    shared_down: torch.Tensor,
-    sorted_pairs: torch.Tensor,
-    block_expert: torch.Tensor,
-    weights: torch.Tensor,
-    *,
-    num_tokens: int,
-    slots: int,
-    tiles: ExpertPassTiles,
-) -> torch.Tensor:
-    """The pass after gate_up: act [P, I_max] (one row per (token, slot) pair), weights fp32 [P] -> [T, H] in
-    act.dtype = per token, the sum over its slots of weight * down_e(act)."""
-    n_pairs, hidden = num_tokens * slots, w_down.shape[1]
-    num_experts, inter, inter_shared = w_down.shape[0], w_down.shape[2], shared_down.shape[1]
-    dot_precision = "ieee" if act.dtype == torch.float32 else "tf32"
-    pdl_kw = pdl_args(act)
-    rows = torch.empty(n_pairs, hidden, dtype=torch.float32, device=act.device)
-    _down_weighted_kernel[(block_expert.numel(), triton.cdiv(hidden, tiles.down_block_n))](
+    rows = torch.empty(n_pairs, hidden, dtype=torch.float32, device=x.device)
+    _down_weighted_kernel[(blocks, triton.cdiv(hidden, tiles.down_block_n))](
         act, w_down, shared_down, sorted_pairs, block_expert, weights, rows,
         n_pairs, hidden, inter, inter_shared, num_experts,
         act.stride(0), w_down.stride(0), w_down.stride(1), shared_down.stride(0), rows.stride(0),
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.down_block_n, BLOCK_K=tiles.down_block_k,
         DOT_PRECISION=dot_precision, num_warps=tiles.num_warps, num_stages=tiles.down_stages, **pdl_kw,
     )  # fmt: skip
-    out = torch.empty(num_tokens, hidden, dtype=act.dtype, device=act.device)
-    _sum_slots_kernel[(num_tokens, triton.cdiv(hidden, _SUM_BLOCK_H))](
+    out = torch.empty(t, hidden, dtype=x.dtype, device=x.device)
+    _sum_slots_kernel[(t, triton.cdiv(hidden, _SUM_BLOCK_H))](
         rows, out, hidden, out.stride(0), SLOTS=slots, BLOCK_S=triton.next_power_of_2(slots), BLOCK_H=_SUM_BLOCK_H,
         **pdl_kw,
     )  # fmt: skip
@@ -159,32 +137,11 @@ if triton_available():
     from lightllm_mtp.kernels.pdl import pdl_wait
 
     @triton.jit
-    def expert_weights(expert, w_ptr, shared_w_ptr, E, INTER, INTER_SHARED, stride_we, stride_wn, stride_shared_wn):
+    def _expert_weights(expert, w_ptr, shared_w_ptr, E, INTER, INTER_SHARED, stride_we, stride_wn, stride_shared_wn):
         # (weights, row stride, intermediate size) of `expert`: id E is the shared expert, in its own tensor
         shared = expert == E
         w_base = tl.where(shared, shared_w_ptr, w_ptr + expert.to(tl.int64) * stride_we)
         return w_base, tl.where(shared, stride_shared_wn, stride_wn), tl.where(shared, INTER_SHARED, INTER)
-
-    @triton.jit
-    def swiglu_tile(x_ptr, w_base, token, valid, offs_n, n_mask, inter, stride_n, H, stride_x,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    DOT_PRECISION: tl.constexpr):  # fmt: skip
-        """silu(x_tok . gate[n]) * (x_tok . up[n]), fp32 [BLOCK_M, BLOCK_N], for rows `token` (masked by valid) and
-        columns offs_n of the expert at w_base (gate rows [0, inter), up rows [inter, 2 inter))."""
-        offs_k = tl.arange(0, BLOCK_K)
-        x_ptrs = x_ptr + token[:, None] * stride_x + offs_k[None, :]
-        gate_ptrs = w_base + offs_n[None, :].to(tl.int64) * stride_n + offs_k[:, None]
-        up_ptrs = gate_ptrs + inter * stride_n
-        acc_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, H, BLOCK_K):
-            k_mask = offs_k + k0 < H
-            xa = tl.load(x_ptrs + k0, mask=valid[:, None] & k_mask[None, :], other=0.0)
-            w_mask = k_mask[:, None] & n_mask[None, :]
-            acc_gate = tl.dot(xa, tl.load(gate_ptrs + k0, mask=w_mask, other=0.0), acc_gate,
-                              input_precision=DOT_PRECISION)  # fmt: skip
-            acc_up = tl.dot(xa, tl.load(up_ptrs + k0, mask=w_mask, other=0.0), acc_up, input_precision=DOT_PRECISION)
-        return acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up
 
     @triton.jit
     def _gate_up_act_kernel(
@@ -201,7 +158,7 @@ if triton_available():
         expert = tl.load(block_expert_ptr + b)
         if expert < 0:
             return
-        w_base, stride_n, inter = expert_weights(expert, w_ptr, shared_w_ptr, E, INTER, INTER_SHARED, stride_we,
+        w_base, stride_n, inter = _expert_weights(expert, w_ptr, shared_w_ptr, E, INTER, INTER_SHARED, stride_we,
                                                   stride_wn, stride_shared_wn)  # fmt: skip
         if n0 >= inter:
             return
@@ -211,8 +168,20 @@ if triton_available():
         token = tl.where(valid, pair // SLOTS, 0).to(tl.int64)
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < inter
-        act = swiglu_tile(x_ptr, w_base, token, valid, offs_n, n_mask, inter, stride_n, H, stride_x, BLOCK_M=BLOCK_M,
-                          BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, DOT_PRECISION=DOT_PRECISION)  # fmt: skip
+        offs_k = tl.arange(0, BLOCK_K)
+        x_ptrs = x_ptr + token[:, None] * stride_x + offs_k[None, :]
+        gate_ptrs = w_base + offs_n[None, :].to(tl.int64) * stride_n + offs_k[:, None]
+        up_ptrs = gate_ptrs + inter * stride_n
+        acc_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            k_mask = offs_k + k0 < H
+            xa = tl.load(x_ptrs + k0, mask=valid[:, None] & k_mask[None, :], other=0.0)
+            w_mask = k_mask[:, None] & n_mask[None, :]
+            acc_gate = tl.dot(xa, tl.load(gate_ptrs + k0, mask=w_mask, other=0.0), acc_gate,
+                              input_precision=DOT_PRECISION)  # fmt: skip
+            acc_up = tl.dot(xa, tl.load(up_ptrs + k0, mask=w_mask, other=0.0), acc_up, input_precision=DOT_PRECISION)
+        act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up
         out_ptrs = act_ptr + tl.where(valid, pair, 0)[:, None].to(tl.int64) * stride_act + offs_n[None, :]
         tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=valid[:, None] & n_mask[None, :])
 
@@ -231,7 +200,7 @@ if triton_available():
         expert = tl.load(block_expert_ptr + b)
         if expert < 0:
             return
-        w_base, stride_n, inter = expert_weights(expert, w_ptr, shared_w_ptr, E, INTER, INTER_SHARED, stride_we,
+        w_base, stride_n, inter = _expert_weights(expert, w_ptr, shared_w_ptr, E, INTER, INTER_SHARED, stride_we,
                                                   stride_wn, stride_shared_wn)  # fmt: skip
         offs_m = tl.arange(0, BLOCK_M)
         pair = tl.load(sorted_ptr + b * BLOCK_M + offs_m)

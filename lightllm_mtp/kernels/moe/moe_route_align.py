@@ -123,11 +123,17 @@ if triton_available():
     from lightllm_mtp.kernels.pdl import pdl_wait
 
     @triton.jit
-    def route_tile(logits_ptr, offs_t, t_valid, E, stride_l, TOP_K: tl.constexpr, SHARED_GATE: tl.constexpr,
-                   BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_S: tl.constexpr):  # fmt: skip
-        """(weights fp32, ids int32), both [BLOCK_T, BLOCK_S], of the rows offs_t: softmax top-k renormalised, slot
-        TOP_K the shared gate's sigmoid (id E) with SHARED_GATE. Padding rows (not t_valid) repeat row 0."""
-        rows = tl.where(t_valid, offs_t, 0).to(tl.int64)
+    def _route_align_kernel(
+        logits_ptr, weights_ptr, ids_ptr, sorted_ptr, block_expert_ptr, T, E, stride_l, MAX_BLOCKS,
+        TOP_K: tl.constexpr, SLOTS: tl.constexpr, SHARED_GATE: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_B: tl.constexpr,
+        PDL: tl.constexpr,
+    ):  # fmt: skip
+        pdl_wait(PDL)
+        # 1. routing, all T rows at once: the same per-row arithmetic as _route_topk_kernel
+        offs_t = tl.arange(0, BLOCK_T)
+        t_valid = offs_t < T
+        rows = tl.where(t_valid, offs_t, 0).to(tl.int64)  # padding rows repeat row 0 and are never stored
         offs_e = tl.arange(0, BLOCK_E)
         in_range = offs_e < E
         logits = tl.load(logits_ptr + rows[:, None] * stride_l + offs_e[None, :], mask=in_range[None, :],
@@ -150,22 +156,6 @@ if triton_available():
             gate = tl.load(logits_ptr + rows * stride_l + E).to(tl.float32)
             top_w = tl.where(offs_s[None, :] == TOP_K, (1.0 / (1.0 + tl.exp(-gate)))[:, None], top_w)
             top_i = tl.where(offs_s[None, :] == TOP_K, E, top_i)
-        return top_w, top_i
-
-    @triton.jit
-    def _route_align_kernel(
-        logits_ptr, weights_ptr, ids_ptr, sorted_ptr, block_expert_ptr, T, E, stride_l, MAX_BLOCKS,
-        TOP_K: tl.constexpr, SLOTS: tl.constexpr, SHARED_GATE: tl.constexpr, BLOCK_M: tl.constexpr,
-        BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_B: tl.constexpr,
-        PDL: tl.constexpr,
-    ):  # fmt: skip
-        pdl_wait(PDL)
-        # 1. routing, all T rows at once: the same per-row arithmetic as _route_topk_kernel
-        offs_t = tl.arange(0, BLOCK_T)
-        t_valid = offs_t < T
-        offs_s = tl.arange(0, BLOCK_S)
-        top_w, top_i = route_tile(logits_ptr, offs_t, t_valid, E, stride_l, TOP_K=TOP_K, SHARED_GATE=SHARED_GATE,
-                                  BLOCK_T=BLOCK_T, BLOCK_E=BLOCK_E, BLOCK_S=BLOCK_S)  # fmt: skip
         slot_valid = t_valid[:, None] & (offs_s[None, :] < SLOTS)
         pair = offs_t[:, None] * SLOTS + offs_s[None, :]
         tl.store(weights_ptr + pair, top_w, mask=slot_valid)

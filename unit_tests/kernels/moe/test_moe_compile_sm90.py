@@ -169,27 +169,3 @@ def test_pdl_kernels_wait_first(pdl):
             assert_waits_first(ptx)
         else:
             assert "griddepcontrol" not in ptx
-
-
-@pytest.mark.parametrize("pdl", [False, True])
-@pytest.mark.parametrize("dtype,precision", [("*bf16", "tf32"), ("*fp32", "ieee")])
-def test_one_token_route_gate_up_compiles(dtype, precision, pdl):
-    """The gate_up kernel that routes the token itself (moe_one_token) at the 35B-A3B decode shape: weight loads
-    pipelined, the PDL wait before any memory access."""
-    from lightllm_mtp.kernels.moe import moe_one_token
-
-    tiles = moe_expert_pass.DECODE_TILES
-    kernel = _compile(
-        moe_one_token._route_gate_up_kernel,
-        dict(logits_ptr=dtype, x_ptr=dtype, w_ptr=dtype, shared_w_ptr=dtype, weights_ptr="*fp32", ids_ptr="*i32",
-             sorted_ptr="*i32", block_expert_ptr="*i32", act_ptr=dtype, E=256, H=2048, INTER=512, INTER_SHARED=512,
-             stride_we=2 * 512 * 2048, stride_wn=2048, stride_shared_wn=2048, stride_act=512),
-        dict(TOP_K=8, SLOTS=9, BLOCK_E=256, BLOCK_S=16, BLOCK_M=tiles.block_m, BLOCK_N=tiles.gate_up_block_n,
-             BLOCK_K=tiles.gate_up_block_k, DOT_PRECISION=precision, PDL=pdl),
-        num_warps=tiles.num_warps, num_stages=tiles.gate_up_stages,
-    )  # fmt: skip
-    ptx = kernel.asm["ptx"]
-    if dtype == "*bf16":
-        assert re.search(r"cp\.async\.", ptx), "weight loads not pipelined"
-    if pdl:
-        assert_waits_first(ptx)
