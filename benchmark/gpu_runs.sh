@@ -61,6 +61,8 @@
 #                                       # (benchmark/patches/moe_one_token.patch, measured slower, not in the tree): MoE +
 #                                       # GDN kernel GPU tests, the layer at T=1,2, 35B-A3B B=1 with route_align vs the
 #                                       # one-token path, its B=1,32 and MTP k=1 figures and B=1 profile; tree restored
+#   bash benchmark/gpu_runs.sh latency_floor  # the least time of a dependent kernel and the one-row GEMV's latency +
+#                                       # bandwidth fit (check_dependent_kernels_gpu.py), then the engine's GPU tests
 #   bash benchmark/gpu_runs.sh prefix_cache  # 27B, MTP k=1: TTFT of an 8k shared prefix + 128-token question, cold vs
 #                                       # warm prefix cache and without it; then the prefix-cache GPU-path tests
 #   bash benchmark/gpu_runs.sh prefill16k  # 27B 1x16k prefill (static_inference, the issue-17 figure), then a kernel
@@ -283,6 +285,9 @@ case "${1:-}" in
     python3 benchmark/profile_step.py --model_shape qwen3.5-35b-a3b --batch_size 1 --steps 6 --top 25 \
       --out "$out/profile_35b_a3b_bs1_one_token.json"
     patch -R -p1 < benchmark/patches/moe_one_token.patch ;;
+  latency_floor)
+    python3 benchmark/check_dependent_kernels_gpu.py --out "$out/dependent_kernels_h100.json"
+    python3 -m pytest -q -m gpu test/test_gpu_engine.py unit_tests/kernels/gdn | tail -3 ;;
   moe_kernels) python3 -m pytest -q -m gpu unit_tests/kernels/moe
     python3 benchmark/check_moe_decode_gpu.py ;;
   moe_prefill) python3 -m pytest -q -m gpu unit_tests/kernels/moe/test_moe_permute.py unit_tests/kernels/moe/test_fused_moe.py
@@ -294,5 +299,5 @@ case "${1:-}" in
       --mtp_mode eagle_with_att --mtp_step 1 --out "$out/profile_35b_a3b_bs32_mtp_k1_moe_kernels.json" ;;
   peer) bench --model_shape qwen3.5-27b --batch_sizes 1,8 --output_len 32 --hf_peer --hf_batch_sizes 1,8 \
       --out "$out/static_qwen3.5-27b_hf_peer_h100.json" ;;
-  *) echo "usage: $0 tests|tests_spec|tests_prefill|prefill16k|35b_prefill|prefill_attention_tiles|train_mtp3_ptd|draft_cost|draft_vocab|adaptive_grid|draft_model_cost|train_drafts|27b|27b_k1|27b_large_batch|35b|35b_k1|moe_kernels|decode_sweep|stop27|stop27_final|prefetch_tests|prefetch|prefetch_ab|one_pass|one_token|gemv|moe_prefill|profile_35b|peer|mixed|serving_27b|serving_35b|serving_tiny|prefix_cache|prefix_serving|prefix_serving_27b|multi_turn_steps|prefix_sync_sites|tp2_27b|pp_one_gpu" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|tests_spec|tests_prefill|prefill16k|35b_prefill|prefill_attention_tiles|train_mtp3_ptd|draft_cost|draft_vocab|adaptive_grid|draft_model_cost|train_drafts|27b|27b_k1|27b_large_batch|35b|35b_k1|moe_kernels|decode_sweep|stop27|stop27_final|prefetch_tests|prefetch|prefetch_ab|one_pass|one_token|latency_floor|gemv|moe_prefill|profile_35b|peer|mixed|serving_27b|serving_35b|serving_tiny|prefix_cache|prefix_serving|prefix_serving_27b|multi_turn_steps|prefix_sync_sites|tp2_27b|pp_one_gpu" >&2; exit 2 ;;
 esac
