@@ -24,7 +24,7 @@ from lightllm_mtp.kernels.gdn.causal_conv1d import causal_conv1d_update_ref, cau
 from lightllm_mtp.kernels.gdn.fla_prefill import PrefillChunks, fla_chunk_kernel, prefill_fla
 from lightllm_mtp.kernels.gdn.gdn_gating import gdn_gating_ref
 from lightllm_mtp.kernels.pdl import pdl_args
-from lightllm_mtp.kernels.triton_utils import num_sms, triton_available, use_triton
+from lightllm_mtp.kernels.triton_utils import next_pow2, num_sms, triton_available, use_triton
 
 
 def _prepare_qk(
@@ -304,6 +304,16 @@ def _heads_view(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(2) == 1 or x.shape[2] == 1 else x.contiguous()
 
 
+def decode_block_v(batch: int, v_heads: int, dv: int, sms: int) -> int:
+    """The decode kernel's V tile (programs: batch x v_heads x dv / tile). Tiles of 32 give small batches enough
+    programs; from ~16 programs per SM on, tiles of 64 stream the state faster (H200, 48 heads of 128 x 128: batch 8
+    ran 10.2 us with 32 vs 11.2 with 64, batch 32 57 us with 64 vs 62 with 32); under ~2 programs per SM, tiles of 16
+    (H100, 32 heads at batch 1: 3.69 us with 16 vs 4.19 with 32)."""
+    programs_at_32 = batch * v_heads * -(-dv // 32)
+    tile = 16 if programs_at_32 < 2 * sms else (32 if programs_at_32 < 16 * sms else 64)
+    return min(next_pow2(dv), tile)
+
+
 def _launch_decode(q, k, v, g_or_a, beta_or_b, A_log, dt_bias, ssm_state, b_state_idx, fused_gates, block_v):
     """q, k [B, nk, dk], v [B, nv, dv] views; gates [B, nv] (fp32 g / beta, or raw a / b when fused_gates)."""
     bsz, nv, dv = v.shape
@@ -316,14 +326,7 @@ def _launch_decode(q, k, v, g_or_a, beta_or_b, A_log, dt_bias, ssm_state, b_stat
     beta_or_b = beta_or_b if beta_or_b.stride(1) == 1 else beta_or_b.contiguous()
     block_k = triton.next_power_of_2(dk)
     if block_v is None:
-        # V tiles of 32 give small batches enough programs; from ~16 programs per SM on, tiles of 64 stream the
-        # state faster (H200, 48 heads of 128 x 128: batch 8 ran 10.2 us with 32 vs 11.2 with 64, batch 32
-        # 57 us with 64 vs 62 with 32); under ~2 programs per SM, tiles of 16 (H100, 32 heads at batch 1: 3.69 us
-        # with 16 vs 4.19 with 32)
-        programs_at_32 = bsz * nv * triton.cdiv(dv, 32)
-        sms = num_sms(v.device)
-        block_v = 16 if programs_at_32 < 2 * sms else (32 if programs_at_32 < 16 * sms else 64)
-        block_v = min(triton.next_power_of_2(dv), block_v)
+        block_v = decode_block_v(bsz, nv, dv, num_sms(v.device))
     _gdr_decode_kernel[(bsz, nv, triton.cdiv(dv, block_v))](
         q, k, v, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g_or_a, beta_or_b, g_or_a.stride(0), beta_or_b.stride(0), A_log, dt_bias,

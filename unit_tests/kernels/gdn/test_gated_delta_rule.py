@@ -195,6 +195,20 @@ def test_fused_decode_triton_matches_reference_gpu(bsz, width):
         _assert_state_close(ssm_state, ref_ssm)
 
 
+@pytest.mark.parametrize("batch,v_heads,dv,want", [
+    (1, 32, 128, 16),  # 35B-A3B at B=1: 128 programs at 32 on 132 SMs
+    (1, 48, 128, 16),  # 27B at B=1: 192
+    (2, 48, 128, 32),  # 384 >= 2 per SM
+    (16, 32, 128, 32),  # 2048 < 16 per SM
+    (32, 48, 128, 64),  # 6144
+    (1, 4, 8, 8),  # tile capped at dv (the tiny checkpoints)
+])  # fmt: skip
+def test_decode_block_v_rule(batch, v_heads, dv, want):
+    from lightllm_mtp.kernels.gdn.gated_delta_rule import decode_block_v
+
+    assert decode_block_v(batch, v_heads, dv, sms=132) == want
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("bsz", [1, 8, 32])
 def test_decode_triton_matches_reference_gpu(bsz):
