@@ -12,17 +12,24 @@ floor_ms = bytes / measured copy bandwidth. Counted, each once per step:
     per verify row (rows_per_req; 1 for decode), and the conv window [conv_dim, K-1 (+k under MTP)] in the
     model dtype read and written.
 Activations, the page table and the logits are left out (small next to the above at these sizes).
+
+Under tensor / pipeline parallelism (`stage_bytes`) the count is one GPU's: its stage's tensors at its tp shard's
+shape, its stage's layers' KV and GDN state at its local heads (KV and GDN key heads replicate when there are fewer
+than ranks), and of the vocab-sharded input embedding 1/tp of the step's rows (their expected share).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 import torch
 
 from lightllm_mtp.common.tensor_spec import TensorSpec
 from lightllm_mtp.config.model_config import ModelConfig
+from lightllm_mtp.config.parallel_config import ParallelConfig, RankInfo
+from lightllm_mtp.config.runtime import RuntimeShape
 
 ROUTED_EXPERT_SUFFIXES = ("experts.gate_up_proj", "experts.down_proj")
 
@@ -44,9 +51,10 @@ class StepBytes:
         return {**asdict(self), "total": self.total}
 
 
-def spec_bytes(spec: TensorSpec, dtype: torch.dtype) -> int:
+def spec_bytes(spec: TensorSpec, dtype: torch.dtype, tp: int = 1) -> int:
+    """Bytes of the tensor, or of one tp rank's shard of it."""
     n = 1
-    for d in spec.shape:
+    for d in spec.local_shape(0, tp):
         n *= d
     elem = 4 if spec.keep_fp32 else torch.empty((), dtype=dtype).element_size()
     return n * elem
@@ -66,11 +74,16 @@ def step_bytes(
     batch_size: int,
     context_len: float,
     rows_per_req: int = 1,
+    *,
+    tp: int = 1,
+    layer_ids: Iterable[int] | None = None,
 ) -> StepBytes:
     """Bytes one forward over `batch_size` requests moves; `rows_per_req` new tokens per request (1: decode,
-    k+1: MTP verify), `context_len` cached tokens per request after the step (mean over requests)."""
+    k+1: MTP verify), `context_len` cached tokens per request after the step (mean over requests). One GPU's share
+    with tp > 1 or `layer_ids` (a pipeline stage's layers; `specs` then that stage's tensors): see stage_bytes."""
     elem = torch.empty((), dtype=dtype).element_size()
     tokens = batch_size * rows_per_req
+    layers = set(range(cfg.num_hidden_layers) if layer_ids is None else layer_ids)
     embed_name = f"{cfg.weight_prefix}embed_tokens.weight"
     weights = 0
     embedding_rows = 0
@@ -79,25 +92,85 @@ def step_bytes(
     if cfg.moe is not None:
         experts_per_layer = expected_distinct_experts(cfg.moe.num_experts, cfg.moe.num_experts_per_tok, tokens)
     for spec in specs:
-        size = spec_bytes(spec, dtype)
+        size = spec_bytes(spec, dtype, tp)
         if spec.name == embed_name and not cfg.tie_word_embeddings:
-            embedding_rows = min(tokens, cfg.vocab_size) * cfg.hidden_size * elem
+            embedding_rows = min(tokens, cfg.vocab_size) * cfg.hidden_size * elem // tp
         elif spec.name.endswith(ROUTED_EXPERT_SUFFIXES):
             assert cfg.moe is not None and experts_per_layer is not None
             routed += size / cfg.moe.num_experts * experts_per_layer
         else:
             weights += size
-    kv_per_token = 2 * cfg.num_key_value_heads * cfg.head_dim * elem * len(cfg.full_attention_layers)
-    kv = int(round(kv_per_token * context_len * batch_size))
-    ssm = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
-    conv = cfg.linear_conv_dim * (cfg.linear_conv_kernel_dim - 1 + rows_per_req - 1) * elem
+    kv_heads = max(1, cfg.num_key_value_heads // tp)
+    kv_layers = sum(1 for i in cfg.full_attention_layers if i in layers)
+    kv = int(round(2 * kv_heads * cfg.head_dim * elem * kv_layers * context_len * batch_size))
+    nk, nv = max(1, cfg.linear_num_key_heads // tp), cfg.linear_num_value_heads // tp
+    ssm = nv * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
+    conv_dim = 2 * nk * cfg.linear_key_head_dim + nv * cfg.linear_value_head_dim
+    conv = conv_dim * (cfg.linear_conv_kernel_dim - 1 + rows_per_req - 1) * elem
     per_req_layer = ssm * (1 + rows_per_req) + 2 * conv
-    linear_state = per_req_layer * len(cfg.linear_attention_layers) * batch_size
+    linear_state = per_req_layer * sum(1 for i in cfg.linear_attention_layers if i in layers) * batch_size
     return StepBytes(weights, embedding_rows, routed, kv, linear_state, experts_per_layer)
+
+
+def stage_bytes(
+    cfg: ModelConfig,
+    model_cls,
+    dtype: torch.dtype,
+    batch_size: int,
+    context_len: float,
+    rows_per_req: int = 1,
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    num_draft_tokens: int = 0,
+) -> list[StepBytes]:
+    """One GPU's bytes per pipeline stage (tp rank 0 of each; the tp ranks of a stage read alike). The stages run
+    one after another within a step, the tp ranks of a stage side by side: the step's floor on GPUs of bandwidth BW
+    is sum(stage totals) / BW. model_cls: the model class (its weight_specs classmethod declares a stage's tensors)."""
+    parallel = ParallelConfig(tp=tp, pp=pp)
+    out = []
+    for stage in range(pp):
+        rt = RuntimeShape(dtype=dtype, device=torch.device("cpu"), max_reqs=1, max_model_len=1, kv_pool_size=1,
+                          num_draft_tokens=num_draft_tokens, rank=RankInfo(parallel, rank=stage * tp))  # fmt: skip
+        specs = model_cls.weight_specs(cfg, rt)
+        out.append(step_bytes(cfg, specs, dtype, batch_size, context_len, rows_per_req, tp=tp,
+                              layer_ids=parallel.stage_layers(cfg.num_hidden_layers, stage)))  # fmt: skip
+    return out
 
 
 def floor_ms(num_bytes: float, bandwidth_bytes_per_s: float) -> float:
     return num_bytes / bandwidth_bytes_per_s * 1e3
+
+
+def parallel_floor(
+    cfg: ModelConfig,
+    model_cls,
+    dtype: torch.dtype,
+    batch_size: int,
+    context_len: float,
+    step_ms: float,
+    bandwidth_bytes_per_s: float,
+    rows_per_req: int = 1,
+    *,
+    tp: int,
+    pp: int,
+    num_draft_tokens: int = 0,
+) -> dict:
+    """The floor of a tp x pp step on GPUs of one bandwidth: each stage's GPU bytes (stage_bytes) over the
+    bandwidth, summed over the stages; with each GPU's busy share of the measured step (its stage's floor / step)."""
+    stages = stage_bytes(cfg, model_cls, dtype, batch_size, context_len, rows_per_req, tp=tp, pp=pp,
+                         num_draft_tokens=num_draft_tokens)  # fmt: skip
+    stage_ms = [floor_ms(s.total, bandwidth_bytes_per_s) for s in stages]
+    total = sum(stage_ms)
+    return {
+        "tp": tp,
+        "pp": pp,
+        "stage_bytes_per_gpu": [s.total for s in stages],
+        "stage_floor_ms": stage_ms,
+        "floor_ms": total,
+        "pct_of_floor": total / step_ms * 100.0,
+        "gpu_busy_pct": [m / step_ms * 100.0 for m in stage_ms],
+    }
 
 
 def prefill_gemm_flops(cfg: ModelConfig, specs: list[TensorSpec], tokens: int) -> float:

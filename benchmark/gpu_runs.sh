@@ -32,8 +32,12 @@
 #                                       # every step timed, cache on vs off, and the host lines that wait on the device
 #   bash benchmark/gpu_runs.sh prefix_sync_sites  # prefix_cache's TTFTs and the host lines that wait on the device
 #   bash benchmark/gpu_runs.sh 27b_large_batch  # 27B no-spec decode at B=64,96,128 (as memory allows)
-#   bash benchmark/gpu_runs.sh tp2_27b  # 27B on 2 GPUs (nvidia-h200-x2): tp=1, then tp=2 (+ MTP k=1), then pp=2 + MTP
-#                                       # k=1, at B=1,32; then the tp/pp CPU tests on the GPU machine's cores
+#   bash benchmark/gpu_runs.sh tp2_tests  # issue 15 (nvidia-h200-x2): the tp / pp GPU tests (greedy tokens of 2 GPUs
+#                                       # equal one GPU's, plain and MTP)
+#   bash benchmark/gpu_runs.sh tp2_27b  # 27B, each plain + MTP k=1 at B=1,32: tp=1 (one GPU of the two), tp=2; then
+#                                       # the tp collectives (check_collectives.py)
+#   bash benchmark/gpu_runs.sh pp2_27b  # 27B pp=2, plain + MTP k=1 at B=1,32
+#   bash benchmark/gpu_runs.sh tp2_35b  # 35B-A3B tp=2, plain + MTP k=1 at B=1,32, and its collectives
 #   bash benchmark/gpu_runs.sh pp_one_gpu  # tp / pp on ONE GPU (LIGHTLLM_MTP_DIST_BACKEND=gloo, all ranks on cuda:0):
 #                                       # greedy equivalence (pp=2 with CUDA graphs per stage, tp=2 eager; prefix cache
 #                                       # on every rank), then 0.8B
@@ -114,13 +118,20 @@ case "${1:-}" in
     python3 -m lightllm_mtp.tools.eval_acceptance --model_dir "$dir" --device cuda --num_prompts 8 \
       --mtp_modes vanilla_with_att eagle_with_att ptd --mtp_steps 1 2 3 4 5 6 7 --heldout_windows 0 --strict \
       --out "${OUT:-$dir}/acceptance_gpu.json" ;;
+  tp2_tests) python3 -m pytest -q -m gpu unit_tests/parallel/test_gpu_parallel.py ;;
   tp2_27b)
-    bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 32 --out "$out/static_qwen3.5-27b_tp1_h200.json"
-    bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 32 --tp 2 --mtp_mode eagle_with_att --mtp_step 1 \
-      --out "$out/static_qwen3.5-27b_tp2_mtp_k1_h200.json"
-    bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 32 --pp 2 --mtp_mode eagle_with_att --mtp_step 1 \
-      --out "$out/static_qwen3.5-27b_pp2_mtp_k1_h200.json"
-    python3 -m pytest -q unit_tests/parallel ;;
+    for layout in tp1 tp2; do
+      bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 32 --tp "${layout#tp}" --mtp_mode eagle_with_att \
+        --mtp_step 1 --out "$out/static_qwen3.5-27b_${layout}_mtp_k1_h200.json"
+    done
+    python3 benchmark/check_collectives.py --model_shape qwen3.5-27b --tp 2 --out "$out/collectives_qwen3.5-27b_tp2_h200.json" ;;
+  pp2_27b) bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 32 --pp 2 --mtp_mode eagle_with_att \
+      --mtp_step 1 --out "$out/static_qwen3.5-27b_pp2_mtp_k1_h200.json" ;;
+  tp2_35b)
+    bench --model_shape qwen3.5-35b-a3b --batch_sizes 1,32 --output_len 32 --tp 2 --mtp_mode eagle_with_att --mtp_step 1 \
+      --out "$out/static_qwen3.5-35b-a3b_tp2_mtp_k1_h200.json"
+    python3 benchmark/check_collectives.py --model_shape qwen3.5-35b-a3b --tp 2 \
+      --out "$out/collectives_qwen3.5-35b-a3b_tp2_h200.json" ;;
   pp_one_gpu)
     python3 -m pytest -q -m gpu unit_tests/parallel/test_gpu_one_gpu.py
     python3 -m pytest -q unit_tests/parallel/test_stage_graphs.py
@@ -299,5 +310,5 @@ case "${1:-}" in
       --mtp_mode eagle_with_att --mtp_step 1 --out "$out/profile_35b_a3b_bs32_mtp_k1_moe_kernels.json" ;;
   peer) bench --model_shape qwen3.5-27b --batch_sizes 1,8 --output_len 32 --hf_peer --hf_batch_sizes 1,8 \
       --out "$out/static_qwen3.5-27b_hf_peer_h100.json" ;;
-  *) echo "usage: $0 tests|tests_spec|tests_prefill|prefill16k|35b_prefill|prefill_attention_tiles|train_mtp3_ptd|draft_cost|draft_vocab|adaptive_grid|draft_model_cost|train_drafts|27b|27b_k1|27b_large_batch|35b|35b_k1|moe_kernels|decode_sweep|stop27|stop27_final|prefetch_tests|prefetch|prefetch_ab|one_pass|one_token|latency_floor|gemv|moe_prefill|profile_35b|peer|mixed|serving_27b|serving_35b|serving_tiny|prefix_cache|prefix_serving|prefix_serving_27b|multi_turn_steps|prefix_sync_sites|tp2_27b|pp_one_gpu" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|tests_spec|tests_prefill|prefill16k|35b_prefill|prefill_attention_tiles|train_mtp3_ptd|draft_cost|draft_vocab|adaptive_grid|draft_model_cost|train_drafts|27b|27b_k1|27b_large_batch|35b|35b_k1|moe_kernels|decode_sweep|stop27|stop27_final|prefetch_tests|prefetch|prefetch_ab|one_pass|one_token|latency_floor|gemv|moe_prefill|profile_35b|peer|mixed|serving_27b|serving_35b|serving_tiny|prefix_cache|prefix_serving|prefix_serving_27b|multi_turn_steps|prefix_sync_sites|tp2_tests|tp2_27b|pp2_27b|tp2_35b|pp_one_gpu" >&2; exit 2 ;;
 esac

@@ -22,6 +22,13 @@ def print_tables(report: dict) -> None:
         print(f"{r['batch_size']:>4} {_fmt(r['prefill']['ms'], '.1f'):>11} {_fmt(r['prefill']['tokens_per_s'], '.0f'):>14} "
               f"{_fmt(d.get('median_ms')):>9} {spread:>15} {_fmt(d.get('tokens_per_s'), '.1f'):>10} "
               f"{_fmt(gb / 1e9 if gb else None, '.3f'):>8} {_fmt(f.get('floor_ms')):>9} {_fmt(f.get('pct_of_floor'), '.1f'):>8}")  # fmt: skip
+    for r in report["results"]:
+        g = r.get("floor_per_gpu")
+        if g:
+            print(f"bs={r['batch_size']} per GPU (tp={g['tp']}, pp={g['pp']}): "
+                  f"{'+'.join(f'{b / 1e9:.3f}' for b in g['stage_bytes_per_gpu'])} GB a stage, floor "
+                  f"{g['floor_ms']:.2f} ms = {g['pct_of_floor']:.1f}%, GPU busy "
+                  f"{'/'.join(f'{p:.0f}' for p in g['gpu_busy_pct'])}%")  # fmt: skip
     peak = report["bandwidth"].get("matmul_peak")
     for r in report["results"]:
         if r["prefill"].get("gemm_pct_of_matmul_peak") is not None:
@@ -40,6 +47,11 @@ def print_tables(report: dict) -> None:
                       f"{_fmt(r.get('step_cost_vs_decode')):>7} {_fmt(s.get('accept_rate')):>5} "
                       f"{_fmt(s.get('tokens_per_step')):>9} {_fmt(s.get('effective_tokens_per_s'), '.1f'):>10} "
                       f"{_fmt(s.get('speedup_vs_no_spec')):>8}")  # fmt: skip
+        for r in mtp["results"]:
+            g = r.get("verify_floor_per_gpu")
+            if g:
+                print(f"bs={r['batch_size']} verify per GPU (tp={g['tp']}, pp={g['pp']}): floor {g['floor_ms']:.2f} ms "
+                      f"= {g['pct_of_floor']:.1f}% of the verify forward")  # fmt: skip
     real = report.get("real_acceptance")
     if real:
         print("\nReal MTP acceptance on held-out text (eagle, greedy)")

@@ -30,7 +30,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmark` and `lightllm
 import torch
 from tqdm import tqdm
 
-from benchmark.floor import floor_ms, prefill_gemm_flops, spec_bytes, step_bytes
+from benchmark.floor import floor_ms, parallel_floor, prefill_gemm_flops, spec_bytes, step_bytes
 from benchmark.hf_peer import build_hf_model, time_hf_generate
 from benchmark.model_shapes import MODEL_SHAPES
 from benchmark.model_source import ModelSource, build_engine, engine_field_names, resolve_source
@@ -163,6 +163,9 @@ def no_spec_result(rec: GenRecord, args, cfg, specs, dtype, bw: dict) -> dict:
         "pct_of_floor": fl / stats["median_ms"] * 100.0,
         "achieved_GB_per_s": b.total / (stats["median_ms"] / 1e3) / 1e9,
     }
+    if args.tp * args.pp > 1:
+        res["floor_per_gpu"] = parallel_floor(cfg, model_class(cfg), dtype, bs, context, stats["median_ms"],
+                                              bw["bytes_per_s"], tp=args.tp, pp=args.pp)  # fmt: skip
     return res
 
 
@@ -211,6 +214,10 @@ def spec_result(rec: GenRecord, base: dict | None, args, cfg, specs, dtype, bw: 
     vb = step_bytes(cfg, specs, dtype, bs, context, rows_per_req=k + 1)
     vfl = floor_ms(vb.total, bw["bytes_per_s"])
     res["verify_floor"] = {"bytes": vb.total, "floor_ms": vfl, "pct_of_floor": vfl / verify * 100.0 if verify else None}
+    if args.tp * args.pp > 1 and verify:
+        res["verify_floor_per_gpu"] = parallel_floor(cfg, model_class(cfg), dtype, bs, context, verify,
+                                                     bw["bytes_per_s"], k + 1, tp=args.tp, pp=args.pp,
+                                                     num_draft_tokens=k)  # fmt: skip
     base_ms = base["decode"]["median_ms"] if base and base.get("decode") else None
     if base_ms:
         res["step_cost_vs_decode"] = stats["median_ms"] / base_ms

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from benchmark.floor import expected_distinct_experts, prefill_gemm_flops, step_bytes
+from benchmark.floor import expected_distinct_experts, parallel_floor, prefill_gemm_flops, stage_bytes, step_bytes
 from lightllm_mtp.common.kv_pool import KvPool
 from lightllm_mtp.common.linear_att_state import LinearAttState
 from lightllm_mtp.config.model_config import ModelConfig
@@ -136,3 +136,60 @@ def test_prefill_gemm_flops_hand_count(moe):
         mlp = 3 * H * INTER
     tokens = 37
     assert prefill_gemm_flops(cfg, _specs(cfg), tokens) == 2 * tokens * (3 * gdn + attn + 4 * mlp)
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_one_gpu_stage_bytes_equal_the_step_bytes(moe):
+    cfg = ModelConfig.from_hf(MOE if moe else DENSE)
+    (one,) = stage_bytes(cfg, model_class(cfg), torch.bfloat16, 3, 20, 2)
+    assert one == step_bytes(cfg, _specs(cfg), torch.bfloat16, 3, 20, 2)
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_pipeline_stages_split_the_step(moe):
+    """pp=2: the two stages' bytes add up to the whole step's (embedding on the first stage, final norm and lm_head on
+    the last, the layers split); under MTP the last stage also reads the drafts' embedding rows."""
+    cfg = ModelConfig.from_hf(MOE if moe else DENSE)
+    whole = step_bytes(cfg, _specs(cfg), torch.bfloat16, 3, 20)
+    first, last = stage_bytes(cfg, model_class(cfg), torch.bfloat16, 3, 20, pp=2)
+    for field in ("weights", "embedding_rows", "routed_experts", "kv_cache", "linear_state"):
+        assert getattr(first, field) + getattr(last, field) == pytest.approx(getattr(whole, field)), field
+    assert first.kv_cache == 0 and last.kv_cache == whole.kv_cache  # the full-attention layer is layer 3
+    assert first.embedding_rows == whole.embedding_rows and last.embedding_rows == 0
+    _, last_mtp = stage_bytes(cfg, model_class(cfg), torch.bfloat16, 3, 20, pp=2, num_draft_tokens=1)
+    assert last_mtp.embedding_rows == whole.embedding_rows
+
+
+def test_tensor_parallel_gpu_share():
+    """tp=2 of the tiny MoE config: shards at their local shapes (test_parallel_layout checks those against the
+    loader), the routed experts halved (I split), the one KV head and the one GDN key head replicated, the GDN value
+    heads split."""
+    cfg = ModelConfig.from_hf(MOE)
+    whole = step_bytes(cfg, _specs(cfg), torch.bfloat16, 3, 20)
+    (half,) = stage_bytes(cfg, model_class(cfg), torch.bfloat16, 3, 20, tp=2)
+    assert half.routed_experts == pytest.approx(whole.routed_experts / 2)
+    assert half.kv_cache == whole.kv_cache
+    conv_local = 2 * NK * DK + (NV // 2) * DV
+    assert half.linear_state == 3 * 3 * (2 * (NV // 2) * DK * DV * 4 + 2 * conv_local * (K - 1) * BF16)
+    assert half.embedding_rows == whole.embedding_rows // 2
+    local = sum(_numel_local(s, 2) * (4 if s.keep_fp32 else BF16) for s in _specs(cfg)
+                if "embed_tokens" not in s.name and not s.name.endswith(("experts.gate_up_proj", "experts.down_proj")))
+    assert half.weights == local and whole.weights / 2 < half.weights < whole.weights
+
+
+def test_parallel_floor_sums_the_stages():
+    cfg = ModelConfig.from_hf(DENSE)
+    stages = stage_bytes(cfg, model_class(cfg), torch.bfloat16, 2, 10, tp=2, pp=2)
+    f = parallel_floor(cfg, model_class(cfg), torch.bfloat16, 2, 10, step_ms=2.0, bandwidth_bytes_per_s=1e9, tp=2,
+                       pp=2)  # fmt: skip
+    assert f["stage_bytes_per_gpu"] == [s.total for s in stages]
+    assert f["floor_ms"] == pytest.approx(sum(s.total for s in stages) / 1e9 * 1e3)
+    assert f["pct_of_floor"] == pytest.approx(f["floor_ms"] / 2.0 * 100)
+    assert sum(f["gpu_busy_pct"]) == pytest.approx(f["pct_of_floor"])
+
+
+def _numel_local(spec, tp):
+    n = 1
+    for d in spec.local_shape(0, tp):
+        n *= d
+    return n

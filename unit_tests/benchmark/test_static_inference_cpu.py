@@ -137,3 +137,18 @@ def test_real_acceptance_on_the_trained_checkpoint(tmp_path, trained_dense_dir):
 def test_real_acceptance_needs_a_checkpoint():
     with pytest.raises(SystemExit):
         static_inference.parse_args(["--model_shape", "qwen3.5-27b", "--mtp_mode", "eagle_with_att", "--real_acceptance"])
+
+
+def test_pipeline_and_tensor_parallel_report_the_floor_per_gpu(tiny_dense_dir, tmp_path):
+    """tp=2 x pp=2 over gloo (4 CPU processes): the decode and verify results carry each stage's GPU bytes, the
+    step's floor (the stages in sequence) and each GPU's busy share."""
+    r = _run(tmp_path, "--model_dir", str(tiny_dense_dir), "--batch_sizes", "1", "--input_len", "8", "--output_len",
+             "6", "--tp", "2", "--pp", "2", "--mtp_mode", "eagle_with_att", "--mtp_step", "1")  # fmt: skip
+    x = r["results"][0]
+    g = x["floor_per_gpu"]
+    assert (g["tp"], g["pp"]) == (2, 2) and len(g["stage_bytes_per_gpu"]) == 2
+    assert sum(g["stage_bytes_per_gpu"]) < x["floor"]["bytes_per_step"]  # tp shards
+    assert g["floor_ms"] == pytest.approx(sum(g["stage_bytes_per_gpu"]) / r["bandwidth"]["bytes_per_s"] * 1e3)
+    assert g["pct_of_floor"] == pytest.approx(g["floor_ms"] / x["decode"]["median_ms"] * 100)
+    v = r["mtp"]["results"][0]["verify_floor_per_gpu"]
+    assert v["pct_of_floor"] == pytest.approx(v["floor_ms"] / r["mtp"]["results"][0]["verify_ms"] * 100)
