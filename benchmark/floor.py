@@ -77,10 +77,14 @@ def step_bytes(
     *,
     tp: int = 1,
     layer_ids: Iterable[int] | None = None,
+    first_stage: bool = True,
+    last_stage: bool = True,
 ) -> StepBytes:
     """Bytes one forward over `batch_size` requests moves; `rows_per_req` new tokens per request (1: decode,
     k+1: MTP verify), `context_len` cached tokens per request after the step (mean over requests). One GPU's share
-    with tp > 1 or `layer_ids` (a pipeline stage's layers; `specs` then that stage's tensors): see stage_bytes."""
+    with tp > 1 or `layer_ids` (a pipeline stage's layers; `specs` then that stage's tensors): see stage_bytes. The
+    input embedding's rows are read on the first stage; a tied matrix is read whole by the lm_head on the last (an
+    MTP draft's embedding on the last stage is not the forward's)."""
     elem = torch.empty((), dtype=dtype).element_size()
     tokens = batch_size * rows_per_req
     layers = set(range(cfg.num_hidden_layers) if layer_ids is None else layer_ids)
@@ -93,8 +97,11 @@ def step_bytes(
         experts_per_layer = expected_distinct_experts(cfg.moe.num_experts, cfg.moe.num_experts_per_tok, tokens)
     for spec in specs:
         size = spec_bytes(spec, dtype, tp)
-        if spec.name == embed_name and not cfg.tie_word_embeddings:
-            embedding_rows = min(tokens, cfg.vocab_size) * cfg.hidden_size * elem // tp
+        if spec.name == embed_name:
+            if cfg.tie_word_embeddings and last_stage:
+                weights += size  # the lm_head's matrix (the rows looked up are in it)
+            elif first_stage:
+                embedding_rows = min(tokens, cfg.vocab_size) * cfg.hidden_size * elem // tp
         elif spec.name.endswith(ROUTED_EXPERT_SUFFIXES):
             assert cfg.moe is not None and experts_per_layer is not None
             routed += size / cfg.moe.num_experts * experts_per_layer
@@ -122,7 +129,6 @@ def stage_bytes(
     *,
     tp: int = 1,
     pp: int = 1,
-    num_draft_tokens: int = 0,
 ) -> list[StepBytes]:
     """One GPU's bytes per pipeline stage (tp rank 0 of each; the tp ranks of a stage read alike). The stages run
     one after another within a step, the tp ranks of a stage side by side: the step's floor on GPUs of bandwidth BW
@@ -131,10 +137,11 @@ def stage_bytes(
     out = []
     for stage in range(pp):
         rt = RuntimeShape(dtype=dtype, device=torch.device("cpu"), max_reqs=1, max_model_len=1, kv_pool_size=1,
-                          num_draft_tokens=num_draft_tokens, rank=RankInfo(parallel, rank=stage * tp))  # fmt: skip
+                          rank=RankInfo(parallel, rank=stage * tp))  # fmt: skip
         specs = model_cls.weight_specs(cfg, rt)
         out.append(step_bytes(cfg, specs, dtype, batch_size, context_len, rows_per_req, tp=tp,
-                              layer_ids=parallel.stage_layers(cfg.num_hidden_layers, stage)))  # fmt: skip
+                              layer_ids=parallel.stage_layers(cfg.num_hidden_layers, stage), first_stage=stage == 0,
+                              last_stage=stage == pp - 1))  # fmt: skip
     return out
 
 
@@ -154,12 +161,10 @@ def parallel_floor(
     *,
     tp: int,
     pp: int,
-    num_draft_tokens: int = 0,
 ) -> dict:
     """The floor of a tp x pp step on GPUs of one bandwidth: each stage's GPU bytes (stage_bytes) over the
     bandwidth, summed over the stages; with each GPU's busy share of the measured step (its stage's floor / step)."""
-    stages = stage_bytes(cfg, model_cls, dtype, batch_size, context_len, rows_per_req, tp=tp, pp=pp,
-                         num_draft_tokens=num_draft_tokens)  # fmt: skip
+    stages = stage_bytes(cfg, model_cls, dtype, batch_size, context_len, rows_per_req, tp=tp, pp=pp)
     stage_ms = [floor_ms(s.total, bandwidth_bytes_per_s) for s in stages]
     total = sum(stage_ms)
     return {

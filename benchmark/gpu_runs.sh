@@ -60,11 +60,11 @@
 #   bash benchmark/gpu_runs.sh one_pass  # the one-launch MoE gate_up + down pass (benchmark/patches/moe_one_pass.patch,
 #                                       # measured slower, not in the tree): its GPU tests, the layer sweep at T=1,2,4,8,
 #                                       # then 35B-A3B B=1 with A (two passes, GDN V tile 32), B (one pass), C (one pass
-#                                       # + GDN V tile 16 at batch 1), MTP k=1 on C; the tree restored after
+#                                       # + GDN V tile 16 at batch 1), MTP k=1 on C (in a scratch copy)
 #   bash benchmark/gpu_runs.sh one_token  # the B=1 MoE layer with the routing in the gate_up kernel
 #                                       # (benchmark/patches/moe_one_token.patch, measured slower, not in the tree): MoE +
 #                                       # GDN kernel GPU tests, the layer at T=1,2, 35B-A3B B=1 with route_align vs the
-#                                       # one-token path, its B=1,32 and MTP k=1 figures and B=1 profile; tree restored
+#                                       # one-token path, its B=1,32 and MTP k=1 figures and B=1 profile (scratch copy)
 #   bash benchmark/gpu_runs.sh latency_floor  # the least time of a dependent kernel and the one-row GEMV's latency +
 #                                       # bandwidth fit (check_dependent_kernels_gpu.py), then the engine's GPU tests
 #   bash benchmark/gpu_runs.sh prefix_cache  # 27B, MTP k=1: TTFT of an 8k shared prefix + 128-token question, cold vs
@@ -90,6 +90,14 @@ fi
 export PYTHONUNBUFFERED=1 LIGHTLLM_MTP_DISABLE_PROGRESS_BARS=1
 out=${OUT:-benchmark/results}
 bench() { python3 benchmark/static_inference.py --device cuda --input_len 1024 "$@"; }
+# the A/B targets patch a scratch copy of the tree (benchmark/patches/), never the tree itself: a failing step leaves
+# nothing patched behind; results still go to $out
+scratch_copy() {
+  mkdir -p "$out" && out=$(realpath "$out")
+  local dir=/tmp/lightllm_mtp_scratch
+  rm -rf "$dir" && mkdir -p "$dir" && cp -r benchmark lightllm_mtp unit_tests test conftest.py pytest.ini "$dir"/
+  cd "$dir" && export PYTHONPATH=$dir${PYTHONPATH:+:$PYTHONPATH}
+}
 case "${1:-}" in
   tests) python3 -m pytest -q -m gpu unit_tests test ;;
   prefill16k)
@@ -124,12 +132,13 @@ case "${1:-}" in
       bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 32 --tp "${layout#tp}" --mtp_mode eagle_with_att \
         --mtp_step 1 --out "$out/static_qwen3.5-27b_${layout}_mtp_k1_h200.json"
     done
-    python3 benchmark/check_collectives.py --model_shape qwen3.5-27b --tp 2 --out "$out/collectives_qwen3.5-27b_tp2_h200.json" ;;
+    python3 benchmark/check_collectives.py --model_shape qwen3.5-27b --tp 2 \
+      --out "$out/collectives_qwen3.5-27b_tp2_h200.json" ;;
   pp2_27b) bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 32 --pp 2 --mtp_mode eagle_with_att \
       --mtp_step 1 --out "$out/static_qwen3.5-27b_pp2_mtp_k1_h200.json" ;;
   tp2_35b)
-    bench --model_shape qwen3.5-35b-a3b --batch_sizes 1,32 --output_len 32 --tp 2 --mtp_mode eagle_with_att --mtp_step 1 \
-      --out "$out/static_qwen3.5-35b-a3b_tp2_mtp_k1_h200.json"
+    bench --model_shape qwen3.5-35b-a3b --batch_sizes 1,32 --output_len 32 --tp 2 --mtp_mode eagle_with_att \
+      --mtp_step 1 --out "$out/static_qwen3.5-35b-a3b_tp2_mtp_k1_h200.json"
     python3 benchmark/check_collectives.py --model_shape qwen3.5-35b-a3b --tp 2 \
       --out "$out/collectives_qwen3.5-35b-a3b_tp2_h200.json" ;;
   pp_one_gpu)
@@ -263,15 +272,16 @@ case "${1:-}" in
     bench --model_shape qwen3.5-27b --batch_sizes 1 --output_len 48 --mtp_mode eagle_with_att --mtp_step 1 \
       --out "$out/static_qwen3.5-27b_mtp_k1_h100.json" ;;
   prefetch_ab)
+    scratch_copy
     ab() { bench --model_shape qwen3.5-35b-a3b --batch_sizes 1,32 --output_len 48 --out "$out/static_qwen3.5-35b-a3b_$1_h100.json"; }
     ab A
     bench --model_shape qwen3.5-35b-a3b --batch_sizes 1 --output_len 48 --mtp_mode eagle_with_att --mtp_step 1 \
       --out "$out/static_qwen3.5-35b-a3b_mtp_k1_A_h100.json"
     patch -p1 < benchmark/patches/gemv_first_step_ahead_of_wait.patch && ab B
     patch -p1 < benchmark/patches/gdn_state_ahead_of_wait.patch && ab C
-    patch -R -p1 < benchmark/patches/gdn_state_ahead_of_wait.patch
-    patch -R -p1 < benchmark/patches/gemv_first_step_ahead_of_wait.patch ;;
+    ;;
   one_pass)
+    scratch_copy
     patch -p1 < benchmark/patches/moe_one_pass.patch
     python3 -m pytest -q -m gpu unit_tests/kernels/moe/test_moe_expert_pass.py unit_tests/kernels/gdn/test_gated_delta_rule.py | tail -3
     python3 benchmark/check_moe_decode_gpu.py --one_pass --rows 1,2,4,8
@@ -281,9 +291,9 @@ case "${1:-}" in
     patch -R -p1 < benchmark/patches/one_pass_off.patch && one one_pass
     patch -R -p1 < benchmark/patches/gdn_decode_v32_at_batch_1.patch && one one_pass_gdn16
     bench --model_shape qwen3.5-35b-a3b --batch_sizes 1 --output_len 48 --mtp_mode eagle_with_att --mtp_step 1 \
-      --out "$out/static_qwen3.5-35b-a3b_mtp_k1_one_pass_gdn16_h100.json"
-    patch -R -p1 < benchmark/patches/moe_one_pass.patch ;;
+      --out "$out/static_qwen3.5-35b-a3b_mtp_k1_one_pass_gdn16_h100.json" ;;
   one_token)
+    scratch_copy
     patch -p1 < benchmark/patches/moe_one_token.patch
     python3 -m pytest -q -m gpu unit_tests/kernels/moe unit_tests/kernels/gdn | tail -3
     python3 benchmark/check_moe_decode_gpu.py --rows 1,2
@@ -294,8 +304,7 @@ case "${1:-}" in
     bench --model_shape qwen3.5-35b-a3b --batch_sizes 1,32 --output_len 48 --mtp_mode eagle_with_att --mtp_step 1 \
       --out "$out/static_qwen3.5-35b-a3b_mtp_k1_one_token_h100.json"
     python3 benchmark/profile_step.py --model_shape qwen3.5-35b-a3b --batch_size 1 --steps 6 --top 25 \
-      --out "$out/profile_35b_a3b_bs1_one_token.json"
-    patch -R -p1 < benchmark/patches/moe_one_token.patch ;;
+      --out "$out/profile_35b_a3b_bs1_one_token.json" ;;
   latency_floor)
     python3 benchmark/check_dependent_kernels_gpu.py --out "$out/dependent_kernels_h100.json"
     python3 -m pytest -q -m gpu test/test_gpu_engine.py unit_tests/kernels/gdn | tail -3 ;;

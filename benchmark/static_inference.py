@@ -216,8 +216,7 @@ def spec_result(rec: GenRecord, base: dict | None, args, cfg, specs, dtype, bw: 
     res["verify_floor"] = {"bytes": vb.total, "floor_ms": vfl, "pct_of_floor": vfl / verify * 100.0 if verify else None}
     if args.tp * args.pp > 1 and verify:
         res["verify_floor_per_gpu"] = parallel_floor(cfg, model_class(cfg), dtype, bs, context, verify,
-                                                     bw["bytes_per_s"], k + 1, tp=args.tp, pp=args.pp,
-                                                     num_draft_tokens=k)  # fmt: skip
+                                                     bw["bytes_per_s"], k + 1, tp=args.tp, pp=args.pp)  # fmt: skip
     base_ms = base["decode"]["median_ms"] if base and base.get("decode") else None
     if base_ms:
         res["step_cost_vs_decode"] = stats["median_ms"] / base_ms

@@ -145,19 +145,20 @@ def test_one_gpu_stage_bytes_equal_the_step_bytes(moe):
     assert one == step_bytes(cfg, _specs(cfg), torch.bfloat16, 3, 20, 2)
 
 
-@pytest.mark.parametrize("moe", [False, True])
-def test_pipeline_stages_split_the_step(moe):
-    """pp=2: the two stages' bytes add up to the whole step's (embedding on the first stage, final norm and lm_head on
-    the last, the layers split); under MTP the last stage also reads the drafts' embedding rows."""
-    cfg = ModelConfig.from_hf(MOE if moe else DENSE)
+@pytest.mark.parametrize("config", ["dense", "moe", "tied"])
+def test_pipeline_stages_split_the_step(config):
+    """pp=2: the two stages' bytes add up to the whole step's (the embedding rows on the first stage, final norm and
+    lm_head on the last, the layers split); a tied matrix is read once, by the lm_head on the last stage."""
+    cfg = ModelConfig.from_hf({"dense": DENSE, "moe": MOE, "tied": {**DENSE, "tie_word_embeddings": True}}[config])
     whole = step_bytes(cfg, _specs(cfg), torch.bfloat16, 3, 20)
     first, last = stage_bytes(cfg, model_class(cfg), torch.bfloat16, 3, 20, pp=2)
-    for field in ("weights", "embedding_rows", "routed_experts", "kv_cache", "linear_state"):
+    for field in ("weights", "routed_experts", "kv_cache", "linear_state"):  # the tied matrix too: counted once
         assert getattr(first, field) + getattr(last, field) == pytest.approx(getattr(whole, field)), field
     assert first.kv_cache == 0 and last.kv_cache == whole.kv_cache  # the full-attention layer is layer 3
-    assert first.embedding_rows == whole.embedding_rows and last.embedding_rows == 0
-    _, last_mtp = stage_bytes(cfg, model_class(cfg), torch.bfloat16, 3, 20, pp=2, num_draft_tokens=1)
-    assert last_mtp.embedding_rows == whole.embedding_rows
+    if config == "tied":  # one GPU: the rows are inside the matrix the lm_head reads; two: stage 0 reads them
+        assert whole.embedding_rows == 0 and first.embedding_rows == 3 * H * BF16 and last.embedding_rows == 0
+    else:
+        assert first.embedding_rows == whole.embedding_rows and last.embedding_rows == 0
 
 
 def test_tensor_parallel_gpu_share():
