@@ -20,15 +20,18 @@ def prefill_graphs(llm) -> PrefillGraphSet | None:
     return next((g for g in llm.engine.model_runner.graphs if isinstance(g, PrefillGraphSet)), None)
 
 
+@pytest.mark.parametrize("model", ["dense", "moe"])
 @pytest.mark.parametrize("mtp", [{}, dict(mtp_mode="eagle_with_att", mtp_step=2)], ids=["plain", "eagle"])
 @pytest.mark.parametrize("cache", [True, False])
-def test_tokens_identical_with_and_without_prefill_graphs(tiny_dense_mtp3_dir, mtp, cache):
+def test_tokens_identical_with_and_without_prefill_graphs(tiny_dense_mtp3_dir, tiny_moe_mtp3_dir, mtp, cache, model):
+    """MoE too: a bucket's padding rows are zeroed before routing (ForwardBatch.padded)."""
+    model_dir = tiny_dense_mtp3_dir if model == "dense" else tiny_moe_mtp3_dir
     params = SamplingParams(temperature=0.0, max_new_tokens=10, ignore_eos=True)
     prompts = [SYSTEM + [1, 2, 3], SYSTEM + [4, 5], SYSTEM[:130] + [6], SYSTEM[:200] + list(range(50, 120)), [7] * 5,
                SYSTEM[:64], SYSTEM[:65]]  # fmt: skip
 
     def run(graphs):
-        llm = LLM(tiny_dense_mtp3_dir, device="cuda", dtype="float32", max_model_len=512, graph_max_batch_size=8,
+        llm = LLM(model_dir, device="cuda", dtype="float32", max_model_len=512, graph_max_batch_size=8,
                   chunked_prefill_size=256, prefix_cache=cache, prefix_cache_interval=64, prefix_cache_state_share=0.5,
                   prefill_cuda_graphs=graphs, **mtp)  # fmt: skip
         replays = []
@@ -63,15 +66,10 @@ def held_snapshots(llm):
     return held, pool.conv[:, held].clone(), pool.ssm[:, held].clone()
 
 
-def test_no_prefill_graphs_for_moe_models(tiny_moe_mtp3_dir):
-    """An MoE layer would route a bucket's padding rows: MoE prompt chunks stay eager (model_runner)."""
-    llm = LLM(tiny_moe_mtp3_dir, device="cuda", dtype="float32", max_model_len=512, graph_max_batch_size=8,
-              prefix_cache_state_share=0.5)  # fmt: skip
-    assert prefill_graphs(llm) is None
-
-
-def test_replayed_chunk_equals_the_eager_forward(tiny_dense_mtp3_dir):
-    llm = LLM(tiny_dense_mtp3_dir, device="cuda", dtype="float32", max_model_len=512, graph_max_batch_size=8,
+@pytest.mark.parametrize("model", ["dense", "moe"])
+def test_replayed_chunk_equals_the_eager_forward(tiny_dense_mtp3_dir, tiny_moe_mtp3_dir, model):
+    model_dir = tiny_dense_mtp3_dir if model == "dense" else tiny_moe_mtp3_dir
+    llm = LLM(model_dir, device="cuda", dtype="float32", max_model_len=512, graph_max_batch_size=8,
               prefix_cache_state_share=0.5, mtp_mode="eagle_with_att", mtp_step=1)  # fmt: skip
     g = prefill_graphs(llm)
     runner = llm.engine.model_runner

@@ -62,7 +62,7 @@ class EngineArgs:
     mtp_adaptive: bool = False  # each step drafts 0..mtp_step tokens, picked from live acceptance and step cost
     disable_overlap: bool = False  # read each step's tokens before queuing the next (no overlap scheduling)
     # one request's prompt chunk of <= 512 tokens replays a CUDA graph (common/basemodel/prefill_graph.py; with
-    # graph_max_batch_size > 0, the prefix cache, fla-core, one process, a dense model: MoE chunks stay eager)
+    # graph_max_batch_size > 0, the prefix cache, fla-core, one process)
     prefill_cuda_graphs: bool = True
     warm_up: bool = True  # server workers on CUDA: a short synthetic workload before taking requests (engine/warm_up.py)
     tp: int = 1  # tensor-parallel ranks (one process each; engine/parallel/)

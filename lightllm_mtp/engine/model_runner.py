@@ -55,8 +55,6 @@ class ModelRunner:
         model = self.model
         if self.graph_max_batch_size == 0 or model.rt.rank.parallel.world_size > 1 or model.caches.snapshots is None:
             return
-        if model.cfg.is_moe:  # a bucket's padding rows would be routed to experts: not covered yet (eager chunks)
-            return
         graphs = prefill_graph_set(model.forward, model.caches, keep_all_hidden, self.graph_pool, max_chunk_rows,
                                    max_model_len)  # fmt: skip
         if graphs is not None:

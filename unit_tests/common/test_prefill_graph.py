@@ -29,11 +29,13 @@ def run_one_by_one(llm, n=6):
     return [llm.generate([p], params)[0].token_ids for p in PROMPTS]
 
 
+@pytest.mark.parametrize("model", ["dense", "moe"])
 @pytest.mark.parametrize("mode", list(MODES))
-def test_padded_prompt_chunks_match_the_unpadded_forward(tiny_dense_mtp3_dir, mode):
-    expected_llm = build(tiny_dense_mtp3_dir, True, **MODES[mode])
+def test_padded_prompt_chunks_match_the_unpadded_forward(tiny_dense_mtp3_dir, tiny_moe_mtp3_dir, mode, model):
+    model_dir = tiny_dense_mtp3_dir if model == "dense" else tiny_moe_mtp3_dir
+    expected_llm = build(model_dir, True, **MODES[mode])
     expected = run_one_by_one(expected_llm)
-    llm = build(tiny_dense_mtp3_dir, True, **MODES[mode])
+    llm = build(model_dir, True, **MODES[mode])
     runner = llm.engine.model_runner
     graphs = PrefillGraphSet(runner.model.forward, runner.model.caches, keep_all_hidden=bool(MODES[mode]), pool=None,
                              sizes=(16, 32), capture=False)  # fmt: skip

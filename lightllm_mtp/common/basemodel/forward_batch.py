@@ -45,6 +45,9 @@ class ForwardBatch:
     # EXTEND: each request's new-token count as the host knows it (None: unknown), for kernels that size work tables
     # on the host without reading b1_cu_q_len (the GDN prefill's chunk table)
     host_q_lens: tuple[int, ...] | None = None
+    # EXTEND: rows past b1_cu_q_len[B] are a prefill graph bucket's padding (common/basemodel/prefill_graph.py):
+    # their activations are garbage, which layers that route rows by value (MoE) zero first
+    padded: bool = False
     # device tensors derived from the fields once per forward and shared by the layers (see `derived`)
     _derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -54,6 +57,11 @@ class ForwardBatch:
         if name not in self._derived:
             self._derived[name] = make()
         return self._derived[name]
+
+    def real_rows(self) -> torch.Tensor:
+        """[T, 1] bool: the rows before b1_cu_q_len[B] (a padded batch's real tokens), made once per forward."""
+        return self.derived("real_rows", lambda: (torch.arange(self.num_tokens, device=self.b1_cu_q_len.device)
+                                                  < self.b1_cu_q_len[-1]).unsqueeze(1))  # fmt: skip
 
     @property
     def num_tokens(self) -> int:

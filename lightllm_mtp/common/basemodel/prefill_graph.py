@@ -5,7 +5,8 @@ than the GPU needs for them (issue 16; benchmark/NOTES.md, stop 25).
 A chunk of n rows runs in the graph of the smallest bucket N >= n. Rows n..N-1 are padding: their KV goes to the
 reserved KV slot, and every kernel is told the real length by device tensors (b1_cu_q_len = [0, n] for the conv,
 attention and fla's varlen kernels, whose chunk table covers N rows: chunks past n find no rows of the request).
-Their outputs are garbage and never read: the logits row is n - 1, the hidden rows 0..n-1. Each bucket has one graph
+Their outputs are garbage and never read: the logits row is n - 1, the hidden rows 0..n-1. An MoE layer zeroes
+their activations before routing them (`ForwardBatch.padded`), so garbage never picks experts. Each bucket has one graph
 without snapshots and one per snapshot layout (the GDN states saved at up to MAX_INNER_SAVES boundaries inside the
 chunk and at its end); the layout's slots are copied in per replay. Chunks of several requests, longer ones, or
 other snapshot layouts run eagerly. The graphs come with the prefix cache (the GDN layers run fla's forward step by
@@ -95,7 +96,7 @@ class PrefillGraphSet:
             mem_index=self.mem_index[:size], b_req_idx=self.b_req_idx, b_seq_len=self.b_seq_len,
             b1_cu_q_len=self.b1_cu_q_len, b_has_initial_state=self.has_state, b_logits_index=self.logits_index,
             max_q_len=size, keep_all_hidden=self.keep_all_hidden, snapshot_plan=self._plan(size, layout),
-            host_q_lens=(size,),
+            host_q_lens=(size,), padded=True,
         )  # fmt: skip
         # made here, not inside the capture: prefill_chunks would copy a host table into the graph
         batch._derived["gdn_prefill_chunks"] = PrefillChunks(self.cu_seqlens, self.chunk_indices[: size // FLA_CHUNK_SIZE])

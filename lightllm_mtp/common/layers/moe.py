@@ -54,6 +54,8 @@ class SparseMoE(Layer):
         ]
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
+        if batch is not None and batch.padded:  # a prefill graph's padding rows: garbage (NaN) must not pick experts
+            x = torch.where(batch.real_rows(), x, 0.0)
         logits = linear(x, self.router_and_gate)  # [T, E + 1 + pad]
         e = self.num_experts
         if fused_moe_shared_fits(x, self.top_k):

@@ -51,10 +51,13 @@ def fused_moe(
     -> [T, H] in x.dtype = sum_k w_k * down_e(silu(gate_e x) * up_e x), accumulated in fp32 on CUDA (in x.dtype
     by the reference). On CUDA the weights must have unit stride along their last dim."""
     _check_moe_args(_OP, x, w_gate_up, w_down, topk_weights, topk_ids)
-    if use_triton(x) and topk_ids.numel() <= EXPERT_PASS_MAX_ROWS:
+    grouped = x.is_cuda and x.dtype == torch.bfloat16 and _grouped_mm_fits(x, w_gate_up, w_down)
+    # the expert pass also takes the large steps the grouped GEMM cannot (fp32 on CUDA): no host sync, so a prefill
+    # CUDA graph can hold it (the reference's torch.unique reads the device)
+    if use_triton(x) and (topk_ids.numel() <= EXPERT_PASS_MAX_ROWS or not grouped):
         _check_unit_stride(_OP, w_gate_up=w_gate_up, w_down=w_down)
         return expert_pass_triton(_rows_unit_stride(x), w_gate_up, w_down, topk_weights, topk_ids)
-    if x.is_cuda and x.dtype == torch.bfloat16 and _grouped_mm_fits(x, w_gate_up, w_down):
+    if grouped:
         return fused_moe_grouped(x, w_gate_up, w_down, topk_weights, topk_ids)
     return fused_moe_ref(x, w_gate_up, w_down, topk_weights, topk_ids)
 

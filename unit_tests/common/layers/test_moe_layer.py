@@ -75,3 +75,34 @@ def test_decode_path_matches_reference_path_with_one_gemm_and_three_or_five_kern
     pytest.importorskip("triton")
     out = run_interpreted(LAYER_INTERPRET_SCRIPT)
     assert "OK" in out, out[-3000:]
+
+
+def test_padding_rows_are_zeroed_before_routing():
+    """A prefill graph bucket's padding rows (ForwardBatch.padded: rows past b1_cu_q_len[B], garbage such as NaN)
+    are zeroed before the router sees them: the real rows equal the unpadded forward's, the padding rows' outputs are
+    finite (zero)."""
+    import types
+
+    import torch
+
+    from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode
+    from lightllm_mtp.common.layers.moe import SparseMoE
+    from lightllm_mtp.config.model_config import MoEConfig
+
+    gen = torch.Generator().manual_seed(1)
+    hidden, real, bucket = 32, 5, 8
+    cfg = types.SimpleNamespace(moe=MoEConfig(8, 2, 16, 24), hidden_size=hidden)
+    weights = {s.name: torch.randn(*s.shape, generator=gen) * 0.3 for s in SparseMoE.specs(cfg, "mlp.")}
+    layer = SparseMoE(cfg, "mlp.", weights)
+    x = torch.randn(bucket, hidden, generator=gen)
+    x[real:] = float("nan")
+    ints = torch.zeros(bucket, dtype=torch.int64)
+    batch = ForwardBatch(mode=ForwardMode.EXTEND, input_ids=ints, positions=ints, mem_index=ints.int(),
+                         b_req_idx=torch.zeros(1, dtype=torch.int32), b_seq_len=torch.tensor([bucket]),
+                         b1_cu_q_len=torch.tensor([0, real], dtype=torch.int32),
+                         b_has_initial_state=torch.zeros(1, dtype=torch.bool), b_logits_index=ints[:1],
+                         max_q_len=bucket, padded=True)  # fmt: skip
+    assert batch.real_rows().flatten().tolist() == [True] * real + [False] * (bucket - real)
+    out = layer.forward(x, batch, None)
+    torch.testing.assert_close(out[:real], layer.forward(x[:real], None, None))
+    assert torch.equal(out[real:], torch.zeros(bucket - real, hidden))
