@@ -67,6 +67,10 @@
 #                                       # one-token path, its B=1,32 and MTP k=1 figures and B=1 profile (scratch copy)
 #   bash benchmark/gpu_runs.sh latency_floor  # the least time of a dependent kernel and the one-row GEMV's latency +
 #                                       # bandwidth fit (check_dependent_kernels_gpu.py), then the engine's GPU tests
+#   bash benchmark/gpu_runs.sh moe_prefill_graphs_tests  # the prefill-graph, engine and MoE GPU tests (MoE models now
+#                                       # capture prefill graphs)
+#   bash benchmark/gpu_runs.sh moe_prefill_graphs  # 35B-A3B TTFT, 8k prefix + 128, eagle k=1: with and without the
+#                                       # prefill graphs
 #   bash benchmark/gpu_runs.sh prefix_cache  # 27B, MTP k=1: TTFT of an 8k shared prefix + 128-token question, cold vs
 #                                       # warm prefix cache and without it; then the prefix-cache GPU-path tests
 #   bash benchmark/gpu_runs.sh prefill16k  # 27B 1x16k prefill (static_inference, the issue-17 figure), then a kernel
@@ -308,6 +312,14 @@ case "${1:-}" in
   latency_floor)
     python3 benchmark/check_dependent_kernels_gpu.py --out "$out/dependent_kernels_h100.json"
     python3 -m pytest -q -m gpu test/test_gpu_engine.py unit_tests/kernels/gdn | tail -3 ;;
+  moe_prefill_graphs_tests) python3 -m pytest -q -m gpu test/test_gpu_prefill_graph.py test/test_gpu_engine.py \
+      unit_tests/kernels/moe/test_fused_moe.py unit_tests/kernels/moe/test_moe_expert_pass.py | tail -5 ;;
+  moe_prefill_graphs)
+    for graphs in "" --no_prefill_graphs; do
+      python3 benchmark/prefix_cache_ttft.py --model_shape qwen3.5-35b-a3b --device cuda --prefix_len 8192 \
+        --question_len 128 --mtp_mode eagle_with_att --mtp_step 1 --prefix_cache_interval 256 \
+        --max_total_token_num 65536 $graphs --out "$out/prefix_cache_ttft_qwen3.5-35b-a3b${graphs:+_eager}_h100.json"
+    done ;;
   moe_kernels) python3 -m pytest -q -m gpu unit_tests/kernels/moe
     python3 benchmark/check_moe_decode_gpu.py ;;
   moe_prefill) python3 -m pytest -q -m gpu unit_tests/kernels/moe/test_moe_permute.py unit_tests/kernels/moe/test_fused_moe.py
@@ -319,5 +331,5 @@ case "${1:-}" in
       --mtp_mode eagle_with_att --mtp_step 1 --out "$out/profile_35b_a3b_bs32_mtp_k1_moe_kernels.json" ;;
   peer) bench --model_shape qwen3.5-27b --batch_sizes 1,8 --output_len 32 --hf_peer --hf_batch_sizes 1,8 \
       --out "$out/static_qwen3.5-27b_hf_peer_h100.json" ;;
-  *) echo "usage: $0 tests|tests_spec|tests_prefill|prefill16k|35b_prefill|prefill_attention_tiles|train_mtp3_ptd|draft_cost|draft_vocab|adaptive_grid|draft_model_cost|train_drafts|27b|27b_k1|27b_large_batch|35b|35b_k1|moe_kernels|decode_sweep|stop27|stop27_final|prefetch_tests|prefetch|prefetch_ab|one_pass|one_token|latency_floor|gemv|moe_prefill|profile_35b|peer|mixed|serving_27b|serving_35b|serving_tiny|prefix_cache|prefix_serving|prefix_serving_27b|multi_turn_steps|prefix_sync_sites|tp2_tests|tp2_27b|pp2_27b|tp2_35b|pp_one_gpu" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|tests_spec|tests_prefill|prefill16k|35b_prefill|prefill_attention_tiles|train_mtp3_ptd|draft_cost|draft_vocab|adaptive_grid|draft_model_cost|train_drafts|27b|27b_k1|27b_large_batch|35b|35b_k1|moe_kernels|decode_sweep|stop27|stop27_final|prefetch_tests|prefetch|prefetch_ab|one_pass|one_token|latency_floor|moe_prefill_graphs_tests|moe_prefill_graphs|gemv|moe_prefill|profile_35b|peer|mixed|serving_27b|serving_35b|serving_tiny|prefix_cache|prefix_serving|prefix_serving_27b|multi_turn_steps|prefix_sync_sites|tp2_tests|tp2_27b|pp2_27b|tp2_35b|pp_one_gpu" >&2; exit 2 ;;
 esac

@@ -123,6 +123,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--breakdown", action="store_true", help="profile a cold request (both engines) and warm ones: torch.profiler, then cProfile")
     p.add_argument("--sync_sites", action="store_true",
                    help="a cold and a warm request under CUDA's sync debug mode: where the host waits on the device")
+    p.add_argument("--no_prefill_graphs", action="store_true",
+                   help="prompt chunks run eagerly (LLM(prefill_cuda_graphs=False)): the A/B of the prefill graphs")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -143,7 +145,8 @@ def main(argv: list[str] | None = None) -> dict:
     rows = {}
     for label, cache in (("cache", True), ("no_cache", False)):
         ns.engine_extra = dict(prefix_cache=cache, prefix_cache_interval=args.prefix_cache_interval,
-                               prefix_cache_state_share=args.prefix_cache_state_share)  # fmt: skip
+                               prefix_cache_state_share=args.prefix_cache_state_share,
+                               prefill_cuda_graphs=not args.no_prefill_graphs)  # fmt: skip
         if args.max_total_token_num:
             ns.engine_extra["max_total_token_num"] = args.max_total_token_num
         engine = build_engine(source, ns, max_model_len, mtp=args.mtp_mode is not None)
