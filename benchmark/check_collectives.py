@@ -12,7 +12,6 @@ import argparse
 import json
 import os
 import shlex
-import socket
 import sys
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ import torch.multiprocessing as mp
 from benchmark.model_shapes import MODEL_SHAPES
 from lightllm_mtp.common.parallel_state import init_parallel_state, tp_all_gather_last, tp_all_reduce
 from lightllm_mtp.config.parallel_config import ParallelConfig, RankInfo
+from lightllm_mtp.server.launcher import free_port
 
 
 def _time_us(op, device: torch.device, iters: int) -> float:
@@ -70,12 +70,6 @@ def _worker(rank: int, args, port: int, queue) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser()
     p.add_argument("--model_shape", default="qwen3.5-27b", choices=sorted(MODEL_SHAPES))
@@ -92,7 +86,7 @@ def main(argv: list[str] | None = None) -> dict:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    mp.start_processes(_worker, args=(args, _free_port(), queue), nprocs=args.tp, join=True, start_method="spawn")
+    mp.start_processes(_worker, args=(args, free_port(), queue), nprocs=args.tp, join=True, start_method="spawn")
     rows = queue.get()
     hf = MODEL_SHAPES[args.model_shape]
     report = {
