@@ -8,7 +8,6 @@ import torch
 
 os.environ.setdefault("LIGHTLLM_MTP_DISABLE_PROGRESS_BARS", "1")
 # The tiny test models are dominated by thread start-up costs: one intra-op thread is ~20x faster on CPU.
-os.environ.setdefault("LIGHTLLM_MTP_CPU_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
 

@@ -11,29 +11,33 @@ from __future__ import annotations
 import argparse
 import time
 
+# the speculative options reset for the plain-decoding run
+PLAIN = dict(mtp_mode=None, mtp_step=0, mtp_draft_model_dir=None, parallel_drafting=False, mtp_mask_token_id=None,
+             mtp_draft_vocab_file=None, mtp_draft_vocab_size=None, mtp_adaptive=False)
 DEFAULT_PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n\n", "class Stack:\n    def push(self, item):"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lightllm_mtp", description=__doc__)
-    parser.add_argument("--model_dir", default=None, help="checkpoint directory (default: the shipped tiny one)")
-    parser.add_argument("--prompt", action="append", help="prompt text (repeatable); default: three code prompts")
-    parser.add_argument("--max_new_tokens", type=int, default=48)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
-    parser.add_argument("--mtp_mode", default="eagle_with_att", choices=["eagle_with_att", "vanilla_with_att"])
-    parser.add_argument("--mtp_step", type=int, default=2, help="draft tokens per verify step")
-    parser.add_argument("--no_mtp", action="store_true", help="plain decoding only (no comparison)")
+    from lightllm_mtp.config.cli import add_options, values_given
+    from lightllm_mtp.config.engine_args import EngineArgs
+
+    parser = argparse.ArgumentParser(prog="python -m lightllm_mtp", description=__doc__, allow_abbrev=False,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    job = parser.add_argument_group("main job")
+    job.add_argument("--prompt", action="append", help="prompt text (repeatable); default: three code prompts")
+    job.add_argument("--max_new_tokens", "--max-new-tokens", "--max_tokens", "--max-tokens", dest="max_new_tokens",
+                     type=int, default=48, help="tokens to generate per prompt (default: %(default)s)")
+    job.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    job.add_argument("--no_mtp", "--no-mtp", action="store_true", help="plain decoding only (no comparison)")
+    # every engine option, as the server has them; the main job defaults to the shipped model and MTP eagle k=2
+    add_options(parser, EngineArgs, optional=("model_dir",),
+                defaults=dict(mtp_mode="eagle_with_att", mtp_step=2))  # fmt: skip
     args = parser.parse_args(argv)
+    engine_options = values_given(args, EngineArgs)
 
     from lightllm_mtp import LLM, SamplingParams
 
-    model_dir = args.model_dir
-    if model_dir is None and args.device == "cpu":
-        import torch
-
-        torch.set_num_threads(1)  # the tiny default model is latency-bound: extra threads only add overhead
+    model_dir = engine_options.pop("model_dir", None)
     if model_dir is None:
         from lightllm_mtp.tools.default_checkpoint import default_model_dir
 
@@ -42,14 +46,14 @@ def main(argv: list[str] | None = None) -> int:
     params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=0)
 
     def run(**mtp):
-        llm = LLM(model_dir, device=args.device, dtype=args.dtype, **mtp)
+        llm = LLM(model_dir, **{**engine_options, **mtp})
         llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_new_tokens=2))  # warm-up, not timed
         start = time.perf_counter()
         outputs = llm.generate(prompts, params)
         return outputs, time.perf_counter() - start
 
-    mtp = {} if args.no_mtp else dict(mtp_mode=args.mtp_mode, mtp_step=args.mtp_step)
-    outputs, elapsed = run(**mtp)
+    plain_options = {k: v for k, v in PLAIN.items() if k in engine_options or k in ("mtp_mode", "mtp_step")}
+    outputs, elapsed = run(**(plain_options if args.no_mtp else {}))
     label = "plain decoding" if args.no_mtp else f"MTP {args.mtp_mode} k={args.mtp_step}"
     for prompt, out in zip(prompts, outputs):
         print(f"=== prompt: {prompt!r}\n{prompt}{out.text}\n--- {len(out.token_ids)} tokens, finish={out.finish_reason}")
@@ -60,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model: {model_dir}\n{label}: {total} tokens in {elapsed:.2f} s ({total / elapsed:.1f} tok/s)")
     if args.no_mtp:
         return 0
-    plain, plain_elapsed = run()
+    plain, plain_elapsed = run(**plain_options)
     plain_total = sum(len(o.token_ids) for o in plain)
     same = [o.token_ids for o in outputs] == [o.token_ids for o in plain]
     what = "identical" if same else "DIFFERENT"

@@ -33,8 +33,6 @@ class Env:
     force_reference_kernels: bool
     # Hide the tqdm progress bars (weight loading, benchmarks).
     disable_progress_bars: bool
-    # torch intra-op threads on CPU (None: torch's default). Tiny models run far faster on 1 thread.
-    cpu_threads: int | None
     # Serving diagnostics: each model worker runs under cProfile and writes its stats to this path + ".rank<N>"
     # when it shuts down (None: off).
     worker_profile: str | None
@@ -54,7 +52,6 @@ def _read_env() -> Env:
         cache_dir=Path(_get_str("CACHE_DIR", str(default_cache))),
         force_reference_kernels=_get_bool("FORCE_REFERENCE_KERNELS", False),
         disable_progress_bars=_get_bool("DISABLE_PROGRESS_BARS", False),
-        cpu_threads=int(_get_str("CPU_THREADS", "0")) or None,
         worker_profile=_get_str("WORKER_PROFILE", "") or None,
         dist_backend=_get_choice("DIST_BACKEND", "auto", ("auto", "nccl", "gloo")),
         pdl=_get_bool("PDL", True),

@@ -5,21 +5,48 @@ from dataclasses import dataclass, field
 
 MIN_TEMPERATURE = 0.01  # positive temperatures below this are raised to it
 MAX_STOP_TOKEN_IDS = 1024  # checked per generated token: a set, and a bounded one
+MAX_STOP_STRINGS = 4  # OpenAI's limit
+MAX_STOP_STRING_CHARS = 1024  # output text is matched against every stop string at each step
+DEFAULT_MAX_TOKENS = 16  # as OpenAI's and vLLM's
+
+
+def check_stop_strings(stop: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
+    """`stop` as a tuple: one string or a list of them, each non-empty (the server's and the offline API's rule)."""
+    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    if len(stops) > MAX_STOP_STRINGS:
+        raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
+    if not all(isinstance(s, str) for s in stops):
+        raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
+    if any(not s for s in stops):
+        raise ValueError("stop strings must be non-empty")
+    if any(len(s) > MAX_STOP_STRING_CHARS for s in stops):
+        raise ValueError(f"stop strings are at most {MAX_STOP_STRING_CHARS} characters long")
+    return stops
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-request decoding controls (vLLM/LightLLM semantics). temperature 0 means greedy."""
+    """Per-request decoding controls (vLLM/LightLLM semantics). temperature 0 means greedy. `max_tokens` (vLLM's,
+    OpenAI's name) and `max_new_tokens` (LightLLM's) are one setting: give either."""
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1  # -1 (or 0): no top-k filter
-    max_new_tokens: int = 16
+    max_new_tokens: int | None = None  # None: max_tokens, else DEFAULT_MAX_TOKENS
     seed: int | None = None
     stop_token_ids: frozenset[int] = field(default_factory=frozenset)  # any iterable of ints is accepted
     ignore_eos: bool = False
+    # stop strings: the output ends just before the first one (not included), as the server's `stop`; a str or list
+    stop: tuple[str, ...] = ()
+    max_tokens: int | None = None  # the same setting as max_new_tokens
 
     def __post_init__(self) -> None:
+        if self.max_new_tokens is not None and self.max_tokens is not None and self.max_new_tokens != self.max_tokens:
+            raise ValueError(f"max_tokens {self.max_tokens} and max_new_tokens {self.max_new_tokens} differ: give one")
+        limit = next((v for v in (self.max_new_tokens, self.max_tokens) if v is not None), DEFAULT_MAX_TOKENS)
+        object.__setattr__(self, "max_new_tokens", limit)
+        object.__setattr__(self, "max_tokens", limit)
+        object.__setattr__(self, "stop", check_stop_strings(self.stop))
         t = self.temperature
         if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")

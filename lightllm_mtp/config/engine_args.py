@@ -1,6 +1,6 @@
-"""Engine-level settings, parsed once. The CLI and the offline LLM both build an EngineArgs; it accepts what users
-of other engines pass ("float32" or torch.float32, "cuda:1" or torch.device("cuda", 1), "eagle_with_att" or
-MtpMode.EAGLE_WITH_ATT) and holds the typed values from then on."""
+"""Engine-level settings, declared and parsed once. The CLI and the offline LLM both build an EngineArgs; it accepts
+what users of other engines pass ("bf16", "float32" or torch.float32, "cuda:1" or torch.device("cuda", 1),
+"eagle_with_att" or MtpMode.EAGLE_WITH_ATT) and holds the typed values from then on."""
 
 from __future__ import annotations
 
@@ -9,11 +9,17 @@ from dataclasses import dataclass, field
 
 import torch
 
+import os
+from pathlib import Path
+
+from lightllm_mtp.config.model_config import ModelConfig
+from lightllm_mtp.config.options import option
 from lightllm_mtp.config.parallel_config import ParallelConfig
 from lightllm_mtp.config.runtime import LoadFormat
-from lightllm_mtp.config.spec_config import MtpMode, SpecConfig
+from lightllm_mtp.config.spec_config import MAX_MTP_STEP, MtpMode, SpecConfig
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 
 
 def parse_dtype(value: str | torch.dtype, device: torch.device) -> torch.dtype:
@@ -24,8 +30,10 @@ def parse_dtype(value: str | torch.dtype, device: torch.device) -> torch.dtype:
         return value
     if value == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
+    value = _DTYPE_ALIASES.get(value, value)
     if value not in _DTYPES:
-        raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {value!r}")
+        raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)} (or {', '.join(_DTYPE_ALIASES)}), "
+                         f"got {value!r}")
     return _DTYPES[value]
 
 
@@ -41,39 +49,90 @@ def parse_device(value: str | torch.device) -> torch.device:
 
 logger = logging.getLogger("lightllm_mtp.config")
 
+MODEL, MEMORY, SPEC, PARALLEL, CACHE = ("model", "batching and memory", "MTP speculative decoding", "parallelism",
+                                       "prefix cache")  # fmt: skip
+DTYPE_CHOICES = ("auto", *_DTYPES, *_DTYPE_ALIASES)
+SMALL_MODEL_HIDDEN = 1024  # below this hidden size a CPU forward is latency-bound: one thread is fastest
+
+
 @dataclass(frozen=True)
 class EngineArgs:
-    model_dir: str
-    device: torch.device = torch.device("cpu")
-    dtype: torch.dtype | str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA; a torch.dtype after parsing
-    max_model_len: int | None = None  # None: min(config max_position_embeddings, 4096)
-    max_batch_size: int = 8  # concurrent requests (request slots)
-    max_total_token_num: int | None = None  # KV pool token slots; None: max_batch_size * max_model_len
-    chunked_prefill_size: int = 4096  # token budget of one forward (prefill chunks + decode rows)
-    load_format: LoadFormat = LoadFormat.AUTO  # DUMMY: random weights (benchmarks)
-    graph_max_batch_size: int = 64  # largest decode batch replayed from a CUDA graph (0: no graphs)
-    mtp_mode: MtpMode | None = None
-    mtp_step: int = 0  # draft tokens per step when mtp_mode is set (1..7)
-    mtp_draft_model_dir: str | None = None  # where mtp.* live (None: model_dir); mtp_mode draft_model: the draft
-    parallel_drafting: bool = False  # one draft forward drafts all mtp_step tokens (PTD with eagle, PARD with draft)
-    mtp_mask_token_id: int | None = None  # PARD's mask token (None: from the draft's config)
-    mtp_draft_vocab_file: str | None = None  # frequency-ranked token ids of a reduced draft vocabulary
-    mtp_draft_vocab_size: int | None = None  # draft logits over the first N of them (None: all in the file)
-    mtp_adaptive: bool = False  # each step drafts 0..mtp_step tokens, picked from live acceptance and step cost
-    disable_overlap: bool = False  # read each step's tokens before queuing the next (no overlap scheduling)
-    # one request's prompt chunk of <= 512 tokens replays a CUDA graph (common/basemodel/prefill_graph.py; with
-    # graph_max_batch_size > 0, the prefix cache, fla-core, one process)
-    prefill_cuda_graphs: bool = True
-    warm_up: bool = True  # server workers on CUDA: a short synthetic workload before taking requests (engine/warm_up.py)
-    tp: int = 1  # tensor-parallel ranks (one process each; engine/parallel/)
-    pp: int = 1  # pipeline stages (one process per stage and tp rank)
-    dist_timeout_s: float = 120.0  # a collective that waits longer ends the whole tp x pp group with an error
-    prefix_cache: bool = True  # share cached prompt prefixes between requests (radix tree + GDN state snapshots)
-    prefix_cache_interval: int = 256  # tokens between GDN state snapshots taken during prefill
-    # share of the memory budget (max_total_token_num KV slots' bytes) held by GDN snapshots (engine/cache_budget.py);
-    # None: sized for a few snapshots per request slot, between 0.1 and 0.5 of the budget
-    prefix_cache_state_share: float | None = None
-    prefix_cache_host_gb: float = 0.0  # pinned host memory for evicted GDN snapshots (0: none)
+    """Every engine option, declared once: `LLM(...)`'s keywords and the server's / main job's flags are derived from
+    these fields (config/options.py, config/cli.py); the cross-field checks are in `__post_init__`."""
+
+    model_dir: str = option(help="local checkpoint directory (config.json, safetensors, tokenizer)", group=MODEL,
+                            aliases=("model",))
+    device: torch.device | str = option(torch.device("cpu"), "cpu, cuda or cuda:N (with --dp N: replica i on "
+                                        "cuda:i)", group=MODEL)
+    dtype: torch.dtype | str = option("auto", "auto (bfloat16 on CUDA, float32 on CPU), bfloat16 / bf16, float16 / "
+                                      "fp16 / half, float32 / fp32", group=MODEL, aliases=("data_type",),
+                                      choices=DTYPE_CHOICES)
+    load_format: LoadFormat | str = option(LoadFormat.AUTO, "auto: the checkpoint's safetensors; dummy: random "
+                                           "weights of the checkpoint's shapes (benchmarks)", group=MODEL,
+                                           choices=tuple(f.value for f in LoadFormat))
+    cpu_threads: int | None = option(None, "torch threads of each process on CPU (none: 1 for models with hidden "
+                                     f"size < {SMALL_MODEL_HIDDEN}, which are latency-bound, else the cores divided "
+                                     "among this host's engine processes)", group=MODEL)
+    max_model_len: int | None = option(None, "prompt + generated tokens per request (none: min(the model's "
+                                       "max_position_embeddings, 4096))", group=MEMORY, aliases=("max_req_total_len",))
+    max_batch_size: int = option(32, "concurrent requests (request slots); more wait in the queue", group=MEMORY,
+                                 aliases=("running_max_req_size", "max_num_seqs"))
+    max_total_token_num: int | None = option(None, "KV pool size in tokens (none: sized by --mem_fraction on CUDA "
+                                             "when given, else max_batch_size x max_model_len)", group=MEMORY)
+    mem_fraction: float | None = option(None, "CUDA: size the KV pool (and prefix-cache snapshots) so that this "
+                                        "process uses at most this fraction of the GPU's memory, weights included "
+                                        "(ignored when --max_total_token_num is given)", group=MEMORY,
+                                        aliases=("gpu_memory_utilization",))
+    chunked_prefill_size: int = option(4096, "token budget of one forward: decode rows (1 + mtp_step each) then "
+                                       "prompt chunks", group=MEMORY, aliases=("max_num_batched_tokens",))
+    graph_max_batch_size: int = option(64, "largest decode / verify batch replayed from a CUDA graph (0: none)",
+                                       group=MEMORY, consts={"disable_cudagraph": 0})
+    prefill_cuda_graphs: bool = option(True, "CUDA: one request's prompt chunk of <= 512 tokens replays a CUDA graph "
+                                       "(with the prefix cache, fla-core, one process)", group=MEMORY,
+                                       negations=("disable_prefill_cudagraph",))
+    disable_overlap: bool = option(False, "read each step's tokens before queuing the next (by default the next "
+                                   "step is queued on the device while the host handles the current one)",
+                                   group=MEMORY)
+    warm_up: bool = option(True, "server workers on CUDA run a short synthetic workload before taking requests, so "
+                           "that compiling kernel variants does not fall on the first users", group=MEMORY,
+                           negations=("disable_warm_up",))
+    mtp_mode: MtpMode | str | None = option(None, "draft with the checkpoint's MTP head: eagle_with_att runs "
+                                            "mtp.layers.0 mtp_step times, vanilla_with_att uses mtp.layers.j for "
+                                            "draft j; draft_model: a smaller checkpoint of the same vocabulary "
+                                            "(--mtp_draft_model_dir) drafts (none: no speculation)", group=SPEC,
+                                            choices=("none", *(m.value for m in MtpMode)))
+    mtp_step: int = option(0, f"draft tokens per verify step, 1..{MAX_MTP_STEP} (needs --mtp_mode)", group=SPEC,
+                           aliases=("num_speculative_tokens",))
+    mtp_draft_model_dir: str | None = option(None, "where the mtp.* tensors live (none: model_dir); with mtp_mode "
+                                             "draft_model, the draft checkpoint", group=SPEC)
+    parallel_drafting: bool = option(False, "one draft forward drafts all mtp_step tokens from [next token, MASK x "
+                                     "(mtp_step - 1)]: PTD with eagle_with_att (needs mtp.mask_embedding / "
+                                     "mtp.mask_hidden), PARD with draft_model", group=SPEC)
+    mtp_mask_token_id: int | None = option(None, "PARD's mask token id (none: the draft config's pard_token / "
+                                           "mask_token_id)", group=SPEC)
+    mtp_draft_vocab_file: str | None = option(None, "JSON of frequency-ranked token ids (python -m "
+                                              "lightllm_mtp.tools.build_draft_vocab): the drafts' logits cover only "
+                                              "those ids", group=SPEC)
+    mtp_draft_vocab_size: int | None = option(None, "use the first N ids of --mtp_draft_vocab_file (eos and special "
+                                              "ids always included)", group=SPEC)
+    mtp_adaptive: bool = option(False, "each step drafts 0..mtp_step tokens, the number with the most expected "
+                                "tokens per ms from live acceptance and the step cost measured at start-up",
+                                group=SPEC)
+    tp: int = option(1, "tensor-parallel ranks (one process each; NCCL on CUDA, gloo on CPU)", group=PARALLEL,
+                     aliases=("tensor_parallel_size",))
+    pp: int = option(1, "pipeline stages (one process per stage and tp rank; the last stage samples, verifies and "
+                     "drafts)", group=PARALLEL, aliases=("pipeline_parallel_size",))
+    dist_timeout_s: float = option(120.0, "a collective that waits longer ends the whole tp x pp group with an error",
+                                   group=PARALLEL)
+    prefix_cache: bool = option(True, "share cached prompt prefixes between requests (radix tree + GDN state "
+                                "snapshots)", group=CACHE, aliases=("enable_prefix_caching",),
+                                negations=("disable_prefix_cache",))
+    prefix_cache_interval: int = option(256, "tokens between GDN state snapshots taken during prefill", group=CACHE)
+    prefix_cache_state_share: float | None = option(None, "share of the memory budget held by GDN state snapshots, "
+                                                    "the KV pool gets the rest (none: room for 4 snapshots per "
+                                                    "request slot, between 0.1 and 0.5 of the budget)", group=CACHE)
+    prefix_cache_host_gb: float = option(0.0, "pinned host memory (GiB) that evicted GDN snapshots move to, fetched "
+                                         "back on a hit (0: off)", group=CACHE)
     spec: SpecConfig | None = field(init=False)  # the speculative settings, None without MTP
     parallel: ParallelConfig = field(init=False)  # tp x pp
 
@@ -89,10 +148,20 @@ class EngineArgs:
             raise ValueError(f"load_format must be one of {[f.value for f in LoadFormat]}, got {self.load_format!r}")
         if self.mtp_mode in (None, "none"):
             set_field(self, "mtp_mode", None)
-            if self.mtp_step:
-                raise ValueError("mtp_step is set but mtp_mode is not")
+            if self.mtp_step or self.mtp_draft_model_dir:
+                raise ValueError("mtp_step / mtp_draft_model_dir need mtp_mode (eagle_with_att, vanilla_with_att or "
+                                 "draft_model)")
         else:
             set_field(self, "mtp_mode", MtpMode.parse(self.mtp_mode))
+            if not self.mtp_step:
+                raise ValueError(f"mtp_mode {self.mtp_mode.value} needs mtp_step (draft tokens per step, "
+                                 f"1..{MAX_MTP_STEP})")
+        if self.mtp_draft_model_dir is not None:
+            set_field(self, "mtp_draft_model_dir", str(self.mtp_draft_model_dir))
+            if not Path(self.mtp_draft_model_dir).is_dir():
+                raise ValueError(f"mtp_draft_model_dir {self.mtp_draft_model_dir} is not a directory")
+        if self.mtp_draft_vocab_file is not None:
+            set_field(self, "mtp_draft_vocab_file", str(self.mtp_draft_vocab_file))
         set_field(self, "spec", SpecConfig.from_args(
             self.mtp_mode, self.mtp_step, self.mtp_draft_model_dir, self.parallel_drafting, self.mtp_draft_vocab_file,
             self.mtp_draft_vocab_size, adaptive=self.mtp_adaptive, mask_token_id=self.mtp_mask_token_id,
@@ -120,6 +189,36 @@ class EngineArgs:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.max_total_token_num is not None and self.max_total_token_num < 1:
             raise ValueError(f"max_total_token_num must be >= 1, got {self.max_total_token_num}")
+        if self.mem_fraction is not None:
+            if not 0.0 < self.mem_fraction <= 1.0:
+                raise ValueError(f"mem_fraction must be in (0, 1], got {self.mem_fraction}")
+            if device.type != "cuda":
+                raise ValueError("mem_fraction sizes the KV pool from the GPU's memory: it needs a CUDA device "
+                                 "(on CPU give max_total_token_num, or nothing for max_batch_size x max_model_len)")
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ValueError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
+
+    def resolved_cpu_threads(self, hidden_size: int, processes: int) -> int:
+        """torch intra-op threads of one engine process on CPU: `cpu_threads` when given; else 1 for a small model
+        (its forwards are latency-bound: more threads only add start-up cost, 10x slower on a busy 2-core host),
+        else the host's cores shared among the `processes` engine processes on it."""
+        if self.cpu_threads is not None:
+            return self.cpu_threads
+        if hidden_size < SMALL_MODEL_HIDDEN:
+            return 1
+        return max(1, (os.cpu_count() or 1) // max(1, processes))
+
+    def check_model(self, cfg: ModelConfig) -> int:
+        """The checks that need the model's config (the server runs them before starting workers, the engine before
+        loading); returns the resolved max_model_len."""
+        self.parallel.check_model(cfg)
+        max_len = self.resolved_max_model_len(cfg.max_position_embeddings)
+        if self.max_total_token_num is not None and self.max_total_token_num < max_len:
+            raise ValueError(
+                f"max_total_token_num {self.max_total_token_num} is below max_model_len {max_len}: a request of "
+                "full length could never be admitted; raise it or lower max_model_len"
+            )
+        return max_len
 
     def resolved_max_model_len(self, max_position_embeddings: int) -> int:
         if self.max_model_len is None:

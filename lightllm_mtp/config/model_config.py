@@ -18,6 +18,17 @@ class ModelConfigError(ValueError):
     """A config.json that this engine cannot serve; the message names the offending field."""
 
 
+def missing_model_dir_message(model_dir: str) -> str:
+    """A model directory that does not exist; a hub id ("Qwen/Qwen3.5-27B") gets told how to fetch it, since this
+    engine loads local checkpoints only."""
+    message = f"model directory {model_dir!r} does not exist: a local checkpoint directory is expected"
+    parts = model_dir.split("/")
+    if len(parts) == 2 and all(parts) and not model_dir.startswith((".", "~")):
+        message += (f" ({model_dir!r} looks like a Hugging Face hub id: download it first, e.g. "
+                    f"`huggingface-cli download {model_dir} --local-dir DIR`, then pass DIR)")
+    return message
+
+
 class ModelType(Enum):
     QWEN3_5 = "qwen3_5"
     QWEN3_5_MOE = "qwen3_5_moe"
@@ -110,6 +121,8 @@ class ModelConfig:
     @classmethod
     def from_model_dir(cls, model_dir: str | Path) -> "ModelConfig":
         path = Path(model_dir) / "config.json"
+        if not Path(model_dir).is_dir():
+            raise ModelConfigError(missing_model_dir_message(str(model_dir)))
         if not path.is_file():
             raise ModelConfigError(f"{path}: config.json not found")
         try:

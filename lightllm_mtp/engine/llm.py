@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import difflib
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
-import torch
 from tqdm import tqdm
 
 from lightllm_mtp.config.engine_args import EngineArgs
+from lightllm_mtp.config.options import options_of
+from lightllm_mtp.engine.detokenizer import IncrementalDetokenizer
 from lightllm_mtp.engine.llm_engine import LLMEngine
+from lightllm_mtp.engine.request import Request
 from lightllm_mtp.env import ENV
 from lightllm_mtp.sampling_params import SamplingParams
 from lightllm_mtp.spec_decode.stats import SpecStats
 
-Prompt = str | list[int]
+PromptInput = str | list[int] | dict  # dict: vLLM's {"prompt": str} or {"prompt_token_ids": list[int]}
 
 
 @dataclass(frozen=True)
@@ -29,65 +33,13 @@ class RequestOutput:
 
 
 class LLM:
-    def __init__(
-        self,
-        model_dir: str | Path,
-        device: str | torch.device = "cpu",
-        dtype: str | torch.dtype = "auto",
-        max_model_len: int | None = None,
-        max_batch_size: int = 8,
-        max_total_token_num: int | None = None,
-        chunked_prefill_size: int = 4096,
-        graph_max_batch_size: int = 64,
-        mtp_mode: str | None = None,
-        mtp_step: int = 0,
-        mtp_draft_model_dir: str | Path | None = None,
-        parallel_drafting: bool = False,
-        mtp_draft_vocab_file: str | Path | None = None,
-        mtp_draft_vocab_size: int | None = None,
-        mtp_adaptive: bool = False,
-        mtp_mask_token_id: int | None = None,
-        disable_overlap: bool = False,
-        prefill_cuda_graphs: bool = True,
-        tp: int = 1,
-        pp: int = 1,
-        dist_timeout_s: float = 120.0,
-        prefix_cache: bool = True,
-        prefix_cache_interval: int = 256,
-        prefix_cache_state_share: float | None = None,
-        prefix_cache_host_gb: float = 0.0,
-    ):
-        """tp / pp > 1: this process drives tp x pp - 1 follower processes (engine/parallel/); `shutdown()` ends
-        them (they also end with this process)."""
-        args = EngineArgs(
-            model_dir=str(model_dir),
-            device=device,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            max_batch_size=max_batch_size,
-            max_total_token_num=max_total_token_num,
-            chunked_prefill_size=chunked_prefill_size,
-            graph_max_batch_size=graph_max_batch_size,
-            mtp_mode=mtp_mode,
-            mtp_step=mtp_step,
-            mtp_draft_model_dir=None if mtp_draft_model_dir is None else str(mtp_draft_model_dir),
-            parallel_drafting=parallel_drafting,
-            mtp_draft_vocab_file=None if mtp_draft_vocab_file is None else str(mtp_draft_vocab_file),
-            mtp_draft_vocab_size=mtp_draft_vocab_size,
-            prefill_cuda_graphs=prefill_cuda_graphs,
-            mtp_adaptive=mtp_adaptive,
-            mtp_mask_token_id=mtp_mask_token_id,
-            disable_overlap=disable_overlap,
-            tp=tp,
-            pp=pp,
-            dist_timeout_s=dist_timeout_s,
-            prefix_cache=prefix_cache,
-            prefix_cache_interval=prefix_cache_interval,
-            prefix_cache_state_share=prefix_cache_state_share,
-            prefix_cache_host_gb=prefix_cache_host_gb,
-        )
-        self.engine = LLMEngine(args)
-        self.tokenizer = _load_tokenizer(model_dir)
+    """The offline engine. Keywords: every option of `EngineArgs` (docs/flags.md lists them), `model` as another
+    name of `model_dir`. tp / pp > 1: this process drives tp x pp - 1 follower processes (engine/parallel/);
+    `shutdown()` ends them (they also end with this process)."""
+
+    def __init__(self, model_dir: str | Path | None = None, **options: Any):
+        self.engine = LLMEngine(engine_args_from_keywords(model_dir, options))
+        self.tokenizer = _load_tokenizer(self.engine.args.model_dir)
 
     def shutdown(self) -> None:
         """Ends the follower ranks of a tp / pp LLM (they also end with this process)."""
@@ -101,14 +53,14 @@ class LLM:
 
     def generate(
         self,
-        prompts: Prompt | Sequence[Prompt],
+        prompts: PromptInput | Sequence[PromptInput],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
-        """Prompts are strings or token-id lists; outputs come back in prompt order."""
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # one prompt
-        prompt_ids = [self._encode(p) for p in prompts]
+        """Prompts are strings, token-id lists or vLLM's dicts ({"prompt": str} / {"prompt_token_ids": [...]}), one
+        or a list of them; outputs come back in prompt order. Stop strings (SamplingParams.stop) end a text as the
+        server's do: just before the stop string, which is not returned."""
+        prompt_ids = [self._encode(p) for p in _as_prompt_list(prompts)]
         if sampling_params is None:
             sampling_params = SamplingParams()
         params = [sampling_params] * len(prompt_ids) if isinstance(sampling_params, SamplingParams) else list(
@@ -118,37 +70,100 @@ class LLM:
             raise ValueError(f"{len(params)} SamplingParams for {len(prompt_ids)} prompts")
         for ids, p in zip(prompt_ids, params):  # reject bad input before any request is queued
             if not isinstance(p, SamplingParams):
-                raise ValueError(f"sampling_params must be SamplingParams, got {type(p).__name__}")
+                raise TypeError(f"sampling_params must be SamplingParams, got {type(p).__name__}")
+            if p.stop and self.tokenizer is None:
+                raise ValueError("stop strings need a tokenizer: this model directory has none")
             self.engine.validate_request(ids, p)
         reqs = [self.engine.add_request(ids, p) for ids, p in zip(prompt_ids, params)]
+        stops = {id(r): _StopStrings(self.tokenizer, r) for r in reqs if r.params.stop}
         with tqdm(total=len(reqs), desc="generate", disable=not use_tqdm or ENV.disable_progress_bars) as bar:
             while self.engine.has_unfinished():
-                bar.update(len(self.engine.step()))
-        return [
-            RequestOutput(
-                prompt_token_ids=r.prompt_ids,
-                token_ids=list(r.output_ids),
-                text=self._decode(r.output_ids),
-                finish_reason=r.finish_reason.value if r.finish_reason else "abort",
-                spec=r.spec_stats,
-                num_cached_tokens=r.num_cached_tokens,
-            )
-            for r in reqs
-        ]
+                for out in self.engine.step_outputs():
+                    stop = stops.get(id(out.request))
+                    if stop is not None and not out.finished and stop.push(out.new_token_ids, final=False):
+                        self.engine.abort(out.request)  # as the server tells its worker to
+                        bar.update(1)
+                    elif out.finished:
+                        if stop is not None:
+                            stop.push(out.new_token_ids, final=True)
+                        bar.update(1)
+        return [self._output(r, stops.get(id(r))) for r in reqs]
 
-    def _encode(self, prompt: Prompt) -> list[int]:
+    def _output(self, req: Request, stop: "_StopStrings | None") -> RequestOutput:
+        token_ids, text = list(req.output_ids), None
+        reason = req.finish_reason.value if req.finish_reason else "abort"
+        if stop is not None:
+            token_ids, text = token_ids[: stop.kept], stop.detok.text
+            if stop.detok.stopped:
+                reason = "stop"
+        return RequestOutput(
+            prompt_token_ids=req.prompt_ids,
+            token_ids=token_ids,
+            text=self._decode(token_ids) if text is None else text,
+            finish_reason=reason,
+            spec=req.spec_stats,
+            num_cached_tokens=req.num_cached_tokens,
+        )
+
+    def _encode(self, prompt: PromptInput) -> list[int]:
+        if isinstance(prompt, dict):
+            prompt = _from_dict(prompt)
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this model directory has no tokenizer: pass token-id lists")
             return self.tokenizer.encode(prompt, add_special_tokens=False)
-        if not isinstance(prompt, (list, tuple)) or not all(isinstance(t, int) for t in prompt):
-            raise ValueError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
-        return list(prompt)
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return list(prompt)
+        raise TypeError(f"a prompt must be a str, a list of token ids or a dict with 'prompt' / 'prompt_token_ids', "
+                        f"got {_describe(prompt)}")
 
     def _decode(self, token_ids: list[int]) -> str:
         if self.tokenizer is None:
             return ""
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+class _StopStrings:
+    """One request's stop strings, matched on its text as the server matches them (engine/detokenizer.py)."""
+
+    def __init__(self, tokenizer, req: Request):
+        self.detok = IncrementalDetokenizer(tokenizer, req.prompt_ids, req.params.stop)
+        self.kept = 0  # output tokens up to the one completing a stop string
+
+    def push(self, tokens: list[int], final: bool) -> bool:
+        """Adds a step's tokens; True when a stop string ended the text."""
+        was_stopped = self.detok.stopped
+        self.detok.push(tokens, final)
+        if not was_stopped:
+            self.kept += self.detok.used
+        return self.detok.stopped
+
+
+def _as_prompt_list(prompts) -> list:
+    if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        return [prompts]  # one prompt
+    if isinstance(prompts, (list, tuple)):
+        return list(prompts)
+    raise TypeError(f"prompts must be a prompt or a list of prompts, got {_describe(prompts)}")
+
+
+def _from_dict(prompt: dict) -> str | list[int]:
+    keys = set(prompt) & {"prompt", "prompt_token_ids"}
+    if len(keys) != 1:
+        raise TypeError(f"a dict prompt needs exactly one of 'prompt' or 'prompt_token_ids', got keys {sorted(prompt)}")
+    extra = set(prompt) - keys
+    if extra:  # vLLM's multi_modal_data and friends are not supported: refused, never dropped
+        raise ValueError(f"dict prompt fields {sorted(extra)} are not supported")
+    value = prompt[keys.pop()]
+    if "prompt" in prompt and not isinstance(value, str):
+        raise TypeError(f"'prompt' must be a str, got {_describe(value)}")
+    if "prompt_token_ids" in prompt and isinstance(value, str):
+        raise TypeError("'prompt_token_ids' must be a list of ints, got a str")
+    return value
+
+
+def _describe(value) -> str:
+    return f"{type(value).__name__} {value!r:.60}"
 
 
 def _load_tokenizer(model_dir: str | Path):
@@ -157,3 +172,40 @@ def _load_tokenizer(model_dir: str | Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def engine_args_from_keywords(model_dir: str | Path | None, options: dict[str, Any]) -> EngineArgs:
+    """`LLM(...)`'s keywords -> EngineArgs: `model=` is `model_dir=`; a keyword that is no option is a TypeError
+    naming the closest option."""
+    names = [opt.name for opt in options_of(EngineArgs)]
+    options = dict(options)
+    if "model" in options:
+        if model_dir is not None or "model_dir" in options:
+            raise TypeError("LLM() got both model and model_dir: give one")
+        model_dir = options.pop("model")
+    if "model_dir" in options:
+        if model_dir is not None:
+            raise TypeError("LLM() got model_dir twice")
+        model_dir = options.pop("model_dir")
+    if model_dir is None:
+        raise TypeError("LLM() needs a model directory: LLM(model_dir) or LLM(model=...)")
+    unknown = [k for k in options if k not in names]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], names, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else " (the options are listed in docs/flags.md)"
+        raise TypeError(f"LLM() got an unexpected keyword argument {unknown[0]!r}{hint}")
+    return EngineArgs(model_dir=str(model_dir), **options)
+
+
+def _signature() -> inspect.Signature:
+    """LLM.__init__'s signature as help() and editors show it: the EngineArgs options with their defaults."""
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for opt in options_of(EngineArgs):
+        default = None if opt.required else opt.default
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD if opt.name == "model_dir" else inspect.Parameter.KEYWORD_ONLY
+        params.append(inspect.Parameter(opt.name, kind, default=default))
+    params.insert(2, inspect.Parameter("model", inspect.Parameter.KEYWORD_ONLY, default=None))
+    return inspect.Signature(params)
+
+
+LLM.__init__.__signature__ = _signature()

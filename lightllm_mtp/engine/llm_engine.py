@@ -22,7 +22,6 @@ from lightllm_mtp.engine.cache_budget import cache_budget_of
 from lightllm_mtp.engine.prefix_cache import PrefixCacheStats
 from lightllm_mtp.engine.request import FinishReason, Request, RequestStatus
 from lightllm_mtp.engine.scheduler import Scheduler
-from lightllm_mtp.env import ENV
 from lightllm_mtp.sampling_params import SamplingParams
 
 
@@ -52,9 +51,9 @@ class EngineUsage:
 class LLMEngine:
     def __init__(self, args: EngineArgs):
         self.args = args
-        if args.device.type == "cpu" and ENV.cpu_threads:
-            torch.set_num_threads(ENV.cpu_threads)
         self.model_config = cfg = ModelConfig.from_model_dir(args.model_dir)
+        if args.device.type == "cpu":  # tp / pp followers take the driver's count (engine/parallel/group.py)
+            torch.set_num_threads(args.resolved_cpu_threads(cfg.hidden_size, args.parallel.world_size))
         self.max_model_len = args.resolved_max_model_len(cfg.max_position_embeddings)
         self.cache_budget = budget = cache_budget_of(args, cfg, self.max_model_len)
         kv_pool_size = budget.kv_tokens

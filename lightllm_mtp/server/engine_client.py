@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 
 from lightllm_mtp.sampling_params import SamplingParams
-from lightllm_mtp.server.detokenizer import IncrementalDetokenizer
+from lightllm_mtp.engine.detokenizer import IncrementalDetokenizer
 from lightllm_mtp.server.messages import (
     AbortRequest,
     AddRequest,

@@ -83,13 +83,9 @@ class ModelWorker:
 
         from lightllm_mtp.engine.llm_engine import LLMEngine
         from lightllm_mtp.engine.warm_up import warm_up
-        from lightllm_mtp.env import ENV
 
         if engine_args.device.type == "cuda" and engine_args.device.index is not None:
             torch.cuda.set_device(engine_args.device)  # graphs, streams and Triton launches on our GPU
-        elif not ENV.cpu_threads:
-            processes = dp * engine_args.parallel.world_size  # replicas x their tp / pp ranks share the host's cores
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // processes))
         self.rank = rank
         self.inbox, self.outbox = inbox, outbox
         self.parent_pid = os.getppid()

@@ -15,10 +15,7 @@ from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
-from lightllm_mtp.sampling_params import MAX_STOP_TOKEN_IDS, SamplingParams
-
-MAX_STOP_STRINGS = 4  # OpenAI's limit
-MAX_STOP_STRING_CHARS = 1024  # output text is matched against every stop string at each step, in the front
+from lightllm_mtp.sampling_params import MAX_STOP_TOKEN_IDS, SamplingParams, check_stop_strings
 STRICT = ConfigDict(extra="ignore", strict=True)
 
 # Every collection stops at its first bad item: an 8 MiB body of 1.6M `true`s as token ids otherwise builds an error
@@ -83,13 +80,7 @@ def _reject_lone_surrogates(data) -> None:
 
 
 def check_stop(v: str | list[str] | None) -> str | list[str] | None:
-    stops = [v] if isinstance(v, str) else v or []
-    if len(stops) > MAX_STOP_STRINGS:
-        raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
-    if any(not s for s in stops):
-        raise ValueError("stop strings must be non-empty")
-    if any(len(s) > MAX_STOP_STRING_CHARS for s in stops):
-        raise ValueError(f"stop strings are at most {MAX_STOP_STRING_CHARS} characters long")
+    check_stop_strings(v)  # the offline API's rule (sampling_params.py)
     return v
 
 

@@ -32,7 +32,8 @@ def test_auto_dtype_and_no_mtp():
         (dict(device="tpu"), "device"),
         (dict(load_format="pickle"), "load_format"),
         (dict(mtp_mode="medusa", mtp_step=1), "mtp_mode"),
-        (dict(mtp_step=2), "mtp_step is set"),
+        (dict(mtp_step=2), "mtp_step .* need mtp_mode"),
+            (dict(mtp_mode="eagle_with_att"), "needs mtp_step"),
         (dict(mtp_mode="eagle_with_att", mtp_step=9), "mtp_step"),
     ],
 )

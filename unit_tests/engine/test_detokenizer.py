@@ -7,7 +7,7 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
-from lightllm_mtp.server.detokenizer import IncrementalDetokenizer
+from lightllm_mtp.engine.detokenizer import IncrementalDetokenizer
 
 TEXT = "def add(a, b):\n    return a + b  # héllo wörld, ✓ 日本語 — ok\n\nprint(add(1, 2))\n"
 
@@ -72,7 +72,7 @@ def test_long_stop_strings_cost_little_per_step(tokenizer):
     compares only the tails that start like a stop string (every tail length: ~1M character comparisons a step)."""
     import time
 
-    from lightllm_mtp.server.protocol import MAX_STOP_STRING_CHARS
+    from lightllm_mtp.sampling_params import MAX_STOP_STRING_CHARS
 
     stops = tuple(c * (MAX_STOP_STRING_CHARS - 1) + "!" for c in "wxyz")
     detok = IncrementalDetokenizer(tokenizer, [], stops)

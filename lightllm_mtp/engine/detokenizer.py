@@ -1,4 +1,5 @@
-"""Incremental detokenization of one request's output, with stop strings. Runs in the HTTP front process.
+"""Incremental detokenization of one request's output, with stop strings: the server's front process and
+`LLM.generate` (offline stop strings) both use it, so the two end a text at a stop string alike.
 
 Each push decodes a short sliding window (vLLM's prefix / read offsets) rather than the whole output, so a
 step costs O(window). Text is held back while it ends in an incomplete UTF-8 sequence or in a prefix of a stop
