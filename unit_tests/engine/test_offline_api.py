@@ -1,0 +1,70 @@
+"""The offline API as a vLLM user writes it: dict prompts, max_tokens, stop strings; anything that is not a prompt is
+a TypeError, never generated from."""
+
+import pytest
+
+from lightllm_mtp import LLM, SamplingParams
+
+GREEDY = dict(temperature=0.0, seed=0)
+
+
+@pytest.fixture(scope="module")
+def llm(trained_dense_dir):
+    return LLM(trained_dense_dir, max_model_len=256, max_batch_size=4)
+
+
+def test_dict_prompts_equal_their_plain_forms(llm):
+    params = SamplingParams(max_tokens=8, **GREEDY)
+    ids = llm.tokenizer.encode("def add(a, b):", add_special_tokens=False)
+    want = llm.generate("def add(a, b):", params)[0].token_ids
+    assert llm.generate({"prompt": "def add(a, b):"}, params)[0].token_ids == want
+    assert llm.generate({"prompt_token_ids": ids}, params)[0].token_ids == want
+    outs = llm.generate([{"prompt": "def add(a, b):"}, {"prompt_token_ids": ids}, ids], params)
+    assert [o.token_ids for o in outs] == [want] * 3
+
+
+@pytest.mark.parametrize("prompt", [3.5, None, {"prompt_ids": [1, 2]}, {"prompt": [1, 2]},
+                                    {"prompt_token_ids": "abc"}, [[1, 2], 7.0], b"bytes", [True, False]])
+def test_anything_else_is_a_type_error_and_queues_nothing(llm, prompt):
+    with pytest.raises(TypeError):
+        llm.generate(prompt, SamplingParams(max_tokens=4, **GREEDY))
+    assert not llm.engine.has_unfinished()
+
+
+def test_unsupported_dict_fields_are_refused(llm):
+    with pytest.raises(ValueError, match="multi_modal_data"):
+        llm.generate({"prompt": "x", "multi_modal_data": {}}, SamplingParams(max_tokens=4))
+
+
+def test_max_tokens_is_max_new_tokens():
+    assert SamplingParams(max_tokens=7).max_new_tokens == 7
+    assert SamplingParams(max_new_tokens=7).max_tokens == 7
+    assert SamplingParams().max_tokens == 16
+    assert SamplingParams(max_tokens=5, max_new_tokens=5).max_new_tokens == 5
+    with pytest.raises(ValueError, match="differ"):
+        SamplingParams(max_tokens=5, max_new_tokens=6)
+
+
+@pytest.mark.parametrize("stop", [[""], ["a"] * 5, [3], "x" * 1025])
+def test_bad_stop_strings_are_refused(stop):
+    with pytest.raises(ValueError, match="stop"):
+        SamplingParams(stop=stop)
+
+
+@pytest.mark.parametrize("mtp", [{}, dict(mtp_mode="eagle_with_att", mtp_step=2)], ids=["plain", "mtp"])
+def test_stop_strings_end_the_text_before_them(trained_dense_dir, mtp):
+    llm = LLM(trained_dense_dir, max_model_len=256, max_batch_size=4, **mtp)
+    prompts = ["def fibonacci(n):", "import os\nimport sys\n\n", "class Stack:\n    def push(self, item):"]
+    full = llm.generate(prompts, SamplingParams(max_tokens=40, **GREEDY))
+    for prompt, out in zip(prompts, full):
+        text = out.text
+        stop = text[len(text) // 2 : len(text) // 2 + 3]  # a piece of the middle: it must cut there
+        if not stop.strip():
+            continue
+        cut = llm.generate(prompt, SamplingParams(max_tokens=40, stop=[stop], **GREEDY))[0]
+        assert cut.text == text[: text.index(stop)], (prompt, stop)
+        assert cut.finish_reason == "stop"
+        assert full[0] is not cut and out.token_ids[: len(cut.token_ids)] == cut.token_ids
+        assert len(cut.token_ids) < len(out.token_ids)
+        assert llm.tokenizer.decode(cut.token_ids).find(stop) >= 0  # the token completing the stop string is kept
+    assert not llm.engine.has_unfinished() and llm.engine.scheduler.reserved == 0
