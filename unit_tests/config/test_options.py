@@ -126,3 +126,13 @@ def test_mtp_cross_checks_live_in_engine_args():
         EngineArgs(model_dir="-", mem_fraction=0.9)
     with pytest.raises(ValueError, match="cpu_threads"):
         EngineArgs(model_dir="-", cpu_threads=0)
+
+
+def test_flags_page_is_generated_from_the_declarations():
+    pytest.importorskip("fastapi")
+    from pathlib import Path
+
+    from lightllm_mtp.tools.flags_doc import render
+
+    page = Path(__file__).resolve().parents[2] / "docs" / "flags.md"
+    assert page.read_text() == render(), "regenerate: python -m lightllm_mtp.tools.flags_doc > docs/flags.md"

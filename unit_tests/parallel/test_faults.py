@@ -21,7 +21,6 @@ def one_request(eng):
     return req.output_ids
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("signal_name,state", [("SIGKILL", "exited with code -9"), ("SIGSTOP", "not answering")])
 def test_a_dead_or_hung_rank_ends_the_group(signal_name, state):
     eng = engine(DENSE, {}, tp=2, dist_timeout_s=TIMEOUT)
@@ -44,7 +43,6 @@ def test_a_dead_or_hung_rank_ends_the_group(signal_name, state):
         eng.shutdown()
 
 
-@pytest.mark.slow
 def test_a_rank_that_cannot_load_fails_the_start_on_every_rank(tmp_path):
     """Every rank reports its start status; one failing rank ends the start with each rank's reason."""
     (tmp_path / "config.json").write_text((DENSE / "config.json").read_text())

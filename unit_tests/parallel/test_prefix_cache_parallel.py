@@ -98,7 +98,6 @@ def compare_stage(stage, want, running, rows, cfg):
                 torch.testing.assert_close(whole, ref, rtol=1e-4, atol=1e-4, msg=key)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("model_dir,mtp,tp,pp", CASES, ids=IDS)
 def test_prefix_cache_under_tp_pp(tmp_path, model_dir, mtp, tp, pp):
     want, _ = chat(engine(model_dir, mtp, prefix_cache=False))
@@ -134,7 +133,6 @@ def test_prefix_cache_under_tp_pp(tmp_path, model_dir, mtp, tp, pp):
     assert seen == set(layer_keys(want_state))  # every layer and its snapshots on exactly one stage
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("tp,pp,host_snapshots", [(2, 1, 0), (1, 2, 16)])
 def test_evictions_stops_and_aborts_replay_alike(tp, pp, host_snapshots):
     """The parallel workload (chunked prefill, queueing, stop tokens inside accepted MTP blocks, an abort), twice in

@@ -44,7 +44,6 @@ def run_both(model_dir, tmp_path, tp, pp):
     return want, got, reqs
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("model_dir,pp", [(MOE, 2), (DENSE, 3)], ids=["moe-pp2", "dense-pp3"])  # pp3: a middle stage
 def test_pipeline_stages_hold_the_committed_state_only(tmp_path, model_dir, pp):
     want, stages, reqs = run_both(model_dir, tmp_path, tp=1, pp=pp)
@@ -70,7 +69,6 @@ def test_pipeline_stages_hold_the_committed_state_only(tmp_path, model_dir, pp):
     assert sum(map(len, owned)) == len(layer_keys) and all(owned)
 
 
-@pytest.mark.slow
 def test_tensor_parallel_shards_reassemble_to_the_one_process_state(tmp_path):
     cfg = ModelConfig.from_model_dir(DENSE)
     want, ranks, reqs = run_both(DENSE, tmp_path, tp=2, pp=1)
@@ -96,7 +94,6 @@ def test_tensor_parallel_shards_reassemble_to_the_one_process_state(tmp_path):
         assert torch.equal(rank["draft_table"], want["draft_table"])
 
 
-@pytest.mark.slow
 def test_sampling_ranks_draw_the_same_tokens(tmp_path):
     """Temperature sampling under tp=2 (overlap off): every rank samples from the same gathered logits with the same
     generator (an unseeded request gets one from the driver), so the ranks' block rows and page tables stay equal;

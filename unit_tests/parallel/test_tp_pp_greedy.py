@@ -41,7 +41,6 @@ def reference(model_dir, mtp):
     return _reference[key]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("model_dir,mtp,tp,pp", CASES, ids=IDS)
 def test_greedy_tokens_identical_to_one_process(model_dir, mtp, tp, pp):
     want = reference(model_dir, mtp)
@@ -58,7 +57,6 @@ def test_greedy_tokens_identical_to_one_process(model_dir, mtp, tp, pp):
     assert 0 < len(want[0][0]) < 30  # aborted mid-generation
 
 
-@pytest.mark.slow
 def test_reduced_draft_vocabulary_under_tp(tmp_path):
     """The draft's lm_head rows of a reduced vocabulary, gathered whole on every tp rank: same tokens as one process
     with the same vocabulary file."""
