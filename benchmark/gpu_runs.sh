@@ -18,7 +18,7 @@
 #   bash benchmark/gpu_runs.sh tests_spec  # the GPU tests of the drafting modes and the draft-window kernel
 #   bash benchmark/gpu_runs.sh train_mtp3_ptd  # the trained tiny fixture with 3 MTP modules and PTD mask inputs,
 #                                       # then its acceptance on the GPU; packed as $OUT/<fixture>.tar.part-* (the
-#                                       # device tool returns at most 8 files), unpacked into lightllm_mtp/fixtures/
+#                                       # device tool returns at most 8 files), unpacked into fixtures/
 #   bash benchmark/gpu_runs.sh draft_cost [KS]  # 27B draft cost per step by mode, k = 1..7 (or the list KS)
 #   bash benchmark/gpu_runs.sh draft_vocab  # 27B eagle k=1,3 with the full vs a 32k-id draft vocabulary
 #   bash benchmark/gpu_runs.sh adaptive_grid  # 27B: adaptive k vs the best fixed k on a (B, acceptance) grid
@@ -123,7 +123,7 @@ case "${1:-}" in
       unit_tests/kernels/gdn ;;
   train_mtp3_ptd)  # 3 MTP modules + parallel-drafting mask inputs on one target, then acceptance on the GPU
     name=tiny_qwen3_5_mtp3_ptd_trained
-    if [ -n "${OUT:-}" ]; then dir=/tmp/fixtures/$name; else dir=lightllm_mtp/fixtures/$name; fi
+    if [ -n "${OUT:-}" ]; then dir=/tmp/fixtures/$name; else dir=fixtures/$name; fi
     python3 -m lightllm_mtp.training.train_tiny --arch qwen3_5 --mtp_layers 3 --ptd --out "$dir" --no_progress_bar \
       | grep -v '^{"step"'
     if [ -n "${OUT:-}" ]; then tar cf - -C /tmp/fixtures "$name" | split -b 15M - "$OUT/$name.tar.part-"; fi
@@ -155,16 +155,16 @@ case "${1:-}" in
     done ;;
   draft_cost) python3 benchmark/draft_cost.py --model_shape qwen3.5-27b --device cuda --ks "${2:-1,2,3,4,5,6,7}" \
       --modes eagle_with_att,ptd,vanilla_with_att --out "$out/draft_cost_qwen3.5-27b_h100.json" \
-      --acceptance lightllm_mtp/fixtures/tiny_qwen3_5_mtp3_ptd_trained/acceptance_*.json ;;
+      --acceptance fixtures/tiny_qwen3_5_mtp3_ptd_trained/acceptance_*.json ;;
   draft_model_cost) python3 benchmark/draft_cost.py --model_shape qwen3.5-27b --draft_shape qwen3.5-0.8b \
       --device cuda --ks "${2:-1,2,3,4,5}" --modes draft_model,pard,eagle_with_att \
       --out "$out/draft_model_cost_qwen3.5-27b_0.8b_h100.json" \
-      --acceptance ${DRAFTS_DIR:-lightllm_mtp/fixtures}/tiny_qwen3_5_draft*_trained/acceptance_gpu.json \
+      --acceptance ${DRAFTS_DIR:-fixtures}/tiny_qwen3_5_draft*_trained/acceptance_gpu.json \
         lightllm_mtp/fixtures/tiny_qwen3_5_trained/acceptance_gpu_eagle_k1-5.json ;;
   train_drafts)  # a draft and a PARD draft for the shipped trained target (same tokenizer), then acceptance
     target=lightllm_mtp/fixtures/tiny_qwen3_5_trained
     for name in tiny_qwen3_5_draft_trained tiny_qwen3_5_draft_pard_trained; do
-      if [ -n "${OUT:-}" ]; then dir=/tmp/fixtures/$name; else dir=lightllm_mtp/fixtures/$name; fi
+      if [ -n "${OUT:-}" ]; then dir=/tmp/fixtures/$name; else dir=fixtures/$name; fi
       flags=(); mode=draft_model
       if [ "$name" = tiny_qwen3_5_draft_pard_trained ]; then flags=(--pard); mode=pard; fi
       python3 -m lightllm_mtp.training.train_draft --target_dir "$target" --out "$dir" --steps 1500 --batch_size 32 \

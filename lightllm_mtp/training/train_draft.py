@@ -3,7 +3,7 @@ target, so the same vocabulary), fewer layers / smaller hidden, tied embeddings,
 PARD's mask-token loss, so that one forward from [x_{t+1}, MASK x (k-1)] drafts k tokens.
 
     python -m lightllm_mtp.training.train_draft --target_dir lightllm_mtp/fixtures/tiny_qwen3_5_trained \\
-        --out lightllm_mtp/fixtures/tiny_qwen3_5_draft_trained [--pard]
+        --out fixtures/tiny_qwen3_5_draft_trained [--pard]
 
 PARD training (a GDN draft is recurrent, so mask rows cannot be attention-masked side branches as in the MTP
 head's PTD training): every window gets one anchor a (uniform in the second half); positions a+1..a+K-1 read the

@@ -1,4 +1,4 @@
-"""The shipped trained tiny checkpoints (lightllm_mtp/fixtures/): greedy MTP output equals plain decoding on
+"""The trained tiny checkpoints (lightllm_mtp/fixtures/, fixtures/): greedy MTP output equals plain decoding on
 held-out text of mixed lengths, and the trained MTP head is really accepted. Skipped while not committed."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""The trained drafting fixture (lightllm_mtp/fixtures/tiny_qwen3_5_mtp3_ptd_trained: 3 MTP modules and parallel-
+"""The trained drafting fixture (fixtures/tiny_qwen3_5_mtp3_ptd_trained: 3 MTP modules and parallel-
 drafting mask inputs on one target): greedy output equal to plain decoding for every mode, the multi-layer modules'
 acceptance against eagle's reuse of module 0, and speculative sampling exact in every mode (a chi-square test of
 homogeneity against plain sampling). Skipped while the fixture is not committed."""
