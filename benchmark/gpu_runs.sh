@@ -124,11 +124,11 @@ case "${1:-}" in
   train_mtp3_ptd)  # 3 MTP modules + parallel-drafting mask inputs on one target, then acceptance on the GPU
     name=tiny_qwen3_5_mtp3_ptd_trained
     if [ -n "${OUT:-}" ]; then dir=/tmp/fixtures/$name; else dir=fixtures/$name; fi
-    python3 -m lightllm_mtp.training.train_tiny --arch qwen3_5 --mtp_layers 3 --ptd --out "$dir" --no_progress_bar \
+    python3 -m training.train_tiny --arch qwen3_5 --mtp_layers 3 --ptd --out "$dir" --no_progress_bar \
       | grep -v '^{"step"'
     if [ -n "${OUT:-}" ]; then tar cf - -C /tmp/fixtures "$name" | split -b 15M - "$OUT/$name.tar.part-"; fi
     python3 -m lightllm_mtp.tools.eval_acceptance --model_dir "$dir" --device cuda --num_prompts 8 \
-      --mtp_modes vanilla_with_att eagle_with_att ptd --mtp_steps 1 2 3 4 5 6 7 --heldout_windows 0 --strict \
+      --mtp_modes vanilla_with_att eagle_with_att ptd --mtp_steps 1 2 3 4 5 6 7 --strict \
       --out "${OUT:-$dir}/acceptance_gpu.json" ;;
   tp2_tests) python3 -m pytest -q -m gpu unit_tests/parallel/test_gpu_parallel.py ;;
   tp2_27b)
@@ -167,16 +167,16 @@ case "${1:-}" in
       if [ -n "${OUT:-}" ]; then dir=/tmp/fixtures/$name; else dir=fixtures/$name; fi
       flags=(); mode=draft_model
       if [ "$name" = tiny_qwen3_5_draft_pard_trained ]; then flags=(--pard); mode=pard; fi
-      python3 -m lightllm_mtp.training.train_draft --target_dir "$target" --out "$dir" --steps 1500 --batch_size 32 \
+      python3 -m training.train_draft --target_dir "$target" --out "$dir" --steps 1500 --batch_size 32 \
         --seq_len 512 "${flags[@]}" | grep -v '^{"step"'
       python3 -m lightllm_mtp.tools.eval_acceptance --model_dir "$target" --draft_model_dir "$dir" --device cuda \
-        --num_prompts 8 --mtp_modes "$mode" --mtp_steps 1 2 3 4 5 --heldout_windows 0 --strict \
+        --num_prompts 8 --mtp_modes "$mode" --mtp_steps 1 2 3 4 5 --strict \
         --out "$dir/acceptance_gpu.json"
       if [ -n "${OUT:-}" ]; then tar cf - -C /tmp/fixtures "$name" | split -b 15M - "$OUT/$name.tar.part-"; fi
     done
     # the target's own MTP head on the same prompts and k, for the comparison table of draft_model_cost
     python3 -m lightllm_mtp.tools.eval_acceptance --model_dir "$target" --device cuda --num_prompts 8 \
-      --mtp_modes eagle_with_att --mtp_steps 1 2 3 4 5 --heldout_windows 0 --strict \
+      --mtp_modes eagle_with_att --mtp_steps 1 2 3 4 5 --strict \
       --out "$target/acceptance_gpu_eagle_k1-5.json"
     if [ -n "${OUT:-}" ]; then cp "$target/acceptance_gpu_eagle_k1-5.json" "$OUT/"; fi ;;
   draft_vocab) python3 benchmark/draft_cost.py --model_shape qwen3.5-27b --device cuda --ks 1,3 \

@@ -249,7 +249,7 @@ def real_acceptance(args) -> dict:
     ns = argparse.Namespace(
         model_dir=args.model_dir, device=args.device, dtype=args.dtype, mtp_steps=steps, mtp_modes=[mode],
         num_prompts=8,
-        prompt_tokens=128, max_new_tokens=64, max_batch_size=8, heldout_windows=0, strict=True,
+        prompt_tokens=128, max_new_tokens=64, max_batch_size=8, strict=True,
         argv=["--model_dir", args.model_dir, "--device", args.device, "--num_prompts", "8", "--mtp_modes", mode,
               "--strict"],
     )  # fmt: skip

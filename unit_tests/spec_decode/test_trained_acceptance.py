@@ -5,7 +5,7 @@ import pytest
 
 from lightllm_mtp import LLM, SamplingParams
 from lightllm_mtp.tools.eval_acceptance import aggregate
-from lightllm_mtp.training.tiny_corpus import heldout_prompts, split_corpus
+from lightllm_mtp.tools.tiny_corpus import heldout_prompts, split_corpus
 
 PROMPT_LENGTHS = [96, 41, 17, 70]
 MAX_NEW = [40, 23, 33, 12]  # requests end at different steps, mid-block for most k

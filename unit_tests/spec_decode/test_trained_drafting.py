@@ -10,7 +10,7 @@ import torch
 
 from lightllm_mtp import LLM, SamplingParams
 from lightllm_mtp.tools.eval_acceptance import aggregate
-from lightllm_mtp.training.tiny_corpus import heldout_prompts, split_corpus
+from lightllm_mtp.tools.tiny_corpus import heldout_prompts, split_corpus
 
 MODES = {
     "eagle": dict(mtp_mode="eagle_with_att"),
