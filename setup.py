@@ -26,6 +26,7 @@ setup(
         ],
         "server": ["fastapi>=0.110", "uvicorn>=0.29", "prometheus_client>=0.20", "httpx>=0.27"],
         "gpu": ["triton>=3.0", "fla-core>=0.6"],
+        "bench": ["matplotlib>=3.5"],  # benchmark/static_inference.py --plot
     },
     entry_points={
         "console_scripts": [

@@ -29,7 +29,8 @@ import torch
 
 from benchmark.model_shapes import MODEL_SHAPES
 from benchmark.model_source import build_engine, engine_settings, resolve_source
-from benchmark.static_inference import KV_SLACK, free_device_memory, generate
+from benchmark.static_generation import generate
+from benchmark.static_inference import KV_SLACK, free_device_memory
 from benchmark.timing import ForwardTimer, MultiTimer, device_info, percentile, versions
 
 
