@@ -39,7 +39,10 @@ def why_no_full_step(rec: GenRecord, scheduler, prompt_len: int, output_len: int
         if scheduler.kv_capacity < bs * need:
             limits.append(f"the KV pool's {scheduler.kv_capacity} token slots hold {scheduler.kv_capacity // need} "
                           f"requests of {need} (prompt + output + {scheduler.lookahead_slots} lookahead slots)")  # fmt: skip
-        return f"at most {rec.max_running} of {bs} requests ran at once: " + ("; ".join(limits) or "admission")
+        if not limits:  # admitted chunk by chunk under the token budget, and the first ones were done by then
+            limits = [f"the first requests finished before the last was admitted (output_len {output_len} too short "
+                      f"for the chunked prefill of {bs} x {prompt_len} tokens)"]  # fmt: skip
+        return f"at most {rec.max_running} of {bs} requests ran at once: " + "; ".join(limits)
     rows = scheduler.tokens_per_step
     if -(-scheduler.token_budget // rows) < bs:
         return (f"the step's token budget ({scheduler.token_budget}, --chunked_prefill_size) holds "

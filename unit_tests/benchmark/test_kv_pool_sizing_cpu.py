@@ -75,3 +75,7 @@ def test_the_reason_names_the_kv_pool_or_the_token_budget():
     rec = GenRecord(batch_size=32, max_running=32, tokens_left_after_prefill=15)
     assert why_no_full_step(rec, scheduler, 8, 16, 3) == (
         "the step's token budget (64, --chunked_prefill_size) holds 16 blocks of 4 rows, not 32")
+    rec = GenRecord(batch_size=32, max_running=20)  # room for all: the first ones ended before the last was admitted
+    assert why_no_full_step(rec, scheduler, 8, 2, 0) == (
+        "at most 20 of 32 requests ran at once: the first requests finished before the last was admitted (output_len 2 "
+        "too short for the chunked prefill of 32 x 8 tokens)")  # fmt: skip
