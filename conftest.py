@@ -72,12 +72,12 @@ def tiny_moe_mtp3_dir(tmp_path_factory):
 
 
 def _trained(arch):
-    from lightllm_mtp.tools.default_checkpoint import FIXTURES_DIR, TRAINED_CHECKPOINTS, trained_checkpoint_dir
+    from unit_tests.trained_fixtures import trained_fixture, trained_fixture_path
 
-    model_dir = trained_checkpoint_dir(arch)
+    model_dir = trained_fixture(arch)
     if model_dir is None:
-        where = FIXTURES_DIR / TRAINED_CHECKPOINTS[arch]
-        pytest.skip(f"trained {arch} checkpoint not committed yet at {where} (recipe: lightllm_mtp/fixtures/README.md)")
+        where = trained_fixture_path(arch)
+        pytest.skip(f"trained {arch} checkpoint not there complete at {where} (recipe: fixtures/README.md)")
     return model_dir
 
 

@@ -5,7 +5,7 @@ setup(
     version="0.1.0",
     description="LightLLM-style inference engine for Qwen3.5 (dense and MoE) with MTP speculative decoding",
     packages=find_packages(include=["lightllm_mtp", "lightllm_mtp.*"]),
-    package_data={"lightllm_mtp": ["fixtures/*.md", "fixtures/*/*"]},  # the trained tiny checkpoints
+    package_data={"lightllm_mtp": ["fixtures/*.md", "fixtures/*/*"]},  # the main job's trained tiny checkpoint
     python_requires=">=3.10",
     install_requires=[
         "torch>=2.4",
@@ -26,6 +26,7 @@ setup(
         ],
         "server": ["fastapi>=0.110", "uvicorn>=0.29", "prometheus_client>=0.20", "httpx>=0.27"],
         "gpu": ["triton>=3.0", "fla-core>=0.6"],
+        "bench": ["matplotlib>=3.5"],  # benchmark/static_inference.py --plot
     },
     entry_points={
         "console_scripts": [

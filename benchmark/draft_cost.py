@@ -1,7 +1,7 @@
 """Draft cost per speculative step, by drafting mode and k, at a published shape with random weights.
 
     python benchmark/draft_cost.py --model_shape qwen3.5-27b --device cuda --ks 1,2,3,4,5,6,7 \
-        --modes eagle_with_att,vanilla_with_att,ptd --acceptance lightllm_mtp/fixtures/.../acceptance_gpu.json
+        --modes eagle_with_att,vanilla_with_att,ptd --acceptance fixtures/.../acceptance_gpu.json
 
 One plain-decoding engine, then one MTP engine per (mode, k) (eagle: k sequential passes of one module; vanilla:
 multi-layer MTP, k modules, the random checkpoint declaring max(ks) MTP layers; ptd: one window forward;
@@ -29,7 +29,8 @@ import torch
 
 from benchmark.model_shapes import MODEL_SHAPES
 from benchmark.model_source import build_engine, engine_settings, resolve_source
-from benchmark.static_inference import KV_SLACK, free_device_memory, generate
+from benchmark.static_generation import generate
+from benchmark.static_inference import KV_SLACK, free_device_memory
 from benchmark.timing import ForwardTimer, MultiTimer, device_info, percentile, versions
 
 

@@ -1,87 +1,61 @@
 #!/usr/bin/env bash
-# The GPU runs behind the performance targets, one device call each (each well under 10 minutes on an H100):
-#   bash benchmark/gpu_runs.sh tests    # GPU tests (kernels, engine, overlap vs synchronous loop)
-#   bash benchmark/gpu_runs.sh 27b      # 27B: no-spec + MTP k=1 at B=1,32, overlap on, then off (same machine)
-#   bash benchmark/gpu_runs.sh 35b      # 35B-A3B: no-spec at B=1,32
+# The GPU runs behind the current figures (README, benchmark/NOTES.md), one device call each (each well under 10
+# minutes on an H100). Decided A/B experiments are not here: benchmark/NOTES.md, "Decided experiments", says what each
+# tried, what it measured and the commit that still has its target and patches.
+#   bash benchmark/gpu_runs.sh tests    # every GPU test (kernels, engine, spec decode, prefix cache, prefill graphs)
+#   bash benchmark/gpu_runs.sh 27b      # 27B: no-spec at B=1,32
+#   bash benchmark/gpu_runs.sh 27b_k1   # 27B: no-spec + MTP k=1 (eagle_with_att) at B=1,32
+#   bash benchmark/gpu_runs.sh 27b_large_batch  # 27B no-spec decode at B=64,96,128 (as memory allows)
+#   bash benchmark/gpu_runs.sh 35b      # 35B-A3B: no-spec at B=1,32, with the plot
 #   bash benchmark/gpu_runs.sh 35b_k1   # 35B-A3B: MTP k=1 (eagle_with_att) at B=1,32
+#   bash benchmark/gpu_runs.sh peer     # 27B: our engine vs HF transformers generate at B=1,8 (ours freed first)
+#   bash benchmark/gpu_runs.sh prefill16k  # 27B 1x16k prefill (static_inference), then a kernel breakdown of one 16k
+#                                       # prefill by category (profile_step.py --prefill)
+#   bash benchmark/gpu_runs.sh 35b_prefill  # 35B-A3B 1x16k prefill against the matmul peak, and its profile
+#   bash benchmark/gpu_runs.sh gemv     # the few-row GEMV vs cuBLAS at the 35B-A3B / 27B projection shapes
 #   bash benchmark/gpu_runs.sh moe_kernels  # the MoE kernel GPU tests, then the MoE decode layer per-layer timing
 #                                       # at the 35B-A3B shape with a tile sweep (check_moe_decode_gpu.py)
 #   bash benchmark/gpu_runs.sh moe_prefill  # the prefill MoE path (fused_moe_grouped) at the 35B-A3B shape, T = 4k and
 #                                       # 16k, vs its previous index_add_ version, with its pieces (check_moe_prefill_gpu.py)
-#   bash benchmark/gpu_runs.sh gemv     # the few-row GEMV vs cuBLAS at the 35B-A3B / 27B projection shapes, T = 1, 2, 4
 #   bash benchmark/gpu_runs.sh profile_35b  # 35B-A3B eager kernel breakdown of a decode step at B=1 and an MTP k=1
 #                                       # step at B=32 (profile_step.py; kernel counts per step)
-#   bash benchmark/gpu_runs.sh peer     # 27B: our engine vs HF transformers generate at B=1,8 (ours freed first)
-#   bash benchmark/gpu_runs.sh 27b_k1   # 27B: no-spec + MTP k=1 at B=1,32, overlap on
-#   bash benchmark/gpu_runs.sh serving_27b|serving_35b|serving_tiny  # the HTTP server under load (MTP off, k=1, k=3;
-#                                       # concurrency 1, 8, 32); needs the server extra's wheels in .whl/
-#   bash benchmark/gpu_runs.sh tests_spec  # the GPU tests of the drafting modes and the draft-window kernel
-#   bash benchmark/gpu_runs.sh train_mtp3_ptd  # the trained tiny fixture with 3 MTP modules and PTD mask inputs,
-#                                       # then its acceptance on the GPU; packed as $OUT/<fixture>.tar.part-* (the
-#                                       # device tool returns at most 8 files), unpacked into lightllm_mtp/fixtures/
+#   bash benchmark/gpu_runs.sh latency_floor  # the least time of a dependent kernel and the one-row GEMV's latency +
+#                                       # bandwidth fit (check_dependent_kernels_gpu.py), then the engine's GPU tests
 #   bash benchmark/gpu_runs.sh draft_cost [KS]  # 27B draft cost per step by mode, k = 1..7 (or the list KS)
 #   bash benchmark/gpu_runs.sh draft_vocab  # 27B eagle k=1,3 with the full vs a 32k-id draft vocabulary
 #   bash benchmark/gpu_runs.sh adaptive_grid  # 27B: adaptive k vs the best fixed k on a (B, acceptance) grid
 #   bash benchmark/gpu_runs.sh draft_model_cost [KS]  # 27B with a 0.8B-shape draft model: autoregressive vs PARD
 #                                       # (and MTP eagle beside them), k = 1..5 (or KS)
+#   bash benchmark/gpu_runs.sh train_mtp3_ptd  # the trained tiny fixture with 3 MTP modules and PTD mask inputs,
+#                                       # then its acceptance on the GPU; packed as $OUT/<fixture>.tar.part-* (the
+#                                       # device tool returns at most 8 files), unpacked into fixtures/
 #   bash benchmark/gpu_runs.sh train_drafts  # the trained tiny draft and PARD draft for tiny_qwen3_5_trained, then
 #                                       # their acceptance on the GPU; packed like train_mtp3_ptd
-#   bash benchmark/gpu_runs.sh prefix_serving_27b  # 27B shape behind the server, MTP k=1: multi-turn with vs without
-#                                       # the prefix cache (server extra: carry .whl_server too)
+#   bash benchmark/gpu_runs.sh prefix_cache  # 27B, MTP k=1: TTFT of an 8k shared prefix + 128-token question, cold vs
+#                                       # warm prefix cache and without it; then the prefix-cache GPU-path tests
+#   bash benchmark/gpu_runs.sh moe_prefill_graphs  # 35B-A3B TTFT, 8k prefix + 128, eagle k=1: with and without the
+#                                       # prefill graphs
+#   bash benchmark/gpu_runs.sh prefix_sync_sites  # prefix_cache's TTFTs and the host lines that wait on the device
 #   bash benchmark/gpu_runs.sh multi_turn_steps  # the multi-turn trace of prefix_serving_27b on the engine directly,
 #                                       # every step timed, cache on vs off, and the host lines that wait on the device
-#   bash benchmark/gpu_runs.sh prefix_sync_sites  # prefix_cache's TTFTs and the host lines that wait on the device
-#   bash benchmark/gpu_runs.sh 27b_large_batch  # 27B no-spec decode at B=64,96,128 (as memory allows)
-#   bash benchmark/gpu_runs.sh tp2_tests  # issue 15 (nvidia-h200-x2): the tp / pp GPU tests (greedy tokens of 2 GPUs
-#                                       # equal one GPU's, plain and MTP)
+#   bash benchmark/gpu_runs.sh serving_27b|serving_35b|serving_tiny  # the HTTP server under load (MTP off, k=1, k=3;
+#                                       # concurrency 1, 8, 32); needs the server extra's wheels in .whl_server/
+#   bash benchmark/gpu_runs.sh prefix_serving  # trained tiny checkpoint behind the server, MTP k=1: multi-turn
+#                                       # and shared-prefix workloads with vs without the prefix cache (server extra)
+#   bash benchmark/gpu_runs.sh prefix_serving_27b  # 27B shape behind the server, MTP k=1: multi-turn with vs without
+#                                       # the prefix cache (server extra: carry .whl_server too)
+#   bash benchmark/gpu_runs.sh mixed    # 27B, MTP k=1, 32 running with arrivals: this tree, then baseline/ (an older
+#                                       # commit exported with `git archive REV --prefix=baseline/`; carry baseline)
+#   bash benchmark/gpu_runs.sh tp2_tests  # (nvidia-h200-x2) the tp / pp GPU tests (greedy tokens of 2 GPUs equal one
+#                                       # GPU's, plain and MTP)
 #   bash benchmark/gpu_runs.sh tp2_27b  # 27B, each plain + MTP k=1 at B=1,32: tp=1 (one GPU of the two), tp=2; then
 #                                       # the tp collectives (check_collectives.py)
 #   bash benchmark/gpu_runs.sh pp2_27b  # 27B pp=2, plain + MTP k=1 at B=1,32
 #   bash benchmark/gpu_runs.sh tp2_35b  # 35B-A3B tp=2, plain + MTP k=1 at B=1,32, and its collectives
 #   bash benchmark/gpu_runs.sh pp_one_gpu  # tp / pp on ONE GPU (LIGHTLLM_MTP_DIST_BACKEND=gloo, all ranks on cuda:0):
 #                                       # greedy equivalence (pp=2 with CUDA graphs per stage, tp=2 eager; prefix cache
-#                                       # on every rank), then 0.8B
-#                                       # shape pp=2 + MTP k=1 at B=1,8 with graphs per stage vs eager
-#   bash benchmark/gpu_runs.sh mixed    # 27B, MTP k=1, 32 running with arrivals: this tree, then baseline/ (an older
-#                                       # commit exported with `git archive REV --prefix=baseline/`; carry baseline)
-#   bash benchmark/gpu_runs.sh decode_sweep  # MoE GPU tests with PDL off and on, the per-layer sweep at T = 1, 2, 4, 8
-#                                       # (--pdl), the GEMV's launch shapes at T=1 (stop 27 ran it with FMA tiles, since
-#                                       # removed)
-#   bash benchmark/gpu_runs.sh stop27    # the kernel GPU tests with PDL on; the GEMV vs cuBLAS at T = 1, 2; 35B-A3B
-#                                       # B=1,32 with PDL off and on; 27B B=1 with PDL on
-#   bash benchmark/gpu_runs.sh stop27_final  # the GEMV's launch shapes at T = 2, 4; 35B-A3B and 27B decode at B=1,32
-#                                       # without and with MTP k=1 (PDL on, the default)
-#   bash benchmark/gpu_runs.sh prefetch_tests  # the kernel and engine GPU tests
-#   bash benchmark/gpu_runs.sh prefetch  # MoE layer sweep (--pdl), GEMV vs cuBLAS at T = 1, 2, 35B-A3B and 27B decode
-#                                       # at B=1,32 without and with MTP k=1 (stop 27 ran it with a whole-K down pass and
-#                                       # loads ahead of the PDL waits, since removed: `*_prefetch_h100.json`)
-#   bash benchmark/gpu_runs.sh prefetch_ab  # 35B-A3B B=1,32 for A (this tree), B (+ the GEMV's first K step loaded
-#                                       # ahead of the PDL wait), C (+ the GDN decode state too): benchmark/patches/
-#   bash benchmark/gpu_runs.sh one_pass  # the one-launch MoE gate_up + down pass (benchmark/patches/moe_one_pass.patch,
-#                                       # measured slower, not in the tree): its GPU tests, the layer sweep at T=1,2,4,8,
-#                                       # then 35B-A3B B=1 with A (two passes, GDN V tile 32), B (one pass), C (one pass
-#                                       # + GDN V tile 16 at batch 1), MTP k=1 on C (in a scratch copy)
-#   bash benchmark/gpu_runs.sh one_token  # the B=1 MoE layer with the routing in the gate_up kernel
-#                                       # (benchmark/patches/moe_one_token.patch, measured slower, not in the tree): MoE +
-#                                       # GDN kernel GPU tests, the layer at T=1,2, 35B-A3B B=1 with route_align vs the
-#                                       # one-token path, its B=1,32 and MTP k=1 figures and B=1 profile (scratch copy)
-#   bash benchmark/gpu_runs.sh latency_floor  # the least time of a dependent kernel and the one-row GEMV's latency +
-#                                       # bandwidth fit (check_dependent_kernels_gpu.py), then the engine's GPU tests
-#   bash benchmark/gpu_runs.sh moe_prefill_graphs_tests  # the prefill-graph, engine and MoE GPU tests (MoE models now
-#                                       # capture prefill graphs)
-#   bash benchmark/gpu_runs.sh moe_prefill_graphs  # 35B-A3B TTFT, 8k prefix + 128, eagle k=1: with and without the
-#                                       # prefill graphs
-#   bash benchmark/gpu_runs.sh prefix_cache  # 27B, MTP k=1: TTFT of an 8k shared prefix + 128-token question, cold vs
-#                                       # warm prefix cache and without it; then the prefix-cache GPU-path tests
-#   bash benchmark/gpu_runs.sh prefill16k  # 27B 1x16k prefill (static_inference, the issue-17 figure), then a kernel
-#                                       # breakdown of one 16k prefill by category (profile_step.py --prefill)
-#   bash benchmark/gpu_runs.sh 35b_prefill  # 35B-A3B 1x16k prefill against the matmul peak, and its profile
-#   bash benchmark/gpu_runs.sh prefill_attention_tiles  # the flash prefill attention kernel's launch configurations at
-#                                       # the 27B shape, the four 4k chunks of a 16k prompt (which tile to make default)
-#   bash benchmark/gpu_runs.sh tests_prefill  # the GPU tests of the prefill kernels (GDN conv planes, fla chunk
-#                                       # table, q/k norm + RoPE, output gate) and the GPU engine tests
-#   bash benchmark/gpu_runs.sh prefix_serving  # trained tiny checkpoint behind the server, MTP k=1: multi-turn
-#                                       # and shared-prefix workloads with vs without the prefix cache (server extra)
+#                                       # on every rank), then 0.8B shape pp=2 + MTP k=1 at B=1,8 with graphs per stage
+#                                       # vs eager
 # Results go to $OUT (the device tool's folder) or benchmark/results; each JSON holds its exact command.
 # fla-core travels as a wheel in .whl/, the server extra's wheels in .whl_server/ (benchmark/README.md, "GPU runs").
 set -euo pipefail
@@ -94,16 +68,22 @@ fi
 export PYTHONUNBUFFERED=1 LIGHTLLM_MTP_DISABLE_PROGRESS_BARS=1
 out=${OUT:-benchmark/results}
 bench() { python3 benchmark/static_inference.py --device cuda --input_len 1024 "$@"; }
-# the A/B targets patch a scratch copy of the tree (benchmark/patches/), never the tree itself: a failing step leaves
-# nothing patched behind; results still go to $out
-scratch_copy() {
-  mkdir -p "$out" && out=$(realpath "$out")
-  local dir=/tmp/lightllm_mtp_scratch
-  rm -rf "$dir" && mkdir -p "$dir" && cp -r benchmark lightllm_mtp unit_tests test conftest.py pytest.ini "$dir"/
-  cd "$dir" && export PYTHONPATH=$dir${PYTHONPATH:+:$PYTHONPATH}
-}
 case "${1:-}" in
   tests) python3 -m pytest -q -m gpu unit_tests test ;;
+  27b) bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 48 --out "$out/static_qwen3.5-27b_h100.json" ;;
+  27b_k1) bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 48 --mtp_mode eagle_with_att --mtp_step 1 \
+      --out "$out/static_qwen3.5-27b_mtp_k1_h100.json" ;;
+  27b_large_batch)  # one engine per batch size (the engine is sized for its largest batch), graphs up to that size
+    for bs in 64 96 128; do
+      bench --model_shape qwen3.5-27b --batch_sizes "$bs" --output_len 32 --graph_max_batch_size "$bs" \
+        --out "$out/static_qwen3.5-27b_bs${bs}_h100.json" || echo "27B at B=$bs did not run (see above)"
+    done ;;
+  35b) bench --model_shape qwen3.5-35b-a3b --batch_sizes 1,32 --output_len 48 --plot \
+      --out "$out/static_qwen3.5-35b-a3b_h100.json" ;;
+  35b_k1) bench --model_shape qwen3.5-35b-a3b --batch_sizes 1,32 --output_len 48 --mtp_mode eagle_with_att \
+      --mtp_step 1 --out "$out/static_qwen3.5-35b-a3b_mtp_k1_h100.json" ;;
+  peer) bench --model_shape qwen3.5-27b --batch_sizes 1,8 --output_len 32 --hf_peer --hf_batch_sizes 1,8 \
+      --out "$out/static_qwen3.5-27b_hf_peer_h100.json" ;;
   prefill16k)
     python3 benchmark/static_inference.py --model_shape qwen3.5-27b --device cuda --batch_sizes 1 --input_len 16384 \
       --output_len 4 --out "$out/static_qwen3.5-27b_prefill16k_fused_h100.json"
@@ -114,22 +94,110 @@ case "${1:-}" in
       --output_len 4 --out "$out/static_qwen3.5-35b-a3b_prefill16k_h100.json"
     python3 benchmark/profile_step.py --model_shape qwen3.5-35b-a3b --prefill --input_len 16384 \
       --out "$out/profile_prefill16k_qwen3.5-35b-a3b_h100.json" ;;
-  prefill_attention_tiles) python3 benchmark/check_prefill_attention_gpu.py \
-      --out "$out/prefill_attention_tiles_qwen3.5-27b_h100.json" ;;
-  tests_prefill) python3 -m pytest -q -m gpu unit_tests/kernels/gdn unit_tests/kernels/attention \
-      unit_tests/kernels/norm test/test_gpu_engine.py ;;
-  tests_spec) python3 -m pytest -q -m gpu test/test_gpu_engine.py unit_tests/kernels/speculative \
-      unit_tests/spec_decode/test_draft_kv.py unit_tests/spec_decode/test_draft_model_gpu.py \
-      unit_tests/kernels/gdn ;;
+  gemv) python3 benchmark/check_gemv_gpu.py --out "$out/gemv_vs_cublas_h100.json" ;;
+  moe_kernels) python3 -m pytest -q -m gpu unit_tests/kernels/moe
+    python3 benchmark/check_moe_decode_gpu.py ;;
+  moe_prefill) python3 -m pytest -q -m gpu unit_tests/kernels/moe/test_moe_permute.py unit_tests/kernels/moe/test_fused_moe.py
+    python3 benchmark/check_moe_prefill_gpu.py --out "$out/moe_prefill_35b_a3b_h100.json" ;;
+  profile_35b)
+    python3 benchmark/profile_step.py --model_shape qwen3.5-35b-a3b --batch_size 1 --steps 6 --top 25 \
+      --out "$out/profile_35b_a3b_bs1_moe_kernels.json"
+    python3 benchmark/profile_step.py --model_shape qwen3.5-35b-a3b --batch_size 32 --steps 4 --top 25 \
+      --mtp_mode eagle_with_att --mtp_step 1 --out "$out/profile_35b_a3b_bs32_mtp_k1_moe_kernels.json" ;;
+  latency_floor)
+    python3 benchmark/check_dependent_kernels_gpu.py --out "$out/dependent_kernels_h100.json"
+    python3 -m pytest -q -m gpu test/test_gpu_engine.py unit_tests/kernels/gdn | tail -3 ;;
+  draft_cost) python3 benchmark/draft_cost.py --model_shape qwen3.5-27b --device cuda --ks "${2:-1,2,3,4,5,6,7}" \
+      --modes eagle_with_att,ptd,vanilla_with_att --out "$out/draft_cost_qwen3.5-27b_h100.json" \
+      --acceptance fixtures/tiny_qwen3_5_mtp3_ptd_trained/acceptance_*.json ;;
+  draft_vocab) python3 benchmark/draft_cost.py --model_shape qwen3.5-27b --device cuda --ks 1,3 \
+      --modes eagle_with_att --draft_vocab_sizes 0,32768 --out "$out/draft_cost_qwen3.5-27b_draft_vocab_h100.json" ;;
+  adaptive_grid) python3 benchmark/adaptive_grid.py --model_shape qwen3.5-27b --device cuda --max_k 3 \
+      --batch_sizes 1,2,4,8,16 --out "$out/adaptive_grid_qwen3.5-27b_h100.json" ;;
+  draft_model_cost) python3 benchmark/draft_cost.py --model_shape qwen3.5-27b --draft_shape qwen3.5-0.8b \
+      --device cuda --ks "${2:-1,2,3,4,5}" --modes draft_model,pard,eagle_with_att \
+      --out "$out/draft_model_cost_qwen3.5-27b_0.8b_h100.json" \
+      --acceptance ${DRAFTS_DIR:-fixtures}/tiny_qwen3_5_draft*_trained/acceptance_gpu.json \
+        lightllm_mtp/fixtures/tiny_qwen3_5_trained/acceptance_gpu_eagle_k1-5.json ;;
   train_mtp3_ptd)  # 3 MTP modules + parallel-drafting mask inputs on one target, then acceptance on the GPU
     name=tiny_qwen3_5_mtp3_ptd_trained
-    if [ -n "${OUT:-}" ]; then dir=/tmp/fixtures/$name; else dir=lightllm_mtp/fixtures/$name; fi
-    python3 -m lightllm_mtp.training.train_tiny --arch qwen3_5 --mtp_layers 3 --ptd --out "$dir" --no_progress_bar \
+    if [ -n "${OUT:-}" ]; then dir=/tmp/fixtures/$name; else dir=fixtures/$name; fi
+    python3 -m training.train_tiny --arch qwen3_5 --mtp_layers 3 --ptd --out "$dir" --no_progress_bar \
       | grep -v '^{"step"'
     if [ -n "${OUT:-}" ]; then tar cf - -C /tmp/fixtures "$name" | split -b 15M - "$OUT/$name.tar.part-"; fi
     python3 -m lightllm_mtp.tools.eval_acceptance --model_dir "$dir" --device cuda --num_prompts 8 \
-      --mtp_modes vanilla_with_att eagle_with_att ptd --mtp_steps 1 2 3 4 5 6 7 --heldout_windows 0 --strict \
+      --mtp_modes vanilla_with_att eagle_with_att ptd --mtp_steps 1 2 3 4 5 6 7 --strict \
       --out "${OUT:-$dir}/acceptance_gpu.json" ;;
+  train_drafts)  # a draft and a PARD draft for the shipped trained target (same tokenizer), then acceptance
+    target=lightllm_mtp/fixtures/tiny_qwen3_5_trained
+    for name in tiny_qwen3_5_draft_trained tiny_qwen3_5_draft_pard_trained; do
+      if [ -n "${OUT:-}" ]; then dir=/tmp/fixtures/$name; else dir=fixtures/$name; fi
+      flags=(); mode=draft_model
+      if [ "$name" = tiny_qwen3_5_draft_pard_trained ]; then flags=(--pard); mode=pard; fi
+      python3 -m training.train_draft --target_dir "$target" --out "$dir" --steps 1500 --batch_size 32 \
+        --seq_len 512 "${flags[@]}" | grep -v '^{"step"'
+      python3 -m lightllm_mtp.tools.eval_acceptance --model_dir "$target" --draft_model_dir "$dir" --device cuda \
+        --num_prompts 8 --mtp_modes "$mode" --mtp_steps 1 2 3 4 5 --strict \
+        --out "$dir/acceptance_gpu.json"
+      if [ -n "${OUT:-}" ]; then tar cf - -C /tmp/fixtures "$name" | split -b 15M - "$OUT/$name.tar.part-"; fi
+    done
+    # the target's own MTP head on the same prompts and k, for the comparison table of draft_model_cost
+    python3 -m lightllm_mtp.tools.eval_acceptance --model_dir "$target" --device cuda --num_prompts 8 \
+      --mtp_modes eagle_with_att --mtp_steps 1 2 3 4 5 --strict \
+      --out "$target/acceptance_gpu_eagle_k1-5.json"
+    if [ -n "${OUT:-}" ]; then cp "$target/acceptance_gpu_eagle_k1-5.json" "$OUT/"; fi ;;
+  prefix_cache)
+    python3 benchmark/prefix_cache_ttft.py --model_shape qwen3.5-27b --device cuda --prefix_len 8192 --question_len 128 \
+      --mtp_mode eagle_with_att --mtp_step 1 --prefix_cache_interval 256 --max_total_token_num 65536 --breakdown \
+      --out "$out/prefix_cache_ttft_qwen3.5-27b_h100.json"
+    python3 -m pytest -q -m gpu test/test_gpu_prefix_cache.py test/test_gpu_prefix_cache_draft_model.py \
+      unit_tests/spec_decode/test_draft_model_gpu.py unit_tests/kernels/gdn/test_gated_delta_rule_states.py ;;
+  moe_prefill_graphs)
+    for graphs in "" --no_prefill_graphs; do
+      python3 benchmark/prefix_cache_ttft.py --model_shape qwen3.5-35b-a3b --device cuda --prefix_len 8192 \
+        --question_len 128 --mtp_mode eagle_with_att --mtp_step 1 --prefix_cache_interval 256 \
+        --max_total_token_num 65536 $graphs --out "$out/prefix_cache_ttft_qwen3.5-35b-a3b${graphs:+_eager}_h100.json"
+    done ;;
+  prefix_sync_sites)  # the warm / cold TTFT of an 8k prefix + 128 and the host lines that wait on the device in them
+    python3 benchmark/prefix_cache_ttft.py --model_shape qwen3.5-27b --device cuda --prefix_len 8192 --question_len 128 \
+      --mtp_mode eagle_with_att --mtp_step 1 --prefix_cache_interval 256 --max_total_token_num 65536 --repeats 2 \
+      --sync_sites --out "$out/prefix_cache_ttft_sync_sites_qwen3.5-27b_h100.json" ;;
+  multi_turn_steps)  # the multi-turn trace on the engine (no server), every step timed, cache on vs off, then where
+    # the host waits on the device during it (CUDA sync debug mode)
+    python3 benchmark/multi_turn_steps.py --model_shape qwen3.5-27b --device cuda --mtp_mode eagle_with_att --mtp_step 1 \
+      --sync_sites --out "$out/multi_turn_steps_qwen3.5-27b_h100.json" ;;
+  serving_27b|serving_35b|serving_tiny)
+    serve=(python3 benchmark/serving.py --launch --device cuda --mtp_configs none,eagle_with_att:1,eagle_with_att:3
+           --concurrency 1,8,32 --num_prompts 32 --input_len 512 --output_len 64
+           --server_args "--max_req_total_len 1024 --running_max_req_size 32")
+    case "$1" in
+      serving_27b) "${serve[@]}" --model_shape qwen3.5-27b --out "$out/serving_qwen3.5-27b_h100.json" ;;
+      serving_35b) "${serve[@]}" --model_shape qwen3.5-35b-a3b --out "$out/serving_qwen3.5-35b-a3b_h100.json" ;;
+      serving_tiny) "${serve[@]}" --model_dir lightllm_mtp/fixtures/tiny_qwen3_5_trained \
+        --out "$out/serving_tiny_qwen3_5_trained_h100.json" ;;
+    esac ;;
+  prefix_serving)
+    for workload in multi_turn shared_prefix; do
+      python3 benchmark/serving.py --launch --device cuda --model_dir lightllm_mtp/fixtures/tiny_qwen3_5_trained \
+        --mtp_configs eagle_with_att:1,eagle_with_att:1/nocache --workload "$workload" --turns 4 --input_len 1024 \
+        --shared_prefix_len 2048 --num_groups 4 --question_len 128 --output_len 64 --num_prompts 32 --concurrency 8,32 \
+        --server_args "--max_req_total_len 4096 --running_max_req_size 32 --prefix_cache_interval 256 --prefix_cache_state_share 0.5" \
+        --out "$out/serving_prefix_${workload}_tiny_qwen3_5_trained_h100.json"
+    done ;;
+  prefix_serving_27b)  # the issue's multi-turn trace at the 27B shape, MTP k=1, with vs without the prefix cache
+    python3 benchmark/serving.py --launch --device cuda --model_shape qwen3.5-27b \
+      --mtp_configs eagle_with_att:1,eagle_with_att:1/nocache --workload multi_turn --turns 4 --input_len 1024 \
+      --question_len 128 --output_len 64 --num_prompts 16 --concurrency 8 --resend ids \
+      --server_args "--max_req_total_len 8192 --running_max_req_size 16 --prefix_cache_interval 256" \
+      --out "$out/serving_prefix_multi_turn_qwen3.5-27b_h100.json" ;;
+  mixed)
+    mixed=(python3 benchmark/mixed_workload.py --model_shape qwen3.5-27b --device cuda --concurrency 32 --num_requests 96
+           --input_len 1024 --output_len 64 --chunked_prefill_size 2048 --mtp_mode eagle_with_att --mtp_step 1)
+    "${mixed[@]}" --label after --out "$out/mixed_qwen3.5-27b_mtp_k1_h100.json"
+    if [ -d baseline ]; then
+      "${mixed[@]}" --label "before ($(cat baseline/REVISION 2>/dev/null || echo baseline))" --engine_root baseline \
+        --out "$out/mixed_qwen3.5-27b_mtp_k1_h100_before.json"
+    fi ;;
   tp2_tests) python3 -m pytest -q -m gpu unit_tests/parallel/test_gpu_parallel.py ;;
   tp2_27b)
     for layout in tp1 tp2; do
@@ -153,183 +221,5 @@ case "${1:-}" in
         --mtp_mode eagle_with_att --mtp_step 1 --graph_max_batch_size "$g" \
         --out "$out/static_qwen3.5-0.8b_pp2_gloo_one_gpu_graphs$g.json"
     done ;;
-  draft_cost) python3 benchmark/draft_cost.py --model_shape qwen3.5-27b --device cuda --ks "${2:-1,2,3,4,5,6,7}" \
-      --modes eagle_with_att,ptd,vanilla_with_att --out "$out/draft_cost_qwen3.5-27b_h100.json" \
-      --acceptance lightllm_mtp/fixtures/tiny_qwen3_5_mtp3_ptd_trained/acceptance_*.json ;;
-  draft_model_cost) python3 benchmark/draft_cost.py --model_shape qwen3.5-27b --draft_shape qwen3.5-0.8b \
-      --device cuda --ks "${2:-1,2,3,4,5}" --modes draft_model,pard,eagle_with_att \
-      --out "$out/draft_model_cost_qwen3.5-27b_0.8b_h100.json" \
-      --acceptance ${DRAFTS_DIR:-lightllm_mtp/fixtures}/tiny_qwen3_5_draft*_trained/acceptance_gpu.json \
-        lightllm_mtp/fixtures/tiny_qwen3_5_trained/acceptance_gpu_eagle_k1-5.json ;;
-  train_drafts)  # a draft and a PARD draft for the shipped trained target (same tokenizer), then acceptance
-    target=lightllm_mtp/fixtures/tiny_qwen3_5_trained
-    for name in tiny_qwen3_5_draft_trained tiny_qwen3_5_draft_pard_trained; do
-      if [ -n "${OUT:-}" ]; then dir=/tmp/fixtures/$name; else dir=lightllm_mtp/fixtures/$name; fi
-      flags=(); mode=draft_model
-      if [ "$name" = tiny_qwen3_5_draft_pard_trained ]; then flags=(--pard); mode=pard; fi
-      python3 -m lightllm_mtp.training.train_draft --target_dir "$target" --out "$dir" --steps 1500 --batch_size 32 \
-        --seq_len 512 "${flags[@]}" | grep -v '^{"step"'
-      python3 -m lightllm_mtp.tools.eval_acceptance --model_dir "$target" --draft_model_dir "$dir" --device cuda \
-        --num_prompts 8 --mtp_modes "$mode" --mtp_steps 1 2 3 4 5 --heldout_windows 0 --strict \
-        --out "$dir/acceptance_gpu.json"
-      if [ -n "${OUT:-}" ]; then tar cf - -C /tmp/fixtures "$name" | split -b 15M - "$OUT/$name.tar.part-"; fi
-    done
-    # the target's own MTP head on the same prompts and k, for the comparison table of draft_model_cost
-    python3 -m lightllm_mtp.tools.eval_acceptance --model_dir "$target" --device cuda --num_prompts 8 \
-      --mtp_modes eagle_with_att --mtp_steps 1 2 3 4 5 --heldout_windows 0 --strict \
-      --out "$target/acceptance_gpu_eagle_k1-5.json"
-    if [ -n "${OUT:-}" ]; then cp "$target/acceptance_gpu_eagle_k1-5.json" "$OUT/"; fi ;;
-  draft_vocab) python3 benchmark/draft_cost.py --model_shape qwen3.5-27b --device cuda --ks 1,3 \
-      --modes eagle_with_att --draft_vocab_sizes 0,32768 --out "$out/draft_cost_qwen3.5-27b_draft_vocab_h100.json" ;;
-  adaptive_grid) python3 benchmark/adaptive_grid.py --model_shape qwen3.5-27b --device cuda --max_k 3 \
-      --batch_sizes 1,2,4,8,16 --out "$out/adaptive_grid_qwen3.5-27b_h100.json" ;;
-  prefix_cache)
-    python3 benchmark/prefix_cache_ttft.py --model_shape qwen3.5-27b --device cuda --prefix_len 8192 --question_len 128 \
-      --mtp_mode eagle_with_att --mtp_step 1 --prefix_cache_interval 256 --max_total_token_num 65536 --breakdown \
-      --out "$out/prefix_cache_ttft_qwen3.5-27b_h100.json"
-    python3 -m pytest -q -m gpu test/test_gpu_prefix_cache.py test/test_gpu_prefix_cache_draft_model.py \
-      unit_tests/spec_decode/test_draft_model_gpu.py unit_tests/kernels/gdn/test_gated_delta_rule_states.py ;;
-  multi_turn_steps)  # the multi-turn trace on the engine (no server), every step timed, cache on vs off, then where
-    # the host waits on the device during it (CUDA sync debug mode)
-    python3 benchmark/multi_turn_steps.py --model_shape qwen3.5-27b --device cuda --mtp_mode eagle_with_att --mtp_step 1 \
-      --sync_sites --out "$out/multi_turn_steps_qwen3.5-27b_h100.json" ;;
-  prefix_sync_sites)  # the warm / cold TTFT of an 8k prefix + 128 and the host lines that wait on the device in them
-    python3 benchmark/prefix_cache_ttft.py --model_shape qwen3.5-27b --device cuda --prefix_len 8192 --question_len 128 \
-      --mtp_mode eagle_with_att --mtp_step 1 --prefix_cache_interval 256 --max_total_token_num 65536 --repeats 2 \
-      --sync_sites --out "$out/prefix_cache_ttft_sync_sites_qwen3.5-27b_h100.json" ;;
-  mixed)
-    mixed=(python3 benchmark/mixed_workload.py --model_shape qwen3.5-27b --device cuda --concurrency 32 --num_requests 96
-           --input_len 1024 --output_len 64 --chunked_prefill_size 2048 --mtp_mode eagle_with_att --mtp_step 1)
-    "${mixed[@]}" --label after --out "$out/mixed_qwen3.5-27b_mtp_k1_h100.json"
-    if [ -d baseline ]; then
-      "${mixed[@]}" --label "before ($(cat baseline/REVISION 2>/dev/null || echo baseline))" --engine_root baseline \
-        --out "$out/mixed_qwen3.5-27b_mtp_k1_h100_before.json"
-    fi ;;
-  serving_27b|serving_35b|serving_tiny)
-    serve=(python3 benchmark/serving.py --launch --device cuda --mtp_configs none,eagle_with_att:1,eagle_with_att:3
-           --concurrency 1,8,32 --num_prompts 32 --input_len 512 --output_len 64
-           --server_args "--max_req_total_len 1024 --running_max_req_size 32")
-    case "$1" in
-      serving_27b) "${serve[@]}" --model_shape qwen3.5-27b --out "$out/serving_qwen3.5-27b_h100.json" ;;
-      serving_35b) "${serve[@]}" --model_shape qwen3.5-35b-a3b --out "$out/serving_qwen3.5-35b-a3b_h100.json" ;;
-      serving_tiny) "${serve[@]}" --model_dir lightllm_mtp/fixtures/tiny_qwen3_5_trained \
-        --out "$out/serving_tiny_qwen3_5_trained_h100.json" ;;
-    esac ;;
-  prefix_serving)
-    for workload in multi_turn shared_prefix; do
-      python3 benchmark/serving.py --launch --device cuda --model_dir lightllm_mtp/fixtures/tiny_qwen3_5_trained \
-        --mtp_configs eagle_with_att:1,eagle_with_att:1/nocache --workload "$workload" --turns 4 --input_len 1024 \
-        --shared_prefix_len 2048 --num_groups 4 --question_len 128 --output_len 64 --num_prompts 32 --concurrency 8,32 \
-        --server_args "--max_req_total_len 4096 --running_max_req_size 32 --prefix_cache_interval 256 --prefix_cache_state_share 0.5" \
-        --out "$out/serving_prefix_${workload}_tiny_qwen3_5_trained_h100.json"
-    done ;;
-  27b) bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 48 --out "$out/static_qwen3.5-27b_h100.json" ;;
-  27b_k1) bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 48 --mtp_mode eagle_with_att --mtp_step 1 \
-      --out "$out/static_qwen3.5-27b_mtp_k1_h100.json" ;;
-  prefix_serving_27b)  # the issue's multi-turn trace at the 27B shape, MTP k=1, with vs without the prefix cache
-    python3 benchmark/serving.py --launch --device cuda --model_shape qwen3.5-27b \
-      --mtp_configs eagle_with_att:1,eagle_with_att:1/nocache --workload multi_turn --turns 4 --input_len 1024 \
-      --question_len 128 --output_len 64 --num_prompts 16 --concurrency 8 --resend ids \
-      --server_args "--max_req_total_len 8192 --running_max_req_size 16 --prefix_cache_interval 256" \
-      --out "$out/serving_prefix_multi_turn_qwen3.5-27b_h100.json" ;;
-  27b_large_batch)  # one engine per batch size (the engine is sized for its largest batch), graphs up to that size
-    for bs in 64 96 128; do
-      bench --model_shape qwen3.5-27b --batch_sizes "$bs" --output_len 32 --graph_max_batch_size "$bs" \
-        --out "$out/static_qwen3.5-27b_bs${bs}_h100.json" || echo "27B at B=$bs did not run (see above)"
-    done ;;
-  35b) bench --model_shape qwen3.5-35b-a3b --batch_sizes 1,32 --output_len 48 --plot \
-      --out "$out/static_qwen3.5-35b-a3b_h100.json" ;;
-  35b_k1) bench --model_shape qwen3.5-35b-a3b --batch_sizes 1,32 --output_len 48 --mtp_mode eagle_with_att \
-      --mtp_step 1 --out "$out/static_qwen3.5-35b-a3b_mtp_k1_h100.json" ;;
-  gemv) python3 benchmark/check_gemv_gpu.py --out "$out/gemv_vs_cublas_h100.json" ;;
-  decode_sweep)
-    tests="unit_tests/kernels/moe/test_moe_expert_pass.py unit_tests/kernels/moe/test_moe_route_align.py unit_tests/kernels/linear"
-    LIGHTLLM_MTP_PDL=0 python3 -m pytest -q -m gpu $tests
-    LIGHTLLM_MTP_PDL=1 python3 -m pytest -q -m gpu $tests
-    python3 benchmark/check_moe_decode_gpu.py --rows 1,2,4,8 --pdl
-    python3 benchmark/check_gemv_gpu.py --rows 1 --sweep --out "$out/gemv_sweep_h100.json" ;;
-  stop27)
-    LIGHTLLM_MTP_PDL=1 python3 -m pytest -q -m gpu unit_tests/kernels | tail -5
-    python3 benchmark/check_gemv_gpu.py --rows 1,2 --out "$out/gemv_vs_cublas_h100.json"
-    LIGHTLLM_MTP_PDL=0 bench --model_shape qwen3.5-35b-a3b --batch_sizes 1,32 --output_len 48 \
-      --out "$out/static_qwen3.5-35b-a3b_pdl_off_h100.json"
-    LIGHTLLM_MTP_PDL=1 bench --model_shape qwen3.5-35b-a3b --batch_sizes 1,32 --output_len 48 --plot \
-      --out "$out/static_qwen3.5-35b-a3b_h100.json"
-    LIGHTLLM_MTP_PDL=1 bench --model_shape qwen3.5-27b --batch_sizes 1 --output_len 48 \
-      --out "$out/static_qwen3.5-27b_b1_pdl_h100.json" ;;
-  stop27_final)
-    python3 benchmark/check_gemv_gpu.py --rows 2,4 --sweep_rows 2,4 --out "$out/gemv_sweep_rows2_4_h100.json"
-    bench --model_shape qwen3.5-35b-a3b --batch_sizes 1,32 --output_len 48 --plot --out "$out/static_qwen3.5-35b-a3b_h100.json"
-    bench --model_shape qwen3.5-35b-a3b --batch_sizes 1,32 --output_len 48 --mtp_mode eagle_with_att --mtp_step 1 \
-      --out "$out/static_qwen3.5-35b-a3b_mtp_k1_h100.json"
-    bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 48 --out "$out/static_qwen3.5-27b_h100.json"
-    bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 48 --mtp_mode eagle_with_att --mtp_step 1 \
-      --out "$out/static_qwen3.5-27b_mtp_k1_h100.json" ;;
-  prefetch_tests) python3 -m pytest -q -m gpu unit_tests/kernels test/test_gpu_engine.py | tail -3 ;;
-  prefetch)
-    python3 benchmark/check_moe_decode_gpu.py --rows 1,2,8,32 --pdl
-    python3 benchmark/check_gemv_gpu.py --rows 1,2 --out "$out/gemv_vs_cublas_h100.json"
-    bench --model_shape qwen3.5-35b-a3b --batch_sizes 1,32 --output_len 48 --plot --out "$out/static_qwen3.5-35b-a3b_h100.json"
-    bench --model_shape qwen3.5-35b-a3b --batch_sizes 1,32 --output_len 48 --mtp_mode eagle_with_att --mtp_step 1 \
-      --out "$out/static_qwen3.5-35b-a3b_mtp_k1_h100.json"
-    bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 48 --out "$out/static_qwen3.5-27b_h100.json"
-    bench --model_shape qwen3.5-27b --batch_sizes 1 --output_len 48 --mtp_mode eagle_with_att --mtp_step 1 \
-      --out "$out/static_qwen3.5-27b_mtp_k1_h100.json" ;;
-  prefetch_ab)
-    scratch_copy
-    ab() { bench --model_shape qwen3.5-35b-a3b --batch_sizes 1,32 --output_len 48 --out "$out/static_qwen3.5-35b-a3b_$1_h100.json"; }
-    ab A
-    bench --model_shape qwen3.5-35b-a3b --batch_sizes 1 --output_len 48 --mtp_mode eagle_with_att --mtp_step 1 \
-      --out "$out/static_qwen3.5-35b-a3b_mtp_k1_A_h100.json"
-    patch -p1 < benchmark/patches/gemv_first_step_ahead_of_wait.patch && ab B
-    patch -p1 < benchmark/patches/gdn_state_ahead_of_wait.patch && ab C
-    ;;
-  one_pass)
-    scratch_copy
-    patch -p1 < benchmark/patches/moe_one_pass.patch
-    python3 -m pytest -q -m gpu unit_tests/kernels/moe/test_moe_expert_pass.py unit_tests/kernels/gdn/test_gated_delta_rule.py | tail -3
-    python3 benchmark/check_moe_decode_gpu.py --one_pass --rows 1,2,4,8
-    one() { date +%T; bench --model_shape qwen3.5-35b-a3b --batch_sizes 1 --output_len 48 --out "$out/static_qwen3.5-35b-a3b_$1_h100.json"; }
-    patch -p1 < benchmark/patches/one_pass_off.patch && patch -p1 < benchmark/patches/gdn_decode_v32_at_batch_1.patch
-    one two_pass
-    patch -R -p1 < benchmark/patches/one_pass_off.patch && one one_pass
-    patch -R -p1 < benchmark/patches/gdn_decode_v32_at_batch_1.patch && one one_pass_gdn16
-    bench --model_shape qwen3.5-35b-a3b --batch_sizes 1 --output_len 48 --mtp_mode eagle_with_att --mtp_step 1 \
-      --out "$out/static_qwen3.5-35b-a3b_mtp_k1_one_pass_gdn16_h100.json" ;;
-  one_token)
-    scratch_copy
-    patch -p1 < benchmark/patches/moe_one_token.patch
-    python3 -m pytest -q -m gpu unit_tests/kernels/moe unit_tests/kernels/gdn | tail -3
-    python3 benchmark/check_moe_decode_gpu.py --rows 1,2
-    patch -p1 < benchmark/patches/one_token_off.patch
-    bench --model_shape qwen3.5-35b-a3b --batch_sizes 1 --output_len 48 --out "$out/static_qwen3.5-35b-a3b_route_align_h100.json"
-    patch -R -p1 < benchmark/patches/one_token_off.patch
-    bench --model_shape qwen3.5-35b-a3b --batch_sizes 1,32 --output_len 48 --out "$out/static_qwen3.5-35b-a3b_one_token_h100.json"
-    bench --model_shape qwen3.5-35b-a3b --batch_sizes 1,32 --output_len 48 --mtp_mode eagle_with_att --mtp_step 1 \
-      --out "$out/static_qwen3.5-35b-a3b_mtp_k1_one_token_h100.json"
-    python3 benchmark/profile_step.py --model_shape qwen3.5-35b-a3b --batch_size 1 --steps 6 --top 25 \
-      --out "$out/profile_35b_a3b_bs1_one_token.json" ;;
-  latency_floor)
-    python3 benchmark/check_dependent_kernels_gpu.py --out "$out/dependent_kernels_h100.json"
-    python3 -m pytest -q -m gpu test/test_gpu_engine.py unit_tests/kernels/gdn | tail -3 ;;
-  moe_prefill_graphs_tests) python3 -m pytest -q -m gpu test/test_gpu_prefill_graph.py test/test_gpu_engine.py \
-      unit_tests/kernels/moe/test_fused_moe.py unit_tests/kernels/moe/test_moe_expert_pass.py | tail -5 ;;
-  moe_prefill_graphs)
-    for graphs in "" --no_prefill_graphs; do
-      python3 benchmark/prefix_cache_ttft.py --model_shape qwen3.5-35b-a3b --device cuda --prefix_len 8192 \
-        --question_len 128 --mtp_mode eagle_with_att --mtp_step 1 --prefix_cache_interval 256 \
-        --max_total_token_num 65536 $graphs --out "$out/prefix_cache_ttft_qwen3.5-35b-a3b${graphs:+_eager}_h100.json"
-    done ;;
-  moe_kernels) python3 -m pytest -q -m gpu unit_tests/kernels/moe
-    python3 benchmark/check_moe_decode_gpu.py ;;
-  moe_prefill) python3 -m pytest -q -m gpu unit_tests/kernels/moe/test_moe_permute.py unit_tests/kernels/moe/test_fused_moe.py
-    python3 benchmark/check_moe_prefill_gpu.py --out "$out/moe_prefill_35b_a3b_h100.json" ;;
-  profile_35b)
-    python3 benchmark/profile_step.py --model_shape qwen3.5-35b-a3b --batch_size 1 --steps 6 --top 25 \
-      --out "$out/profile_35b_a3b_bs1_moe_kernels.json"
-    python3 benchmark/profile_step.py --model_shape qwen3.5-35b-a3b --batch_size 32 --steps 4 --top 25 \
-      --mtp_mode eagle_with_att --mtp_step 1 --out "$out/profile_35b_a3b_bs32_mtp_k1_moe_kernels.json" ;;
-  peer) bench --model_shape qwen3.5-27b --batch_sizes 1,8 --output_len 32 --hf_peer --hf_batch_sizes 1,8 \
-      --out "$out/static_qwen3.5-27b_hf_peer_h100.json" ;;
-  *) echo "usage: $0 tests|tests_spec|tests_prefill|prefill16k|35b_prefill|prefill_attention_tiles|train_mtp3_ptd|draft_cost|draft_vocab|adaptive_grid|draft_model_cost|train_drafts|27b|27b_k1|27b_large_batch|35b|35b_k1|moe_kernels|decode_sweep|stop27|stop27_final|prefetch_tests|prefetch|prefetch_ab|one_pass|one_token|latency_floor|moe_prefill_graphs_tests|moe_prefill_graphs|gemv|moe_prefill|profile_35b|peer|mixed|serving_27b|serving_35b|serving_tiny|prefix_cache|prefix_serving|prefix_serving_27b|multi_turn_steps|prefix_sync_sites|tp2_tests|tp2_27b|pp2_27b|tp2_35b|pp_one_gpu" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|27b|27b_k1|27b_large_batch|35b|35b_k1|peer|prefill16k|35b_prefill|gemv|moe_kernels|moe_prefill|profile_35b|latency_floor|draft_cost|draft_vocab|adaptive_grid|draft_model_cost|train_mtp3_ptd|train_drafts|prefix_cache|moe_prefill_graphs|prefix_sync_sites|multi_turn_steps|serving_27b|serving_35b|serving_tiny|prefix_serving|prefix_serving_27b|mixed|tp2_tests|tp2_27b|pp2_27b|tp2_35b|pp_one_gpu" >&2; exit 2 ;;
 esac

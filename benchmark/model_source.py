@@ -18,6 +18,7 @@ from lightllm_mtp.common.weight_loader import load_tensors
 from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.engine.llm_engine import LLMEngine
+from lightllm_mtp.engine.step import kv_lookahead_slots
 from lightllm_mtp.models.registry import model_class
 
 
@@ -74,7 +75,16 @@ def engine_field_names() -> set[str]:
     return {f.name for f in dataclasses.fields(EngineArgs)}
 
 
+def kv_pool_tokens(max_batch_size: int, max_model_len: int, num_draft_tokens: int) -> int:
+    """KV token slots that admit max_batch_size requests at once: the scheduler reserves for each request its tokens
+    up to max_model_len plus the runner's lookahead slots (Scheduler.kv_need; kv_lookahead_slots: 1 for plain decoding,
+    3 verify blocks of k + 1 rows under MTP)."""
+    return max_batch_size * (max_model_len + kv_lookahead_slots(num_draft_tokens))
+
+
 def build_engine(source: ModelSource, args, max_model_len: int, mtp: bool) -> LLMEngine:
+    """The engine for args.batch_sizes: its largest batch admitted whole (request slots and KV pool), unless
+    engine_extra overrides max_total_token_num."""
     fields = engine_field_names()
     max_bs = max(args.batch_sizes)
     kw = dict(
@@ -82,7 +92,7 @@ def build_engine(source: ModelSource, args, max_model_len: int, mtp: bool) -> LL
         dtype=args.dtype,
         max_model_len=max_model_len,
         max_batch_size=max_bs,
-        max_total_token_num=max_bs * max_model_len,
+        max_total_token_num=kv_pool_tokens(max_bs, max_model_len, args.mtp_step if mtp else 0),
     )
     if args.chunked_prefill_size is not None:
         kw["chunked_prefill_size"] = args.chunked_prefill_size

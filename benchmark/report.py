@@ -4,14 +4,28 @@ from __future__ import annotations
 
 from pathlib import Path
 
+PLOT_INSTALL = 'pip install -e ".[bench]"'
+
+
+def plot_unavailable() -> str | None:
+    """Why --plot cannot work here (matplotlib is not importable), or None."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as e:
+        return f"--plot needs matplotlib, which is not importable here ({e}); install it with {PLOT_INSTALL}"
+    return None
+
+
 # ---- output ----------------------------------------------------------------------------------------------
 def _fmt(x, spec=".2f") -> str:
     return "-" if x is None else format(x, spec)
 
 
 def print_tables(report: dict) -> None:
+    bw = report["bandwidth"]
     print(f"\n{report['model']['name']}  in={report['settings']['input_len']} out={report['settings']['output_len']}"
-          f"  {report['device']['name']}  copy bw {report['bandwidth']['GB_per_s']:.0f} GB/s")  # fmt: skip
+          f"  {report['device']['name']}  copy bw {bw['GB_per_s']:.0f} GB/s")  # fmt: skip
+    print(f"floor = {bw['floor_label']}: bytes a step must move / the copy bandwidth above")
     head = (f"{'bs':>4} {'prefill ms':>11} {'prefill tok/s':>14} {'step ms':>9} {'p10-p90 ms':>15} "
             f"{'tok/s':>10} {'GB/step':>8} {'floor ms':>9} {'% floor':>8}")  # fmt: skip
     print(head)
@@ -22,6 +36,9 @@ def print_tables(report: dict) -> None:
         print(f"{r['batch_size']:>4} {_fmt(r['prefill']['ms'], '.1f'):>11} {_fmt(r['prefill']['tokens_per_s'], '.0f'):>14} "
               f"{_fmt(d.get('median_ms')):>9} {spread:>15} {_fmt(d.get('tokens_per_s'), '.1f'):>10} "
               f"{_fmt(gb / 1e9 if gb else None, '.3f'):>8} {_fmt(f.get('floor_ms')):>9} {_fmt(f.get('pct_of_floor'), '.1f'):>8}")  # fmt: skip
+    for r in report["results"]:
+        if r.get("decode_note"):
+            print(f"bs={r['batch_size']}: {r['decode_note']}")
     for r in report["results"]:
         g = r.get("floor_per_gpu")
         if g:
@@ -47,6 +64,9 @@ def print_tables(report: dict) -> None:
                       f"{_fmt(r.get('step_cost_vs_decode')):>7} {_fmt(s.get('accept_rate')):>5} "
                       f"{_fmt(s.get('tokens_per_step')):>9} {_fmt(s.get('effective_tokens_per_s'), '.1f'):>10} "
                       f"{_fmt(s.get('speedup_vs_no_spec')):>8}")  # fmt: skip
+        for r in mtp["results"]:
+            if r.get("note"):
+                print(f"bs={r['batch_size']}: {r['note']}")
         for r in mtp["results"]:
             g = r.get("verify_floor_per_gpu")
             if g:
@@ -77,20 +97,20 @@ def print_tables(report: dict) -> None:
 
 
 def write_plot(report: dict, path: Path) -> str:
-    try:
-        import matplotlib
+    """Decode (and MTP) step time against batch size, with the floor named after its device; returns the path.
+    Callers check plot_unavailable() first (static_inference refuses --plot before any work)."""
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception as e:  # noqa: BLE001
-        return f"not written: matplotlib not importable ({type(e).__name__})"
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     rows = [r for r in report["results"] if r["decode"]]
     bss = [r["batch_size"] for r in rows]
     fig, ax = plt.subplots(figsize=(6, 4))
     med = [r["decode"]["median_ms"] for r in rows]
     err = [[m - r["decode"]["p10_ms"] for m, r in zip(med, rows)], [r["decode"]["p90_ms"] - m for m, r in zip(med, rows)]]
     ax.errorbar(bss, med, yerr=err, marker="o", capsize=3, label="decode step (median, p10-p90)")
-    ax.plot(bss, [r["floor"]["floor_ms"] for r in rows], "k--", marker=".", label="HBM floor")
+    ax.plot(bss, [r["floor"]["floor_ms"] for r in rows], "k--", marker=".", label=report["bandwidth"]["floor_label"])
     mtp = (report.get("mtp") or {}).get("results") or []
     spec = [(r["batch_size"], r["spec_step"]["median_ms"]) for r in mtp if r.get("spec_step")]
     if spec:

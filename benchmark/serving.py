@@ -6,7 +6,7 @@
         --concurrency 1,8,32 ...   # starts the server once per config: MTP off vs on in one command
 
 Prompts are token windows of a local text corpus (default: the held-out Python standard library files of
-lightllm_mtp/training/tiny_corpus.py; --corpus DIR for any directory of text files), sent as token ids so their
+lightllm_mtp/tools/tiny_corpus.py; --corpus DIR for any directory of text files), sent as token ids so their
 length is exact; greedy by default, ignore_eos, max_tokens = the output length. At each concurrency level
 num_prompts requests run with at most that many in flight. Reported: request and token throughput, TTFT, TPOT
 ((e2e - TTFT) / (tokens - 1)), inter-chunk latency, MTP acceptance and prefix-cache hits (cached prompt tokens)
@@ -49,7 +49,7 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 # ---- prompts ---------------------------------------------------------------------------------------------
 def corpus_texts(corpus: str | None) -> list[str]:
     if corpus is None:
-        from lightllm_mtp.training.tiny_corpus import is_heldout, read_stdlib
+        from lightllm_mtp.tools.tiny_corpus import is_heldout, read_stdlib
 
         return [f.text for f in read_stdlib() if is_heldout(f.path)]  # text the trained tiny model never saw
     root = Path(corpus)

@@ -1,5 +1,6 @@
-# Over 500 lines: one CLI for every static measurement (plain, MTP, tp/pp, the HF peer) sharing set-up and report.
-"""Static-batch inference benchmark: prefill and decode-step timing through the engine, against the HBM floor.
+"""Static-batch inference benchmark: prefill and decode-step timing through the engine, against the memory floor
+(the bytes a step must move over the measured copy bandwidth; named after the device: "H200 HBM floor", on CPU
+"host memory-copy floor (cpu)").
 
     python benchmark/static_inference.py --model_shape qwen3.5-27b --batch_sizes 1,8,32 --input_len 1024 \
         --output_len 64 --device cuda [--mtp_mode eagle_with_att --mtp_step 1 --mtp_accept_rate 0.95] \
@@ -7,9 +8,11 @@
 
 For each batch size, bs requests of input_len random token ids go through LLMEngine.step (greedy, ignore_eos,
 max_new_tokens=output_len): one warm-up generation, then a timed one. Prefill = every step until the last
-prompt is complete; decode = the steps in which all bs requests run one decode row, each timed as
-the time between consecutive returns of LLMEngine.step, no synchronize in between: host work, CUDA-graph replay and
-overlap scheduling are in). See benchmark/README.md.
+prompt is complete; decode = the steps in which all bs requests run one decode row (under MTP one full verify
+block each), each timed as the time between consecutive returns of LLMEngine.step, no synchronize in between: host
+work, CUDA-graph replay and overlap scheduling are in). The KV pool admits the largest batch whole, lookahead
+reservation included (model_source.kv_pool_tokens); a batch size that still gets no such step says why on the
+terminal. See benchmark/README.md.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ import json
 import math
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `benchmark` and `lightllm_mtp` importable from the repo
@@ -34,17 +36,16 @@ from benchmark.floor import floor_ms, parallel_floor, prefill_gemm_flops, spec_b
 from benchmark.hf_peer import build_hf_model, time_hf_generate
 from benchmark.model_shapes import MODEL_SHAPES
 from benchmark.model_source import ModelSource, build_engine, engine_field_names, resolve_source
-from benchmark.report import print_tables, write_plot
+from benchmark.report import plot_unavailable, print_tables, write_plot
+from benchmark.static_generation import GenRecord, generate
 from benchmark.timing import (
     ForwardTimer,
     MultiTimer,
-    calls_ms,
     device_info,
     measure_copy_bandwidth,
     measure_matmul_peak,
     percentile,
     summary,
-    sync,
     versions,
 )
 from lightllm_mtp import env
@@ -54,74 +55,9 @@ from lightllm_mtp.engine.llm_engine import LLMEngine
 from lightllm_mtp.engine.parallel.driver_runner import DriverRunner
 from lightllm_mtp.env import ENV
 from lightllm_mtp.models.registry import model_class
-from lightllm_mtp.sampling_params import SamplingParams
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 KV_SLACK = 8  # extra token slots per request beyond input_len + output_len (+ mtp_step)
-
-
-# ---- one generation --------------------------------------------------------------------------------------
-@dataclass
-class GenRecord:
-    batch_size: int
-    prefill_ms: float = 0.0
-    prefill_forwards: int = 0
-    e2e_ms: float = 0.0
-    step_ms: list[float] = field(default_factory=list)  # full-batch decode (or verify) steps
-    step_context: list[float] = field(default_factory=list)  # mean KV length per request after each such step
-    verify_ms: list[float] = field(default_factory=list)
-    draft_ms: list[float] = field(default_factory=list)
-    draft_calls: list[int] = field(default_factory=list)
-    outputs: list[list[int]] = field(default_factory=list)
-    accepted_per_step: float | None = None
-
-
-def generate(engine: LLMEngine, prompts: list[list[int]], output_len: int, timers=None, k: int = 0) -> GenRecord:
-    dev = engine.args.device
-    params = SamplingParams(temperature=0.0, max_new_tokens=output_len, ignore_eos=True)
-    reqs = [engine.add_request(p, params) for p in prompts]
-    bs = len(prompts)
-    rec = GenRecord(bs)
-    sched = engine.scheduler
-    sync(dev)
-    t0 = last_return = time.perf_counter()
-    timed_calls = []
-    while engine.has_unfinished():
-        running = sched.running
-        in_prefill = bool(sched.waiting) or any(r.in_prefill for r in running)
-        full = not in_prefill and len(running) == bs
-        if full and k:  # a verify block now (always k drafts far from max_model_len), and room for the next one
-            full = all(r.blocks and r.params.max_new_tokens - len(r.output_ids) >= 2 * k + 2 for r in running)
-        if full:
-            extra = k  # KV length after a verify step: num_tokens - 1 + (k + 1)
-            context = sum(r.num_tokens + extra for r in running) / bs
-        engine.step()
-        if in_prefill:
-            sync(dev)
-        end = time.perf_counter()
-        calls = (timers[0].take(), timers[1].take()) if timers is not None else None
-        if in_prefill:
-            rec.prefill_forwards += 1
-            rec.prefill_ms = (end - t0) * 1e3
-        elif full:
-            # no synchronize between decode steps: with overlap scheduling the engine queues the next step before
-            # it reads this one's tokens, so the time between two returns of step() is the steady-state step time
-            rec.step_ms.append((end - last_return) * 1e3)
-            rec.step_context.append(context)
-            timed_calls.append(calls)
-        last_return = end
-    sync(dev)
-    for calls in timed_calls if timers is not None else []:
-        (v_ms, _), (d_ms, d_calls) = calls_ms(calls[0]), calls_ms(calls[1])
-        rec.verify_ms.append(v_ms)
-        rec.draft_ms.append(d_ms)
-        rec.draft_calls.append(d_calls)
-    rec.e2e_ms = (time.perf_counter() - t0) * 1e3
-    rec.outputs = [list(r.output_ids) for r in reqs]
-    if k:
-        steps = sum(r.spec_stats.verify_steps for r in reqs)
-        rec.accepted_per_step = sum(r.spec_stats.accepted_drafts for r in reqs) / steps if steps else None
-    return rec
 
 
 # ---- the benchmark ---------------------------------------------------------------------------------------
@@ -148,7 +84,7 @@ def no_spec_result(rec: GenRecord, args, cfg, specs, dtype, bw: dict) -> dict:
         )
     stats = summary(rec.step_ms)
     if stats is None:
-        res["decode_note"] = "no full-batch decode step (output_len too short after chunked prefill)"
+        res["decode_note"] = f"no full-batch decode step: {rec.no_full_step_reason}"
         return res
     stats["tokens_per_s"] = bs / (stats["median_ms"] / 1e3)
     res["decode"] = stats
@@ -156,6 +92,7 @@ def no_spec_result(rec: GenRecord, args, cfg, specs, dtype, bw: dict) -> dict:
     b = step_bytes(cfg, specs, dtype, bs, context)
     fl = floor_ms(b.total, bw["bytes_per_s"])
     res["floor"] = {
+        "label": bw["floor_label"],
         "mean_context": context,
         "bytes_per_step": b.total,
         "breakdown": b.to_dict(),
@@ -198,7 +135,7 @@ def spec_result(rec: GenRecord, base: dict | None, args, cfg, specs, dtype, bw: 
     }
     stats = summary(rec.step_ms)
     if stats is None:
-        res["note"] = "no full-batch verify step with k drafts per request (output_len too short)"
+        res["note"] = f"no full-batch verify step with {k} drafts per request: {rec.no_full_step_reason}"
         return res
     verify = percentile(rec.verify_ms, 50)
     draft = percentile(rec.draft_ms, 50)
@@ -213,7 +150,7 @@ def spec_result(rec: GenRecord, base: dict | None, args, cfg, specs, dtype, bw: 
     context = sum(rec.step_context) / len(rec.step_context)
     vb = step_bytes(cfg, specs, dtype, bs, context, rows_per_req=k + 1)
     vfl = floor_ms(vb.total, bw["bytes_per_s"])
-    res["verify_floor"] = {"bytes": vb.total, "floor_ms": vfl, "pct_of_floor": vfl / verify * 100.0 if verify else None}
+    res["verify_floor"] = {"label": bw["floor_label"], "bytes": vb.total, "floor_ms": vfl, "pct_of_floor": vfl / verify * 100.0 if verify else None}
     if args.tp * args.pp > 1 and verify:
         res["verify_floor_per_gpu"] = parallel_floor(cfg, model_class(cfg), dtype, bs, context, verify,
                                                      bw["bytes_per_s"], k + 1, tp=args.tp, pp=args.pp)  # fmt: skip
@@ -249,7 +186,7 @@ def real_acceptance(args) -> dict:
     ns = argparse.Namespace(
         model_dir=args.model_dir, device=args.device, dtype=args.dtype, mtp_steps=steps, mtp_modes=[mode],
         num_prompts=8,
-        prompt_tokens=128, max_new_tokens=64, max_batch_size=8, heldout_windows=0, strict=True,
+        prompt_tokens=128, max_new_tokens=64, max_batch_size=8, strict=True,
         argv=["--model_dir", args.model_dir, "--device", args.device, "--num_prompts", "8", "--mtp_modes", mode,
               "--strict"],
     )  # fmt: skip
@@ -386,7 +323,8 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--hf_batch_sizes", type=_ints, default=[1, 8])
     p.add_argument("--hf_repeats", type=int, default=1)
     p.add_argument("--out", default=None, help="JSON path (default benchmark/results/<name>.json)")
-    p.add_argument("--plot", action="store_true", help="PNG of decode step time vs batch size next to the JSON")
+    p.add_argument("--plot", action="store_true",
+                   help='PNG of decode step time vs batch size next to the JSON (matplotlib: pip install -e ".[bench]")')
     args = p.parse_args(argv)
     if not args.batch_sizes or min(args.batch_sizes) < 1:
         p.error("--batch_sizes must be positive integers")
@@ -396,6 +334,8 @@ def parse_args(argv: list[str] | None):
         p.error("--mtp_accept_rate values must be in [0, 1]")
     if args.real_acceptance and not (args.model_dir and args.mtp_mode):
         p.error("--real_acceptance needs --model_dir (a checkpoint with a tokenizer) and --mtp_mode")
+    if args.plot and (missing := plot_unavailable()):
+        p.error(missing)  # before any work: exit status 2
     args.batch_sizes = sorted(set(args.batch_sizes))
     return args
 
@@ -462,7 +402,6 @@ def main(argv: list[str] | None = None) -> dict:
             "seed": args.seed,
             "warmup_steps": args.warmup_steps,
             "max_model_len": max_model_len,
-            "kv_pool_tokens": max_bs * max_model_len,
             "sampling": "greedy, ignore_eos, max_new_tokens=output_len",
         },
     }
@@ -470,6 +409,7 @@ def main(argv: list[str] | None = None) -> dict:
     bar.set_description("building engine")
     engine = build_engine(source, args, max_model_len, mtp=False)
     report["settings"]["engine_args"] = {k: str(v) for k, v in dataclasses.asdict(engine.args).items()}
+    report["settings"]["kv_pool_tokens"] = engine.scheduler.kv_capacity
     records = run_batches(engine, prompts_all, args, bar, "decode")
     engine.shutdown()
     del engine
@@ -486,6 +426,7 @@ def main(argv: list[str] | None = None) -> dict:
             ForwardTimer(engine.model_runner, device),
             MultiTimer([ForwardTimer(d, device) for d in draft_modules(engine)]),
         )
+        mtp_kv_pool_tokens = engine.scheduler.kv_capacity
         spec_records = run_batches(engine, prompts_all, args, bar, "MTP", timers, k=args.mtp_step)
         engine.shutdown()
         del engine, timers
@@ -493,6 +434,7 @@ def main(argv: list[str] | None = None) -> dict:
         report["mtp"] = {
             "mode": args.mtp_mode,
             "mtp_step": args.mtp_step,
+            "kv_pool_tokens": mtp_kv_pool_tokens,
             "accept_rates": args.mtp_accept_rate,
             "method": (
                 "real SpecRunner steps (verify + draft passes + eagle chain + host work) timed per step; "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import math
 import platform
+import re
 import time
 import traceback
 import warnings
@@ -105,7 +106,22 @@ def measure_copy_bandwidth(device: torch.device, repeats: int) -> dict:
         "median_ms": med,
         "repeats": repeats,
         "method": method,
+        "floor_label": floor_label(device_info(device)),
     }
+
+
+# GPUs whose device memory is HBM (datacenter parts); any other CUDA device's floor is named "device-memory"
+_HBM_GPU = re.compile(r"\b(A100|A800|A30|H100|H800|H20|H200|GH200|B100|B200|GB200|B300|MI\d{3}[A-Z]?)\b")
+
+
+def floor_label(device: dict) -> str:
+    """The name of the bytes / copy-bandwidth floor, after the device that measured the bandwidth (device_info):
+    "H200 HBM floor" on an H200, "host memory-copy floor (cpu)" on CPU, never an HBM floor measured by a memcpy."""
+    if device["type"] != "cuda":
+        return f"host memory-copy floor ({device['type']})"
+    name = device["name"].removeprefix("NVIDIA ").strip()
+    hbm = _HBM_GPU.search(name)
+    return f"{hbm.group(1)} HBM floor" if hbm else f"{name} device-memory floor"
 
 
 class ForwardTimer:

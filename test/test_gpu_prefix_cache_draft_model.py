@@ -6,11 +6,11 @@ tokens left run as prompt chunks (eagerly), not through the verify graphs."""
 import pytest
 
 from lightllm_mtp import LLM, SamplingParams
-from lightllm_mtp.tools.default_checkpoint import FIXTURES_DIR
+from unit_tests.trained_fixtures import DENSE as TARGET
+from unit_tests.trained_fixtures import DRAFT, PARD_DRAFT
 
 pytestmark = pytest.mark.gpu
-TARGET = FIXTURES_DIR / "tiny_qwen3_5_trained"
-DRAFTS = {False: FIXTURES_DIR / "tiny_qwen3_5_draft_trained", True: FIXTURES_DIR / "tiny_qwen3_5_draft_pard_trained"}
+DRAFTS = {False: DRAFT, True: PARD_DRAFT}
 SYSTEM = [(37 * i) % 700 + 3 for i in range(70)]
 K = 3
 

@@ -1,5 +1,6 @@
-"""The package's import graph: no cycle between modules or between sub-packages, and no module importing from a
-higher layer. Every import counts, those inside functions too."""
+"""The package's import graph: no cycle between modules or between sub-packages, no module importing from a higher
+layer, and nothing importing the repository's packages outside the runtime one (training/). Every import counts, those
+inside functions too."""
 
 import ast
 from collections import defaultdict
@@ -14,8 +15,10 @@ LAYERS = {
     "models": 3,
     "spec_decode": 4,
     "engine": 5,
-    "server": 6, "tools": 6, "training": 6, "__main__": 6,
+    "server": 6, "tools": 6, "__main__": 6,
 }  # fmt: skip
+# packages of the repository beside lightllm_mtp that the runtime package never imports (they import it)
+OUTSIDE_THE_RUNTIME = ("training",)
 
 
 def module_imports() -> dict[str, set[str]]:
@@ -51,6 +54,20 @@ def module_imports() -> dict[str, set[str]]:
                 if found and found != name and not own_package:
                     edges[name].add(found)
     return edges
+
+
+def imports_outside_the_runtime(source: str) -> list[str]:
+    """The modules of OUTSIDE_THE_RUNTIME that `source` imports (absolute imports; relative ones stay in the package)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        found += [n for n in names if n.split(".")[0] in OUTSIDE_THE_RUNTIME]
+    return found
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -116,3 +133,19 @@ def test_every_sub_package_has_a_layer():
 def test_the_checks_catch_a_cycle_and_an_upward_import():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c"]]
     assert LAYERS["kernels"] < LAYERS["engine"]
+
+
+def test_the_runtime_package_never_imports_training():
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        hits = imports_outside_the_runtime(path.read_text())
+        if hits:
+            found[str(path.relative_to(PACKAGE.parent))] = hits
+    assert found == {}
+
+
+def test_the_training_check_catches_an_import():
+    source = "import training.train_tiny\nfrom training import trainable_mtp\nfrom lightllm_mtp.tools import tiny_recipe\n"
+    source += "def f():\n    from training.eval_heldout import main\n"
+    assert imports_outside_the_runtime(source) == ["training.train_tiny", "training", "training.eval_heldout"]
+    assert imports_outside_the_runtime("from . import training\nimport trainingwheels\n") == []

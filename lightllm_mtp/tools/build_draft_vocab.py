@@ -3,7 +3,7 @@
     python -m lightllm_mtp.tools.build_draft_vocab --model_dir DIR --out vocab.json [--text_files a.txt b.txt]
 
 The tokenizer comes from DIR; the corpus is the given text files, else the training split of the tiny corpus (the
-interpreter's standard library, training/tiny_corpus.py). Ids the corpus never produces are not ranked; the
+interpreter's standard library, tools/tiny_corpus.py). Ids the corpus never produces are not ranked; the
 tokenizer's special ids and the checkpoint's eos ids go into "always" and are kept at every size.
 """
 
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> dict:
             raise SystemExit(f"--text_files: no such file: {', '.join(missing)}")
         texts, source = [Path(f).read_text(errors="replace") for f in args.text_files], " ".join(args.text_files)
     else:
-        from lightllm_mtp.training.tiny_corpus import split_corpus
+        from lightllm_mtp.tools.tiny_corpus import split_corpus
 
         texts, source = [f.text for f in split_corpus().train], "tiny_corpus training split (Python stdlib)"
     result = build(args.model_dir, texts, source)

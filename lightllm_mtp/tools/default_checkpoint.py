@@ -15,27 +15,25 @@ from lightllm_mtp.env import ENV
 RECIPE_VERSION = 1
 _DONE_MARKER = ".complete"
 
+# The runtime package ships one trained checkpoint, the main job's; the tests' trained checkpoints (MoE, 3 MTP
+# modules, draft models) live under fixtures/ at the repository root (unit_tests/trained_fixtures.py).
 FIXTURES_DIR = Path(__file__).resolve().parent.parent / "fixtures"
-TRAINED_CHECKPOINTS = {
-    "qwen3_5": "tiny_qwen3_5_trained",
-    "qwen3_5_moe": "tiny_qwen3_5_moe_trained",
-    # dense, 3 MTP modules (multi-layer MTP) and parallel-drafting mask inputs on one target
-    "qwen3_5_mtp3_ptd": "tiny_qwen3_5_mtp3_ptd_trained",
-    # small draft models for tiny_qwen3_5_trained (mtp_mode=draft_model): autoregressive, and PARD
-    "qwen3_5_draft": "tiny_qwen3_5_draft_trained",
-    "qwen3_5_draft_pard": "tiny_qwen3_5_draft_pard_trained",
-}
+TRAINED_CHECKPOINTS = {"qwen3_5": "tiny_qwen3_5_trained"}
 
 
-def trained_checkpoint_dir(arch: str = "qwen3_5") -> Path | None:
-    """The shipped trained checkpoint `arch` (a key of TRAINED_CHECKPOINTS; lightllm_mtp/fixtures/README.md), or
-    None while it is not there complete (config, tokenizer, index and every shard it names)."""
-    model_dir = FIXTURES_DIR / TRAINED_CHECKPOINTS[arch]
+def complete_checkpoint(model_dir: Path) -> Path | None:
+    """model_dir when it holds a complete checkpoint (config, tokenizer, index and every shard it names), else None."""
     index = model_dir / "model.safetensors.index.json"
     if not all(p.is_file() for p in (index, model_dir / "config.json", model_dir / "tokenizer.json")):
         return None
     shards = set(json.loads(index.read_text())["weight_map"].values())
     return model_dir if all((model_dir / shard).is_file() for shard in shards) else None
+
+
+def trained_checkpoint_dir(arch: str = "qwen3_5") -> Path | None:
+    """The shipped trained checkpoint `arch` (a key of TRAINED_CHECKPOINTS; lightllm_mtp/fixtures/README.md), or
+    None while it is not there complete."""
+    return complete_checkpoint(FIXTURES_DIR / TRAINED_CHECKPOINTS[arch])
 
 
 def default_model_dir() -> Path:

@@ -8,8 +8,9 @@ drafting, draft_model = the external draft of --draft_model_dir, pard = that dra
 mtp_step k. Per k: tokens per verify step (accepted drafts + 1, the "accept
 length"), accepted drafts per step, and acceptance at draft position j (accepted / proposed; a draft counts as
 accepted only when every draft before it was), all weighted by verify steps over the requests. Each MTP run's
-tokens are compared with plain decoding (--strict: a mismatch is an error). Optionally the held-out main / MTP
-losses of the checkpoint (HF forward of the same weights). Writes JSON.
+tokens are compared with plain decoding (--strict: a mismatch is an error). Writes JSON. The checkpoint's held-out
+losses (the training code's HF forward of the same weights) are `python -m training.eval_heldout`, outside the
+runtime package.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import argparse
 import json
 import sys
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -51,11 +51,10 @@ def evaluate(args) -> dict:
     from transformers import AutoTokenizer
 
     from lightllm_mtp import LLM, SamplingParams
-    from lightllm_mtp.training.tiny_corpus import heldout_prompts, split_corpus
+    from lightllm_mtp.tools.tiny_corpus import heldout_prompts, split_corpus
 
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
-    corpus = split_corpus()
-    prompts = heldout_prompts(tokenizer, corpus.heldout, args.num_prompts, args.prompt_tokens)
+    prompts = heldout_prompts(tokenizer, split_corpus().heldout, args.num_prompts, args.prompt_tokens)
     ids = [p for _, p in prompts]
     params = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens, ignore_eos=True)
     engine_kwargs = dict(device=args.device, dtype=args.dtype, max_batch_size=args.max_batch_size,
@@ -105,23 +104,7 @@ def evaluate(args) -> dict:
                 raise SystemExit(f"{mode} k={k}: MTP greedy output differs from plain decoding (request: position) "
                                  f"{mismatches}")  # fmt: skip
     result["mtp"] = result["by_mode"][args.mtp_modes[0]]
-    if args.heldout_windows:
-        result["heldout"] = heldout_losses(args, tokenizer, corpus)
-        print(f"held-out losses: {json.dumps(result['heldout'])}")
     return result
-
-
-def heldout_losses(args, tokenizer, corpus) -> dict:
-    """Main / MTP loss and MTP agreement of the checkpoint's weights on held-out windows (HF forward, fp32 on CPU)."""
-    from lightllm_mtp.training.tiny_corpus import token_stream
-    from lightllm_mtp.training.trainable_mtp import load_tiny_mtp_model, stream_losses
-
-    model = load_tiny_mtp_model(args.model_dir).to(args.device)
-    cuda = args.device.startswith("cuda")
-    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if cuda else nullcontext
-    stream = token_stream(tokenizer, corpus.heldout, tokenizer.eos_token_id)
-    losses = stream_losses(model, stream, args.heldout_seq_len, args.heldout_windows, 8, args.device, autocast)
-    return {**losses, "windows": args.heldout_windows, "seq_len": args.heldout_seq_len}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -140,8 +123,6 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--prompt_tokens", type=int, default=128)
     p.add_argument("--max_new_tokens", type=int, default=64)
     p.add_argument("--max_batch_size", type=int, default=16)
-    p.add_argument("--heldout_windows", type=int, default=16, help="0 skips the held-out loss")
-    p.add_argument("--heldout_seq_len", type=int, default=512)
     p.add_argument("--strict", action="store_true", help="fail when MTP greedy output differs from plain decoding")
     p.add_argument("--out", default=None, help="JSON path (default: print only)")
     args = p.parse_args(argv)

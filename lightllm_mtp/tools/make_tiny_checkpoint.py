@@ -16,13 +16,13 @@ from pathlib import Path
 
 import torch
 
-from lightllm_mtp.training.published_layout import (
+from lightllm_mtp.tools.published_layout import (
     mtp_stack,
     padded_vocab_size,
     published_model_class,
     write_published_checkpoint,
 )
-from lightllm_mtp.training.tiny_recipe import (
+from lightllm_mtp.tools.tiny_recipe import (
     ARCHS,
     DRAFT_SIZES,
     INIT_STD,

@@ -57,7 +57,7 @@ def _check_common(r, batch_sizes, output_len):
 
 def test_checkpoint_dir_with_hf_peer(tiny_dense_dir, tmp_path):
     r = _run(tmp_path, "--model_dir", str(tiny_dense_dir), "--batch_sizes", "1,2", "--input_len", "8",
-             "--output_len", "4", "--hf_peer", "--hf_batch_sizes", "1,2", "--plot")  # fmt: skip
+             "--output_len", "4", "--hf_peer", "--hf_batch_sizes", "1,2")  # fmt: skip
     _check_common(r, [1, 2], 4)
     assert "mtp" not in r
     runs = r["hf_peer"]["runs"]
@@ -66,7 +66,6 @@ def test_checkpoint_dir_with_hf_peer(tiny_dense_dir, tmp_path):
         assert "error" not in x, x
         assert x["e2e_output_tokens_per_s"] > 0 and x["speedup_e2e"] > 0 and x["speedup_decode"] > 0
         assert x["greedy_tokens_equal_frac"] == 1.0  # same fp32 weights, same greedy tokens as HF
-    assert "plot" in r and (r["plot"].endswith(".png") or r["plot"].startswith("not written"))
 
 
 def test_mtp_simulation(tiny_dense_dir, tmp_path):

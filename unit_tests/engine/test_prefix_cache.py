@@ -242,9 +242,9 @@ def test_multi_layer_mtp_end_snapshot_from_its_last_verify():
     """Multi-layer MTP (3 modules): the tree's end lags the committed state by 2 positions; when the last verify
     accepted enough rows its SSM row / conv window there is the end snapshot: equal to a from-scratch prefill's
     state, and a resend resumes at it with the output it has without the cache."""
-    from lightllm_mtp.tools.default_checkpoint import FIXTURES_DIR
+    from unit_tests.trained_fixtures import MTP3_PTD
 
-    model_dir = FIXTURES_DIR / "tiny_qwen3_5_mtp3_ptd_trained"  # trained: its drafts get accepted
+    model_dir = MTP3_PTD  # trained: its drafts get accepted
     mtp = dict(mtp_mode="vanilla_with_att", mtp_step=3)
     llm = LLM(model_dir, max_model_len=128, prefix_cache_interval=INTERVAL, max_total_token_num=4096,
               prefix_cache_state_share=0.75, disable_overlap=True, **mtp)  # fmt: skip

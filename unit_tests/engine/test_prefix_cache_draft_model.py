@@ -13,13 +13,13 @@ from lightllm_mtp.common.radix_cache import key_elements
 from lightllm_mtp.common.state_snapshots import StateSnapshotPool
 from lightllm_mtp.engine.runner_factory import draft_snapshot_pool
 from lightllm_mtp.spec_decode import draft_model_proposer
-from lightllm_mtp.tools.default_checkpoint import FIXTURES_DIR
 from unit_tests.engine.test_prefix_cache import INTERVAL, SYSTEM, check_accounting
 from unit_tests.engine.test_prefix_cache import rounds as prefix_cache_rounds
 from unit_tests.spec_decode.test_draft_model import _recompute
+from unit_tests.trained_fixtures import DENSE as TARGET
+from unit_tests.trained_fixtures import DRAFT, PARD_DRAFT
 
-TARGET = FIXTURES_DIR / "tiny_qwen3_5_trained"
-DRAFTS = {False: FIXTURES_DIR / "tiny_qwen3_5_draft_trained", True: FIXTURES_DIR / "tiny_qwen3_5_draft_pard_trained"}
+DRAFTS = {False: DRAFT, True: PARD_DRAFT}
 K = 2
 ATOL = dict(atol=2e-5, rtol=1e-4)  # window / verify rows vs a prefill: fp32 rounding of differently shaped GEMMs
 

@@ -1,8 +1,6 @@
 """Tensor / pipeline layout checks that need no processes: bad combinations fail at start with one message, stage
 splits, TpShard slices, and the sharded loader reading exactly this rank's slices."""
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -13,9 +11,7 @@ from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.config.parallel_config import ParallelConfig
 from lightllm_mtp.engine.llm_engine import LLMEngine
 from lightllm_mtp.models.registry import model_class
-
-FIXTURES = Path(__file__).resolve().parents[2] / "lightllm_mtp" / "fixtures"
-DENSE, MOE = FIXTURES / "tiny_qwen3_5_trained", FIXTURES / "tiny_qwen3_5_moe_trained"
+from unit_tests.trained_fixtures import DENSE, MOE
 
 
 def test_bad_combinations_fail_at_start_with_one_message():

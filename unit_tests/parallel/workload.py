@@ -2,16 +2,12 @@
 request slots, a stop token, an abort mid-generation; greedy. Deterministic scheduling, so any two layouts run
 the same steps."""
 
-from pathlib import Path
-
 from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.engine.llm_engine import LLMEngine
 from lightllm_mtp.sampling_params import SamplingParams
 
-FIXTURES = Path(__file__).resolve().parents[2] / "lightllm_mtp" / "fixtures"
-DENSE = FIXTURES / "tiny_qwen3_5_trained"
-MOE = FIXTURES / "tiny_qwen3_5_moe_trained"
-MTP3 = FIXTURES / "tiny_qwen3_5_mtp3_ptd_trained"
+from unit_tests.trained_fixtures import DENSE, MOE
+from unit_tests.trained_fixtures import MTP3_PTD as MTP3
 
 PROMPTS = [
     [785, 1156, 315, 264, 1140, 374, 25, 198, 262, 707],

@@ -10,7 +10,7 @@ from lightllm_mtp import LLM, SamplingParams
 from lightllm_mtp.spec_decode.draft_state import DraftState
 from lightllm_mtp.spec_decode.draft_vocab import load_draft_vocab
 from lightllm_mtp.tools.build_draft_vocab import build
-from lightllm_mtp.training.tiny_corpus import split_corpus
+from lightllm_mtp.tools.tiny_corpus import split_corpus
 
 PROMPTS = [[5, 17, 300, 42, 9, 77, 1024, 3, 58, 600, 11, 12, 13], [900, 4, 4, 250], [31, 8, 222, 1500, 64, 2, 7]]
 MODES = {
@@ -97,7 +97,7 @@ def test_acceptance_with_a_quarter_and_half_of_the_vocabulary(trained_mtp3_ptd_d
     from transformers import AutoTokenizer
 
     from lightllm_mtp.tools.eval_acceptance import aggregate
-    from lightllm_mtp.training.tiny_corpus import heldout_prompts
+    from lightllm_mtp.tools.tiny_corpus import heldout_prompts
 
     path, vocab = trained_vocab
     tokenizer = AutoTokenizer.from_pretrained(trained_mtp3_ptd_dir)

@@ -1,11 +1,11 @@
-"""The shipped trained tiny checkpoints (lightllm_mtp/fixtures/): greedy MTP output equals plain decoding on
+"""The trained tiny checkpoints (lightllm_mtp/fixtures/, fixtures/): greedy MTP output equals plain decoding on
 held-out text of mixed lengths, and the trained MTP head is really accepted. Skipped while not committed."""
 
 import pytest
 
 from lightllm_mtp import LLM, SamplingParams
 from lightllm_mtp.tools.eval_acceptance import aggregate
-from lightllm_mtp.training.tiny_corpus import heldout_prompts, split_corpus
+from lightllm_mtp.tools.tiny_corpus import heldout_prompts, split_corpus
 
 PROMPT_LENGTHS = [96, 41, 17, 70]
 MAX_NEW = [40, 23, 33, 12]  # requests end at different steps, mid-block for most k

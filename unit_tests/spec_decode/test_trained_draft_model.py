@@ -5,7 +5,7 @@ the level of an untrained draft, about 0)."""
 import pytest
 
 from lightllm_mtp import LLM, SamplingParams
-from lightllm_mtp.training.tiny_corpus import heldout_prompts, split_corpus
+from lightllm_mtp.tools.tiny_corpus import heldout_prompts, split_corpus
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=32, ignore_eos=True)
 

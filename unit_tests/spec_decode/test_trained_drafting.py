@@ -1,4 +1,4 @@
-"""The trained drafting fixture (lightllm_mtp/fixtures/tiny_qwen3_5_mtp3_ptd_trained: 3 MTP modules and parallel-
+"""The trained drafting fixture (fixtures/tiny_qwen3_5_mtp3_ptd_trained: 3 MTP modules and parallel-
 drafting mask inputs on one target): greedy output equal to plain decoding for every mode, the multi-layer modules'
 acceptance against eagle's reuse of module 0, and speculative sampling exact in every mode (a chi-square test of
 homogeneity against plain sampling). Skipped while the fixture is not committed."""
@@ -10,7 +10,7 @@ import torch
 
 from lightllm_mtp import LLM, SamplingParams
 from lightllm_mtp.tools.eval_acceptance import aggregate
-from lightllm_mtp.training.tiny_corpus import heldout_prompts, split_corpus
+from lightllm_mtp.tools.tiny_corpus import heldout_prompts, split_corpus
 
 MODES = {
     "eagle": dict(mtp_mode="eagle_with_att"),

@@ -23,16 +23,27 @@ def test_trained_checkpoint_only_when_complete(tmp_path, monkeypatch):
     dense = tmp_path / default_checkpoint.TRAINED_CHECKPOINTS["qwen3_5"]
     write_fake_checkpoint(dense, ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"])
     assert default_checkpoint.trained_checkpoint_dir("qwen3_5") == dense
-    assert default_checkpoint.trained_checkpoint_dir("qwen3_5_moe") is None
     assert default_checkpoint.default_model_dir() == dense
     (dense / "model-00002-of-00002.safetensors").unlink()  # a shard the index names is missing
     assert default_checkpoint.trained_checkpoint_dir("qwen3_5") is None
     assert default_checkpoint.default_model_dir() == tmp_path / "random"
 
 
-def test_fixture_names_and_location():
+def test_only_the_main_jobs_fixture_ships_in_the_package():
+    """The runtime package holds the main job's trained checkpoint and its README; the tests' trained checkpoints live
+    under fixtures/ at the repository root."""
+    from unit_tests import trained_fixtures
+
     assert default_checkpoint.FIXTURES_DIR.name == "fixtures"
     assert default_checkpoint.FIXTURES_DIR.parent.name == "lightllm_mtp"
     assert (default_checkpoint.FIXTURES_DIR / "README.md").is_file()
-    assert set(default_checkpoint.TRAINED_CHECKPOINTS) == {"qwen3_5", "qwen3_5_moe", "qwen3_5_mtp3_ptd", "qwen3_5_draft",
-                                                           "qwen3_5_draft_pard"}
+    assert default_checkpoint.TRAINED_CHECKPOINTS == {"qwen3_5": "tiny_qwen3_5_trained"}
+    shipped = {p.name for p in default_checkpoint.FIXTURES_DIR.iterdir() if p.is_dir()}
+    assert shipped == {"tiny_qwen3_5_trained"}
+    assert trained_fixtures.TEST_FIXTURES_DIR.parent == default_checkpoint.FIXTURES_DIR.parents[1]  # the repository
+    assert set(trained_fixtures.TEST_CHECKPOINTS) == {"qwen3_5_moe", "qwen3_5_mtp3_ptd", "qwen3_5_draft",
+                                                      "qwen3_5_draft_pard"}
+    for name in trained_fixtures.TEST_CHECKPOINTS:
+        assert trained_fixtures.trained_fixture(name) == trained_fixtures.TEST_FIXTURES_DIR / \
+            trained_fixtures.TEST_CHECKPOINTS[name]
+    assert trained_fixtures.trained_fixture("qwen3_5") == default_checkpoint.FIXTURES_DIR / "tiny_qwen3_5_trained"

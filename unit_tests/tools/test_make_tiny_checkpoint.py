@@ -12,7 +12,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from lightllm_mtp.tools.make_tiny_checkpoint import SPECIAL_TOKENS, build_tiny_checkpoint
-from lightllm_mtp.training.published_layout import fuse_experts
+from lightllm_mtp.tools.published_layout import fuse_experts
 from unit_tests.hf_reference import hf_greedy, hf_prefill_logits, load_hf_causal_lm
 
 H = 64

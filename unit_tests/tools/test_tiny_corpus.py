@@ -4,7 +4,7 @@ import zlib
 
 import pytest
 
-from lightllm_mtp.training.tiny_corpus import HELDOUT_EVERY, heldout_prompts, is_heldout, read_stdlib, split_corpus
+from lightllm_mtp.tools.tiny_corpus import HELDOUT_EVERY, heldout_prompts, is_heldout, read_stdlib, split_corpus
 
 
 @pytest.fixture(scope="module")

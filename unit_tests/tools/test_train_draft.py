@@ -3,7 +3,7 @@ that the engine loads (mask token from the config) and eval_acceptance measures,
 
 import json
 
-from lightllm_mtp.training.train_draft import parse_args, pard_batch, train
+from training.train_draft import parse_args, pard_batch, train
 
 TOY = ["--hidden_size", "32", "--num_hidden_layers", "4", "--seq_len", "32", "--batch_size", "2", "--steps", "2",
        "--corpus_chars", "40000", "--log_every", "1", "--dtype_save", "fp32"]  # fmt: skip
@@ -34,7 +34,7 @@ def test_trained_pard_draft_serves_and_is_measured(trained_dense_dir, tmp_path):
     assert cfg["hidden_size"] == 32 and cfg["tie_word_embeddings"]
     result = main(["--model_dir", str(trained_dense_dir), "--draft_model_dir", str(out), "--mtp_modes", "draft_model",
                    "pard", "--num_prompts", "2", "--prompt_tokens", "16", "--max_new_tokens", "8", "--mtp_steps", "2",
-                   "--heldout_windows", "0", "--strict"])  # fmt: skip
+                   "--strict"])  # fmt: skip
     for mode in ("draft_model", "pard"):
         stats = result["by_mode"][mode]["2"]
         assert stats["greedy_equal"] and stats["verify_steps"] > 0 and len(stats["acceptance_per_position"]) == 2

@@ -10,8 +10,8 @@ from safetensors import safe_open
 
 from lightllm_mtp import LLM, SamplingParams
 from lightllm_mtp.models.mtp_retarget import MtpWeightRetargetMixin
-from lightllm_mtp.training.train_tiny import parse_args, train
-from lightllm_mtp.training.trainable_mtp import load_tiny_mtp_model
+from training.train_tiny import parse_args, train
+from training.trainable_mtp import load_tiny_mtp_model
 
 TOY = ["--hidden_size", "64", "--num_hidden_layers", "4", "--seq_len", "48", "--batch_size", "4",
        "--vocab_size", "1024", "--corpus_chars", "150000", "--eval_windows", "4", "--log_every", "1",
@@ -66,7 +66,7 @@ def test_checkpoint_layout_config_and_log(trained, arch):
     assert (text["linear_num_key_heads"], text["linear_num_value_heads"], text["num_key_value_heads"]) == (2, 4, 2)
     assert (out / "tokenizer.json").is_file()
     saved = json.loads((out / "train_log.json").read_text())
-    assert saved["command"].startswith("python -m lightllm_mtp.training.train_tiny --arch " + arch)
+    assert saved["command"].startswith("python -m training.train_tiny --arch " + arch)
     assert saved["python"] and saved["corpus"]["heldout_files"] and len(saved["curve"]) == 4
     for point in saved["curve"] + [saved["heldout_final"]]:
         assert math.isfinite(point["main_loss"]) and math.isfinite(point["mtp_loss"])
@@ -146,8 +146,7 @@ def test_eval_acceptance_on_the_toy_checkpoint(trained, tmp_path):
 
     out = trained["qwen3_5"][2]
     args = ["--model_dir", str(out), "--num_prompts", "3", "--prompt_tokens", "20", "--max_new_tokens", "9",
-            "--mtp_steps", "1", "3", "--heldout_windows", "2", "--heldout_seq_len", "32", "--strict",
-            "--out", str(tmp_path / "acc.json")]  # fmt: skip
+            "--mtp_steps", "1", "3", "--strict", "--out", str(tmp_path / "acc.json")]  # fmt: skip
     result = main(args)
     assert json.loads((tmp_path / "acc.json").read_text()) == json.loads(json.dumps(result))
     assert result["prompts"]["count"] == 3 and len(result["samples"]) == 3
@@ -156,7 +155,20 @@ def test_eval_acceptance_on_the_toy_checkpoint(trained, tmp_path):
         assert stats["greedy_equal"] and stats["verify_steps"] > 0 and len(stats["acceptance_per_position"]) == int(k)
         assert stats["tokens_per_step"] == pytest.approx(1 + stats["accepted_per_step"], abs=1e-3)
         assert all(0 <= a <= 1 for a in stats["acceptance_per_position"])
-    assert math.isfinite(result["heldout"]["main_loss"]) and result["heldout"]["windows"] == 2
+
+
+def test_eval_heldout_on_the_toy_checkpoint(trained, tmp_path):
+    """training/eval_heldout.py: the held-out losses of a saved checkpoint equal the training run's own evaluation
+    of the same windows."""
+    from training.eval_heldout import main
+
+    _, log, out = trained["qwen3_5"]  # saved in fp32: the same weights as the run's last evaluation
+    result = main(["--model_dir", str(out), "--windows", "4", "--seq_len", "48", "--out", str(tmp_path / "h.json")])
+    assert json.loads((tmp_path / "h.json").read_text()) == json.loads(json.dumps(result))
+    heldout = result.pop("heldout")
+    assert heldout.pop("windows") == 4 and heldout.pop("seq_len") == 48  # TOY's --eval_windows and --seq_len
+    assert heldout == pytest.approx(log["heldout_final"], abs=2e-4)
+    assert result["command"].startswith("python -m training.eval_heldout --model_dir ")
 
 
 def test_acceptance_sums_the_counts_of_every_request():

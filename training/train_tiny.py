@@ -1,6 +1,6 @@
 """Train a tiny Qwen3.5 (dense or MoE) and its MTP head on the Python standard library; write the published layout.
 
-    python -m lightllm_mtp.training.train_tiny --arch qwen3_5 --out /tmp/tiny_qwen3_5_trained
+    python -m training.train_tiny --arch qwen3_5 --out /tmp/tiny_qwen3_5_trained
 
 Loss = main LM loss + mtp_loss_weight * MTP loss (the head at position t reads (h_t, x_{t+1}) and predicts x_{t+2})
 + router_aux_loss_coef * load-balancing loss (MoE). `--mtp_layers N` trains N modules, module m at position t
@@ -29,10 +29,10 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from lightllm_mtp.config.spec_config import MAX_MTP_STEP
-from lightllm_mtp.training.tiny_recipe import ARCHS, SPECIAL_TOKENS, make_config, train_tokenizer
-from lightllm_mtp.training.published_layout import padded_vocab_size, write_published_checkpoint
-from lightllm_mtp.training.tiny_corpus import split_corpus, stdlib_root, token_stream
-from lightllm_mtp.training.trainable_mtp import TinyMtpModel, stream_losses, use_torch_gated_delta_rule
+from lightllm_mtp.tools.tiny_recipe import ARCHS, SPECIAL_TOKENS, make_config, train_tokenizer
+from lightllm_mtp.tools.published_layout import padded_vocab_size, write_published_checkpoint
+from lightllm_mtp.tools.tiny_corpus import split_corpus, stdlib_root, token_stream
+from training.trainable_mtp import TinyMtpModel, stream_losses, use_torch_gated_delta_rule
 
 SHARD_BYTES = 5 * 1024 * 1024
 
@@ -187,7 +187,7 @@ def train(args) -> tuple[TinyMtpModel, dict]:
     published = model.published_model()
     write_published_checkpoint(published, out, model.mtp.checkpoint_tensors(), False, SHARD_BYTES, dtype)
     log = {
-        "command": "python -m lightllm_mtp.training.train_tiny " + shlex.join(args.argv),
+        "command": "python -m training.train_tiny " + shlex.join(args.argv),
         "args": {k: v for k, v in vars(args).items() if k != "argv"},
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lightllm_mtp.training.tiny_corpus import read_stdlib
+from lightllm_mtp.tools.tiny_corpus import read_stdlib
 
 ARCHS = ("qwen3_5", "qwen3_5_moe")
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")

@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from lightllm_mtp.config.spec_config import MAX_MTP_STEP
-from lightllm_mtp.training.published_layout import fuse_experts, mtp_stack, published_model_class, split_experts
+from lightllm_mtp.tools.published_layout import fuse_experts, mtp_stack, published_model_class, split_experts
 
 
 

@@ -2,8 +2,8 @@
 target, so the same vocabulary), fewer layers / smaller hidden, tied embeddings, plain LM loss; with `--pard` also
 PARD's mask-token loss, so that one forward from [x_{t+1}, MASK x (k-1)] drafts k tokens.
 
-    python -m lightllm_mtp.training.train_draft --target_dir lightllm_mtp/fixtures/tiny_qwen3_5_trained \\
-        --out lightllm_mtp/fixtures/tiny_qwen3_5_draft_trained [--pard]
+    python -m training.train_draft --target_dir lightllm_mtp/fixtures/tiny_qwen3_5_trained \\
+        --out fixtures/tiny_qwen3_5_draft_trained [--pard]
 
 PARD training (a GDN draft is recurrent, so mask rows cannot be attention-masked side branches as in the MTP
 head's PTD training): every window gets one anchor a (uniform in the second half); positions a+1..a+K-1 read the
@@ -26,11 +26,11 @@ import torch
 import torch.nn.functional as F
 
 from lightllm_mtp.config.spec_config import MAX_MTP_STEP
-from lightllm_mtp.training.published_layout import published_model_class, write_published_checkpoint
-from lightllm_mtp.training.tiny_corpus import split_corpus, token_stream
-from lightllm_mtp.training.tiny_recipe import make_config
-from lightllm_mtp.training.train_tiny import learning_rate, parameter_groups, sample_windows, text_sizes
-from lightllm_mtp.training.trainable_mtp import use_torch_gated_delta_rule
+from lightllm_mtp.tools.published_layout import published_model_class, write_published_checkpoint
+from lightllm_mtp.tools.tiny_corpus import split_corpus, token_stream
+from lightllm_mtp.tools.tiny_recipe import make_config
+from training.train_tiny import learning_rate, parameter_groups, sample_windows, text_sizes
+from training.trainable_mtp import use_torch_gated_delta_rule
 
 SHARD_BYTES = 5 * 1024 * 1024
 IGNORE = -100
@@ -128,7 +128,7 @@ def train(args) -> dict:
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype_save]
     write_published_checkpoint(model, out, {}, False, SHARD_BYTES, dtype)
     log = {
-        "command": "python -m lightllm_mtp.training.train_draft " + shlex.join(args.argv),
+        "command": "python -m training.train_draft " + shlex.join(args.argv),
         "args": {k: v for k, v in vars(args).items() if k != "argv"},
         "python": platform.python_version(), "torch": torch.__version__,
         "device_name": torch.cuda.get_device_name() if str(args.device).startswith("cuda") else "cpu",
