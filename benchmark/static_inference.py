@@ -361,8 +361,8 @@ def main(argv: list[str] | None = None) -> dict:
     source = resolve_source(args)
     cfg = source.cfg
     device = torch.device(args.device)
-    if device.type == "cpu" and ENV.cpu_threads:
-        torch.set_num_threads(ENV.cpu_threads)
+    if device.type == "cpu":  # the engines it builds pick the same count (EngineArgs.cpu_threads: none)
+        torch.set_num_threads(EngineArgs(model_dir="-").resolved_cpu_threads(cfg.hidden_size, 1))
     dtype = EngineArgs(model_dir="-", device=args.device, dtype=args.dtype).dtype
     out_path = Path(args.out) if args.out else default_out(args, source)
     max_bs = max(args.batch_sizes)
