@@ -26,7 +26,7 @@ def test_the_reference_command_runs_this_server(tmp_path):
     assert "--mtp_mode" in helped.stdout and "--model_dir" in helped.stdout and "lightllm_mtp" in helped.stdout
     bad = subprocess.run([*cmd[:-1], "--model_dir", str(tmp_path / "nowhere")], capture_output=True, text=True,
                          timeout=120, env=env, cwd=tmp_path)  # fmt: skip
-    assert bad.returncode != 0 and "no config.json" in bad.stderr
+    assert bad.returncode != 0 and "a local checkpoint directory is expected" in bad.stderr
 
 
 def test_it_refuses_to_shadow_an_installed_lightllm(tmp_path):

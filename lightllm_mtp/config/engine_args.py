@@ -158,8 +158,6 @@ class EngineArgs:
                                  f"1..{MAX_MTP_STEP})")
         if self.mtp_draft_model_dir is not None:
             set_field(self, "mtp_draft_model_dir", str(self.mtp_draft_model_dir))
-            if not Path(self.mtp_draft_model_dir).is_dir():
-                raise ValueError(f"mtp_draft_model_dir {self.mtp_draft_model_dir} is not a directory")
         if self.mtp_draft_vocab_file is not None:
             set_field(self, "mtp_draft_vocab_file", str(self.mtp_draft_vocab_file))
         set_field(self, "spec", SpecConfig.from_args(
@@ -212,6 +210,8 @@ class EngineArgs:
         """The checks that need the model's config (the server runs them before starting workers, the engine before
         loading); returns the resolved max_model_len."""
         self.parallel.check_model(cfg)
+        if self.mtp_draft_model_dir is not None and not Path(self.mtp_draft_model_dir).is_dir():
+            raise ValueError(f"mtp_draft_model_dir {self.mtp_draft_model_dir} is not a directory")
         max_len = self.resolved_max_model_len(cfg.max_position_embeddings)
         if self.max_total_token_num is not None and self.max_total_token_num < max_len:
             raise ValueError(

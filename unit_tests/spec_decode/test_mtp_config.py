@@ -17,7 +17,7 @@ def test_unknown_mode_lists_the_choices():
 
 
 def test_step_without_mode(tiny_dense_dir):
-    with pytest.raises(ValueError, match="mtp_step is set but mtp_mode is not"):
+    with pytest.raises(ValueError, match="mtp_step / mtp_draft_model_dir need mtp_mode"):
         LLM(tiny_dense_dir, mtp_step=2)
 
 
