@@ -48,6 +48,9 @@ def parse_body(model: type[M], raw: bytes) -> M:
         data = json.loads(raw.decode("utf-8"))  # strict: json.loads(bytes) would let UTF-8-encoded surrogates through
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ApiError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    except ValueError as e:  # valid JSON that Python refuses to convert: an integer of more than 4,300 digits
+        raise ApiError(400, f"the request body holds a value this server cannot read: {e}",
+                       code="invalid_json") from None  # fmt: skip
     except RecursionError:
         raise ApiError(400, "the request body is nested too deeply", code="invalid_json") from None
     if not isinstance(data, dict):
