@@ -48,7 +48,8 @@ class EngineArgs:
     dtype: torch.dtype | str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA; a torch.dtype after parsing
     max_model_len: int | None = None  # None: min(config max_position_embeddings, 4096)
     max_batch_size: int = 8  # concurrent requests (request slots)
-    max_total_token_num: int | None = None  # KV pool token slots; None: max_batch_size * max_model_len
+    # KV pool token slots; None: max_batch_size * (max_model_len + a request's KV lookahead slots)
+    max_total_token_num: int | None = None
     chunked_prefill_size: int = 4096  # token budget of one forward (prefill chunks + decode rows)
     load_format: LoadFormat = LoadFormat.AUTO  # DUMMY: random weights (benchmarks)
     graph_max_batch_size: int = 64  # largest decode batch replayed from a CUDA graph (0: no graphs)
@@ -131,5 +132,7 @@ class EngineArgs:
             )
         return self.max_model_len
 
-    def resolved_kv_pool_size(self, max_model_len: int) -> int:
-        return self.max_total_token_num or self.max_batch_size * max_model_len
+    def resolved_kv_pool_size(self, max_model_len: int, lookahead_slots: int = 0) -> int:
+        """lookahead_slots: the KV slots a request may hold beyond its tokens (engine/step.kv_lookahead_slots), so
+        that the default pool admits max_batch_size requests of max_model_len tokens."""
+        return self.max_total_token_num or self.max_batch_size * (max_model_len + lookahead_slots)

@@ -99,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max_req_total_len", "--max_model_len", dest="max_req_total_len", type=int, default=None,
                    help="prompt + generated tokens per request (default: min(max_position_embeddings, 4096))")
     b.add_argument("--max_total_token_num", type=int, default=None,
-                   help="KV pool size in tokens (default: running_max_req_size * max_req_total_len)")
+                   help="KV pool size in tokens (default: running_max_req_size * (max_req_total_len + the KV "
+                   "lookahead slots of one request: 1, or 3 * (mtp_step + 1) with MTP))")
     b.add_argument("--chunked_prefill_size", type=int, default=d["chunked_prefill_size"].default,
                    help="token budget of one forward: decode rows (1 + mtp_step each) then prompt chunks "
                    "(default: %(default)s)")
