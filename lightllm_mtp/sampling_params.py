@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 MIN_TEMPERATURE = 0.01  # positive temperatures below this are raised to it
 MAX_STOP_TOKEN_IDS = 1024  # checked per generated token: a set, and a bounded one
+MAX_CACHE_SALT_CHARS = 1024
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,9 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: frozenset[int] = field(default_factory=frozenset)  # any iterable of ints is accepted
     ignore_eos: bool = False
+    # the prefix cache: requests share cached prefixes only with requests of the same salt (None: the unsalted
+    # partition), so a tenant's salt keeps its prompts unreachable (and unprobeable via cached_tokens) for others
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -41,6 +45,10 @@ class SamplingParams:
         if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in stops):
             raise ValueError(f"stop_token_ids must be non-negative ints, got {stops[:8]!r}")
         object.__setattr__(self, "stop_token_ids", frozenset(stops))  # membership per token: a set
+        salt = self.cache_salt
+        if salt is not None and (not isinstance(salt, str) or not 1 <= len(salt) <= MAX_CACHE_SALT_CHARS):
+            raise ValueError(f"cache_salt must be a non-empty string of at most {MAX_CACHE_SALT_CHARS} characters "
+                             f"(or None), got {salt if not isinstance(salt, str) else salt[:32]!r}")  # fmt: skip
 
     @property
     def greedy(self) -> bool:

@@ -15,7 +15,7 @@ from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
-from lightllm_mtp.sampling_params import MAX_STOP_TOKEN_IDS, SamplingParams
+from lightllm_mtp.sampling_params import MAX_CACHE_SALT_CHARS, MAX_STOP_TOKEN_IDS, SamplingParams
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_STOP_STRING_CHARS = 1024  # output text is matched against every stop string at each step, in the front
@@ -96,6 +96,12 @@ def check_stop(v: str | list[str] | None) -> str | list[str] | None:
     return v
 
 
+def check_cache_salt(v: str | None) -> str | None:
+    if v is not None and not 1 <= len(v) <= MAX_CACHE_SALT_CHARS:
+        raise ValueError(f"must be a non-empty string of at most {MAX_CACHE_SALT_CHARS} characters")
+    return v
+
+
 def check_seed(v: int | None) -> int | None:
     if v is not None and not -(2**63) <= v < 2**63:
         raise ValueError("must fit in 64 bits")
@@ -132,6 +138,8 @@ class SamplingRequest(BaseModel):
     # extension (vLLM's name): each choice carries the generated `token_ids` (per chunk when streaming), the first
     # response also `prompt_token_ids`: a client can resend a conversation without re-tokenizing the answers
     return_token_ids: bool = False
+    # extension (vLLM's name): the prefix cache is shared only between requests of the same salt (multi-tenant use)
+    cache_salt: str | None = None
 
     @field_validator("max_tokens")
     @classmethod
@@ -178,6 +186,11 @@ class SamplingRequest(BaseModel):
     def _seed(cls, v):
         return check_seed(v)
 
+    @field_validator("cache_salt")
+    @classmethod
+    def _cache_salt(cls, v):
+        return check_cache_salt(v)
+
     @field_validator("stop_token_ids")
     @classmethod
     def _stop_token_ids(cls, v):
@@ -222,6 +235,7 @@ class SamplingRequest(BaseModel):
             seed=self.seed,
             stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos,
+            cache_salt=self.cache_salt,
         )
 
 
