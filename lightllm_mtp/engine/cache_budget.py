@@ -2,8 +2,8 @@
 
 The budget is the bytes of `max_total_token_num` KV token slots (default max_batch_size * (max_model_len + the KV
 lookahead slots of one request), so that a default engine admits every request max_model_len allows). With the
-prefix cache on, the KV pool gets (1 - prefix_cache_state_share) of it (default: auto_state_share), never less than one max_model_len request
-where the budget holds one, and snapshots the rest, at least MIN_SNAPSHOTS:
+prefix cache on, the KV pool gets (1 - prefix_cache_state_share) of it (default: auto_state_share), never less than
+one max_model_len request where the budget holds one, and snapshots the rest, at least MIN_SNAPSHOTS:
 a few cached prefixes stay resumable where one snapshot outweighs many KV slots (small models, small budgets); only
 that floor's excess comes on top of the budget. Eviction (common/radix_cache.py) runs across both: KV pressure drops
 least recently used leaves with their snapshots, snapshot pressure the least recently used snapshot and the leaves

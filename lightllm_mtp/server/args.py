@@ -35,6 +35,15 @@ class ServerArgs:
     max_request_body_bytes: int = 8 * 2**20  # larger bodies get 413 before they are read whole
     worker_restart_attempts: int = 3  # per replica: a worker that dies is started again this many times
     shutdown_grace_s: float = 30.0  # SIGTERM: running requests get this long to finish, then fail
+    # a replica silent while it has work (a worker reports at least once a second between steps): past stall_s the
+    # router sends new requests elsewhere and /health names it "stalled"; past watchdog_s it is declared dead (its
+    # processes killed, its requests failed or moved, the replica restarted)
+    worker_stall_s: float = 60.0
+    worker_watchdog_s: float = 300.0
+    header_timeout_s: float = 30.0  # a connection must complete a request's headers within this (http_limits.py)
+    body_timeout_s: float = 120.0  # a request body must arrive whole within this (else 408)
+    limit_concurrency: int | None = None  # open connections + running requests past which new ones get 503 (None:
+    # 2048, or fewer under a lower open-file limit: http_limits.default_limit_concurrency)
 
     def __post_init__(self) -> None:
         if self.dp < 1:
@@ -58,6 +67,17 @@ class ServerArgs:
             raise ValueError(f"--port must be in [1, 65535], got {self.port}")
         if self.api_key is not None and not self.api_key:
             raise ValueError("--api_key is empty")
+        for name in ("worker_stall_s", "worker_watchdog_s", "header_timeout_s", "body_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"--{name} must be > 0, got {getattr(self, name)}")
+        if self.worker_stall_s > self.worker_watchdog_s:
+            raise ValueError(f"--worker_stall_s {self.worker_stall_s:g} exceeds --worker_watchdog_s "
+                             f"{self.worker_watchdog_s:g}: a replica is stalled before it is declared dead")
+        if self.engine.parallel.world_size > 1 and self.worker_watchdog_s <= self.engine.dist_timeout_s:
+            raise ValueError(f"--worker_watchdog_s {self.worker_watchdog_s:g} must exceed --dist_timeout_s "
+                             f"{self.engine.dist_timeout_s:g}: a hung tp / pp rank is reported by its group first")
+        if self.limit_concurrency is not None and self.limit_concurrency < 1:
+            raise ValueError(f"--limit_concurrency must be >= 1, got {self.limit_concurrency}")
 
     @property
     def is_loopback(self) -> bool:
@@ -167,6 +187,24 @@ def build_parser() -> argparse.ArgumentParser:
                    "CUDA, gloo on CPU; heads, GDN heads, MLP / experts and the vocabulary split over them)")
     h.add_argument("--pp", type=int, default=1, help="pipeline stages per replica (layers split into stages; the "
                    "last stage samples, verifies and drafts)")
+    h.add_argument("--dist_timeout_s", type=float, default=d["dist_timeout_s"].default, help="with --tp / --pp: a "
+                   "collective (the forward's all-reduces, stage sends) waiting longer for a rank ends the replica's "
+                   "group with an error; the replica is restarted (default: %(default)s)")
+    r = p.add_argument_group("reliability")
+    r.add_argument("--worker_stall_s", type=float, default=60.0, help="a replica that sends nothing this long while "
+                   "it has requests is 'stalled' in /health and gets no new requests while another serves "
+                   "(default: %(default)s)")
+    r.add_argument("--worker_watchdog_s", type=float, default=300.0, help="a replica silent this long while it has "
+                   "requests is declared dead: its processes are killed, its requests fail (or go to another "
+                   "replica if they have produced nothing yet) and it is restarted; above --dist_timeout_s "
+                   "(default: %(default)s)")
+    r.add_argument("--header_timeout_s", type=float, default=30.0, help="a connection that does not complete a "
+                   "request's headers within this many seconds is closed (idle and slowloris connections; "
+                   "default: %(default)s)")
+    r.add_argument("--body_timeout_s", type=float, default=120.0, help="a request body not received whole within "
+                   "this many seconds gets 408 (default: %(default)s)")
+    r.add_argument("--limit_concurrency", type=int, default=None, help="open connections + running requests past "
+                   "which new requests get 503 at once (default: 2048, or fewer under a lower open-file limit)")
     h.add_argument("--log_level", default="info", choices=["debug", "info", "warning", "error"],
                    help="default: %(default)s")
     return p  # fmt: skip
@@ -222,6 +260,7 @@ def server_args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
         mtp_mask_token_id=ns.mtp_mask_token_id,
         tp=ns.tp,
         pp=ns.pp,
+        dist_timeout_s=ns.dist_timeout_s,
     )
     cfg = ModelConfig.from_model_dir(model_dir)
     engine.parallel.check_model(cfg)
@@ -243,4 +282,9 @@ def server_args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
         max_request_body_bytes=ns.max_request_body_bytes,
         worker_restart_attempts=ns.worker_restart_attempts,
         shutdown_grace_s=ns.shutdown_grace_s,
+        worker_stall_s=ns.worker_stall_s,
+        worker_watchdog_s=ns.worker_watchdog_s,
+        header_timeout_s=ns.header_timeout_s,
+        body_timeout_s=ns.body_timeout_s,
+        limit_concurrency=ns.limit_concurrency,
     )

@@ -11,9 +11,9 @@ rejects text that would fit. That second measure normalizes pieces of NORMALIZE_
 normalizer holds the GIL: one call on 8 MB stalled the event loop for a second) and stops as soon as the pieces
 prove the text too long; for the Unicode normal forms and lowercasing, whose output over a text is that over its
 pieces except for a few code points composed across each cut (CUT_SLACK_BYTES), the sum less that slack per cut
-is a sound lower bound. Other normalizers are measured whole. Tokenizers where no such bound holds (a pre-tokenizer that drops whitespace, an added
-token that swallows the whitespace beside it, no fast tokenizer) get no early check: their text is tokenized whole,
-in the thread pool, and the body cap bounds the cost.
+is a sound lower bound. Other normalizers are measured whole. Tokenizers where no such bound holds (a pre-tokenizer
+that drops whitespace, an added token that swallows the whitespace beside it, no fast tokenizer) get no early check:
+their text is tokenized whole, in the thread pool, and the body cap bounds the cost.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import asyncio
 import functools
 import json
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from fastapi import Request
 
@@ -38,19 +39,36 @@ _PIECEWISE_NORMALIZERS = {"NFC", "NFD", "NFKC", "NFKD", "Lowercase"}
 CUT_SLACK_BYTES = 64
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, or 413 as soon as it is known to exceed `limit` bytes (declared length, or bytes received)."""
+@dataclass(frozen=True)
+class BodyLimits:
+    max_bytes: int  # larger bodies get 413
+    timeout_s: float  # a body not received whole within this gets 408 (slow-body clients)
+
+
+async def read_body(request: Request, limits: BodyLimits) -> bytes:
+    """The body, or 413 as soon as it is known to exceed the size limit (declared length, or bytes received), or 408
+    when it takes longer than the time limit. A client that leaves meanwhile raises starlette's ClientDisconnect
+    (answered quietly by the app, http_app.py)."""
+    limit = limits.max_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"the request body has {declared} bytes; this server takes at most {limit}",
                        code="request_too_large")  # fmt: skip
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, f"the request body exceeds {limit} bytes", code="request_too_large")
-        chunks.append(chunk)
-    return b"".join(chunks)
+
+    async def read() -> bytes:
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, f"the request body exceeds {limit} bytes", code="request_too_large")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    try:
+        return await asyncio.wait_for(read(), limits.timeout_s)
+    except asyncio.TimeoutError:
+        raise ApiError(408, f"the request body was not received within {limits.timeout_s:g} s",
+                       code="request_timeout") from None  # fmt: skip
 
 
 def _backend_spec(tokenizer) -> dict | None:
