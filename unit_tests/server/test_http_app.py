@@ -81,3 +81,13 @@ def test_health_answers_head_and_says_draining(app):
     client.draining = True  # SIGTERM (draining.py)
     head, get = asyncio.run(ask())
     assert head.status_code == 503 and get.status_code == 503 and get.json()["status"] == "draining"
+
+
+def test_the_default_connection_limit_stays_under_the_open_file_limit(monkeypatch):
+    import resource
+
+    from lightllm_mtp.server import http_limits
+
+    for soft, want in [(1024, 1024 - http_limits.FDS_KEPT_FREE), (1 << 20, 2048), (resource.RLIM_INFINITY, 2048)]:
+        monkeypatch.setattr(resource, "getrlimit", lambda kind, soft=soft: (soft, resource.RLIM_INFINITY))
+        assert http_limits.default_limit_concurrency() == want
