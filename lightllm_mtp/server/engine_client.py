@@ -318,12 +318,10 @@ class EngineClient:
         """Sends a request its client has seen nothing of to another replica; False when it cannot be."""
         if stream.rerouted or stream.num_output_tokens or stream.stopping or stream.aborted:
             return False
-        outstanding = list(self.router.outstanding)
-        rank = self.router.pick(down=self.dead | self.health.stalled(outstanding))
+        rank = self._pick()
         if rank is None:
             return False
         self.router.done(stream.rank)
-        self.health.got_work(rank, self.router.outstanding[rank])
         stream.rank, stream.rerouted = rank, True
         self.pool.send(rank, AddRequest(stream.rid, list(stream.prompt_ids), stream.params))
         logger.info("request %d moved to replica %d", stream.rid, rank)
