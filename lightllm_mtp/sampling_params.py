@@ -22,6 +22,7 @@ def check_stop_strings(stop: str | list[str] | tuple[str, ...] | None) -> tuple[
     if any(len(s) > MAX_STOP_STRING_CHARS for s in stops):
         raise ValueError(f"stop strings are at most {MAX_STOP_STRING_CHARS} characters long")
     return stops
+MAX_CACHE_SALT_CHARS = 1024
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,9 @@ class SamplingParams:
     # stop strings: the output ends just before the first one (not included), as the server's `stop`; a str or list
     stop: tuple[str, ...] = ()
     max_tokens: int | None = None  # the same setting as max_new_tokens
+    # the prefix cache: requests share cached prefixes only with requests of the same salt (None: the unsalted
+    # partition), so a tenant's salt keeps its prompts unreachable (and unprobeable via cached_tokens) for others
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens is not None and self.max_tokens is not None and self.max_new_tokens != self.max_tokens:
@@ -68,6 +72,10 @@ class SamplingParams:
         if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in stops):
             raise ValueError(f"stop_token_ids must be non-negative ints, got {stops[:8]!r}")
         object.__setattr__(self, "stop_token_ids", frozenset(stops))  # membership per token: a set
+        salt = self.cache_salt
+        if salt is not None and (not isinstance(salt, str) or not 1 <= len(salt) <= MAX_CACHE_SALT_CHARS):
+            raise ValueError(f"cache_salt must be a non-empty string of at most {MAX_CACHE_SALT_CHARS} characters "
+                             f"(or None), got {salt if not isinstance(salt, str) else salt[:32]!r}")  # fmt: skip
 
     @property
     def greedy(self) -> bool:

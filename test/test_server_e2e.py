@@ -400,8 +400,8 @@ def test_metrics_parse_with_acceptance_and_usage(mtp_server):
     rates = [m[("lightllm_mtp_spec_acceptance_rate", (("position", str(j)),))] for j in (1, 2)]
     assert all(0.0 <= r <= 1.0 for r in rates)
     assert m[("lightllm_mtp_time_to_first_token_seconds_count", ())] >= 4
-    # the KV part of one budget of 16 x 128 slots (prefix_cache_state_share 0.5 goes to GDN snapshots)
-    assert m[("lightllm_mtp_kv_capacity_tokens", (("worker", "0"),))] == int(16 * 128 * (1 - 0.5))
+    # the KV part of one budget of 16 x (128 + 9 lookahead) slots (prefix_cache_state_share 0.5 goes to GDN snapshots)
+    assert m[("lightllm_mtp_kv_capacity_tokens", (("worker", "0"),))] == int(16 * (128 + 3 * (2 + 1)) * (1 - 0.5))
 
 
 def test_dp2_balances_requests_over_both_replicas(dp_server):

@@ -1,5 +1,6 @@
-"""SIGTERM with requests in flight (issue 19 item 6): new requests get 503, running ones finish within the grace
-period or fail with an OpenAI error body / a stream error event and [DONE]; the server exits 0 without tracebacks."""
+"""SIGTERM with requests in flight (issue 19 item 6): new requests get 503 (and /health says 503 "draining"), running
+ones finish within the grace period or fail with an OpenAI error body / a stream error event and [DONE]; the server
+exits 0 without tracebacks."""
 
 import json
 import signal
@@ -35,6 +36,8 @@ def test_sigterm_drains_then_fails_what_is_left(trained_dense_dir, tmp_path):
     time.sleep(0.3)
     late = httpx.post(f"{server.url}/v1/completions", json={**body, "max_tokens": 2}, timeout=10)
     assert late.status_code == 503 and late.json()["error"]["code"] == "shutting_down"
+    health = httpx.get(f"{server.url}/health", timeout=10)  # issue 35 item 7: not "ok" while new requests get 503
+    assert health.status_code == 503 and health.json()["status"] == "draining"
     for t in threads:
         t.join(30)
     assert server.proc.wait(30) == 0

@@ -43,3 +43,10 @@ def test_stop_token_ids_are_a_capped_set():
         SamplingParams(stop_token_ids=range(MAX_STOP_TOKEN_IDS + 1))
     with pytest.raises(ValueError, match="stop_token_ids must be"):
         SamplingParams(stop_token_ids=[True])
+
+
+@pytest.mark.parametrize("salt", ["", 7, "x" * 1025, b"bytes"])
+def test_cache_salt_is_a_non_empty_bounded_string(salt):
+    assert SamplingParams(cache_salt="tenant-a").cache_salt == "tenant-a" and SamplingParams().cache_salt is None
+    with pytest.raises(ValueError, match="cache_salt must be a non-empty string"):
+        SamplingParams(cache_salt=salt)

@@ -11,6 +11,7 @@ device, so it cannot run inside a CUDA graph (graphs under pp keep send / recv o
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -58,23 +59,40 @@ def compute_backend(device: torch.device, choice: str = "auto") -> tuple[str, bo
     return choice, choice == "gloo" and device.type == "cuda"
 
 
-def init_parallel_state(info: RankInfo, host_staged: bool = False) -> ParallelState:
-    """Creates the tp and pp groups (every rank calls this with its own info, after init_process_group)."""
+def init_parallel_state(info: RankInfo, host_staged: bool = False, timeout_s: float | None = None) -> ParallelState:
+    """Creates the tp and pp groups (every rank calls this with its own info, after init_process_group). timeout_s:
+    how long one of the forward's collectives may wait for a peer before it raises (the engine's dist_timeout_s;
+    None: torch's default for the backend, 30 min on gloo)."""
     global _STATE
     tp, pp = info.parallel.tp, info.parallel.pp
     new = ParallelState(info, host_staged=host_staged)
+    timeout = None if timeout_s is None else timedelta(seconds=timeout_s)
     for stage in range(pp):  # new_group is collective: every rank creates every group
         ranks = list(range(stage * tp, (stage + 1) * tp))
-        group = dist.new_group(ranks) if tp > 1 else None
+        group = dist.new_group(ranks, timeout=timeout) if tp > 1 else None
         if stage == info.stage:
             new.tp_group = group
     for tp_rank in range(tp):
         ranks = [stage * tp + tp_rank for stage in range(pp)]
-        group = dist.new_group(ranks) if pp > 1 else None
+        group = dist.new_group(ranks, timeout=timeout) if pp > 1 else None
         if tp_rank == info.tp_rank:
             new.pp_group, new.pp_ranks = group, tuple(ranks)
     _STATE = new
     return new
+
+
+def check_layout(info: RankInfo) -> None:
+    """Raises unless a model of rank `info` may run its collectives in this process: the parallel state is
+    process-wide, so a one-process engine built beside a live tp / pp group (or a model of another layout) would
+    call that group's collectives and wait for ranks that never join them."""
+    live = _STATE.info
+    if live.parallel.world_size > 1 and live != info:
+        raise RuntimeError(
+            f"this process holds a live tp={live.parallel.tp} x pp={live.parallel.pp} group (rank {live.rank}) and "
+            f"the parallel state is per process: an engine of tp={info.parallel.tp} x pp={info.parallel.pp} "
+            f"(rank {info.rank}) cannot run beside it. Shut the other engine down first (LLM.shutdown()) or build "
+            "this one in another process"
+        )
 
 
 def reset_parallel_state() -> None:

@@ -27,13 +27,18 @@ from lightllm_mtp.common.slot_allocator import SlotAllocator
 Key = tuple  # one key element: the (L+1)-gram of a position
 
 
-def key_elements(tokens: list[int], n: int, lookahead: int) -> list[Key]:
-    """The keys of positions 0..n-1 (tokens must reach position n - 1 + lookahead)."""
+def key_elements(tokens: list[int], n: int, lookahead: int, salt: str | None = None) -> list[Key]:
+    """The keys of positions 0..n-1 (tokens must reach position n - 1 + lookahead). salt: a request's cache_salt,
+    put in front of position 0's key (a tuple of another length than any unsalted key), so that paths of different
+    salts part at the root and share no node."""
     if n + lookahead > len(tokens):
         raise ValueError(f"keys of {n} positions need {n + lookahead} tokens, got {len(tokens)}")
     if n <= 0:
         return []
-    return list(zip(*(tokens[i : i + n] for i in range(lookahead + 1))))  # tuples tokens[p : p + lookahead + 1]
+    keys = list(zip(*(tokens[i : i + n] for i in range(lookahead + 1))))  # tuples tokens[p : p + lookahead + 1]
+    if salt is not None:
+        keys[0] = (salt, *keys[0])
+    return keys
 
 
 @dataclass(eq=False)

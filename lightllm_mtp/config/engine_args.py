@@ -78,7 +78,8 @@ class EngineArgs:
     max_batch_size: int = option(32, "concurrent requests (request slots); more wait in the queue", group=MEMORY,
                                  aliases=("running_max_req_size", "max_num_seqs"))
     max_total_token_num: int | None = option(None, "KV pool size in tokens (none: sized by --mem_fraction on CUDA "
-                                             "when given, else max_batch_size x max_model_len)", group=MEMORY)
+                                             "when given, else max_batch_size x (max_model_len + a request's KV "
+                                             "lookahead slots), so every request max_model_len allows is admitted)", group=MEMORY)
     mem_fraction: float | None = option(None, "CUDA: size the KV pool (and prefix-cache snapshots) so that this "
                                         "process uses at most this fraction of the GPU's memory, weights included "
                                         "(ignored when --max_total_token_num is given)", group=MEMORY,
@@ -230,5 +231,7 @@ class EngineArgs:
             )
         return self.max_model_len
 
-    def resolved_kv_pool_size(self, max_model_len: int) -> int:
-        return self.max_total_token_num or self.max_batch_size * max_model_len
+    def resolved_kv_pool_size(self, max_model_len: int, lookahead_slots: int = 0) -> int:
+        """lookahead_slots: the KV slots a request may hold beyond its tokens (engine/step.kv_lookahead_slots), so
+        that the default pool admits max_batch_size requests of max_model_len tokens."""
+        return self.max_total_token_num or self.max_batch_size * (max_model_len + lookahead_slots)

@@ -1,9 +1,10 @@
 """One memory budget for the full-attention KV pool and the prefix cache's GDN state snapshots.
 
 The budget is the bytes of `max_total_token_num` KV token slots (default: what fits `mem_fraction` of the GPU when
-that is given (engine/memory_budget.py), else max_batch_size * max_model_len). With the
-prefix cache on, the KV pool gets (1 - prefix_cache_state_share) of it (default: auto_state_share), never less than one max_model_len request
-where the budget holds one, and snapshots the rest, at least MIN_SNAPSHOTS:
+that is given (engine/memory_budget.py), else max_batch_size * (max_model_len + the KV lookahead slots of one
+request), so that a default engine admits every request max_model_len allows). With the
+prefix cache on, the KV pool gets (1 - prefix_cache_state_share) of it (default: auto_state_share), never less than
+one max_model_len request where the budget holds one, and snapshots the rest, at least MIN_SNAPSHOTS:
 a few cached prefixes stay resumable where one snapshot outweighs many KV slots (small models, small budgets); only
 that floor's excess comes on top of the budget. Eviction (common/radix_cache.py) runs across both: KV pressure drops
 least recently used leaves with their snapshots, snapshot pressure the least recently used snapshot and the leaves
@@ -92,12 +93,13 @@ def cache_budget_of(args: EngineArgs, cfg: ModelConfig, max_model_len: int) -> C
         draft = ModelConfig.from_model_dir(spec.draft_model_dir)
         kv += kv_bytes_per_token(draft, dtype_bytes, 0)
         snap += snapshot_bytes(draft, dtype_bytes)
-    # the KV pool keeps one request of max_model_len tokens and its lookahead slots (Scheduler.kv_need) admissible
+    # the KV pool keeps one request of max_model_len tokens and its lookahead slots (Scheduler.kv_need) admissible;
+    # the default budget holds max_batch_size of them
     lookahead = kv_lookahead_slots(spec.num_draft_tokens if spec is not None else 0)
     if args.mem_fraction is not None and args.max_total_token_num is None:
         budget = budget_tokens_from_memory(args, cfg, kv, snap, max_model_len + lookahead)
     else:
-        budget = args.resolved_kv_pool_size(max_model_len)
+        budget = args.resolved_kv_pool_size(max_model_len, lookahead)
     share = None
     if args.prefix_cache:
         share = args.prefix_cache_state_share

@@ -90,7 +90,7 @@ class PrefixCache:
         n = len(prompt) - max(1, self.lookahead)
         if n <= 0:
             return 0
-        path = self.tree.match(key_elements(prompt, n, self.lookahead))
+        path = self.tree.match(key_elements(prompt, n, self.lookahead, req.params.cache_salt))
         # the deepest snapshot; an offloaded one comes back to the device first (if a device slot can be had)
         resumable = (x for x in reversed(path) if x.snapshot is not None and (not x.snapshot.on_host or self._fetch(x)))
         node = next(resumable, None)
@@ -210,7 +210,7 @@ class PrefixCache:
 
     def _adopt(self, req: Request, depth: int, snaps: dict[int, Snapshot]) -> None:
         kv = torch.cat(req.kv_slots)
-        keys = key_elements(req.prompt_ids, depth, self.lookahead)
+        keys = key_elements(req.prompt_ids, depth, self.lookahead, req.params.cache_salt)
         node, tree_slots, unused = self.tree.insert(keys, kv[:depth], snaps)
         for s in unused:
             self.tree.free_snapshot(s)
@@ -261,7 +261,8 @@ class PrefixCache:
         to_free = [kv[depth:]]
         if depth > 0:
             tokens = req.prompt_ids + req.output_ids
-            node, tree_slots, unused = self.tree.insert(key_elements(tokens, depth, self.lookahead), kv[:depth], snaps)
+            keys = key_elements(tokens, depth, self.lookahead, req.params.cache_salt)
+            node, tree_slots, unused = self.tree.insert(keys, kv[:depth], snaps)
             for s in unused:
                 self.tree.free_snapshot(s)
             to_free.append(kv[:depth][kv[:depth] != tree_slots])
@@ -287,7 +288,8 @@ class PrefixCache:
                 if snap is not None:
                     self.snapshots.save(snap.slot, req.req_idx, 0)  # queued after that verify: its row 0
                     self.tree.lock(node)  # until that verify's token arrives
-                    req.on_verified = functools.partial(self._after_queued_verify, tokens, node, held, snap)
+                    req.on_verified = functools.partial(self._after_queued_verify, tokens, node, held, snap,
+                                                        req.params.cache_salt)  # fmt: skip
                     held = None
             self.tree.unlock(node)
         else:
@@ -311,19 +313,19 @@ class PrefixCache:
             return held
         self.snapshots.save(snap.slot, req.req_idx, 0)
         snap.partial = True  # the draft's state after that row was overwritten by the verify's window pass
-        _, slots, unused = self.tree.insert(key_elements(tokens, depth + 1, 0), torch.cat([tree_slots, held]),
-                                            {depth + 1: snap})  # fmt: skip
+        keys = key_elements(tokens, depth + 1, 0, req.params.cache_salt)
+        _, slots, unused = self.tree.insert(keys, torch.cat([tree_slots, held]), {depth + 1: snap})
         for s in unused:
             self.tree.free_snapshot(s)
         return None if int(slots[-1]) == int(held[0]) else held
 
-    def _after_queued_verify(self, tokens: list[int], node, held: torch.Tensor, snap: Snapshot,
+    def _after_queued_verify(self, tokens: list[int], node, held: torch.Tensor, snap: Snapshot, salt: str | None,
                              emitted: list[int] | None) -> None:  # fmt: skip
         """The deferred end of on_finish: position node.depth (slot `held`) joins the tree with the snapshot, keyed by
         the token that verify emitted after it."""
         depth = node.depth
         if emitted:
-            keys = key_elements(tokens[: depth + 1] + emitted[:1], depth + 1, 1)
+            keys = key_elements(tokens[: depth + 1] + emitted[:1], depth + 1, 1, salt)
             kv = torch.cat([self.tree.path_slots(node), held])
             _, tree_slots, unused = self.tree.insert(keys, kv, {depth + 1: snap})
             for s in unused:

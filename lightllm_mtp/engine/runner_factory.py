@@ -12,7 +12,7 @@ from lightllm_mtp.common.basemodel.cuda_graph import CudaGraphSet, graph_batch_s
 from lightllm_mtp.common.host_snapshots import HostSnapshotTier
 from lightllm_mtp.common.radix_cache import RadixCache
 from lightllm_mtp.common.state_snapshots import StateSnapshotPool
-from lightllm_mtp.common.parallel_state import state as parallel_state
+from lightllm_mtp.common.parallel_state import check_layout, state as parallel_state
 from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.config.parallel_config import RankInfo
@@ -44,6 +44,7 @@ class BuiltRunner:
 
 def build_runner(args: EngineArgs, cfg: ModelConfig, max_model_len: int, rank: RankInfo | None = None) -> BuiltRunner:
     rank = rank or RankInfo(args.parallel)
+    check_layout(rank)  # a second engine beside a live tp / pp group of this process is refused here
     spec = args.spec
     budget = cache_budget_of(args, cfg, max_model_len)
     rt = RuntimeShape(

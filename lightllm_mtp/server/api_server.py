@@ -38,6 +38,7 @@ def serve(args: ServerArgs) -> int:
     from lightllm_mtp.server.draining import DrainingServer
     from lightllm_mtp.server.engine_client import EngineClient
     from lightllm_mtp.server.http_app import create_app
+    from lightllm_mtp.server.http_limits import default_limit_concurrency, http_protocol
     from lightllm_mtp.server.metrics import ServerMetrics
     from lightllm_mtp.server.worker_pool import WorkerPool, WorkerStartError
 
@@ -58,8 +59,10 @@ def serve(args: ServerArgs) -> int:
         app = create_app(args, client, client.metrics, on_shutdown=pool.shutdown)
         mtp = f"{args.engine.mtp_mode.value} x{args.engine.mtp_step}" if args.engine.mtp_mode else "off"
         logger.info("serving %s on http://%s:%d (dp=%d, mtp=%s)", args.model_name, args.host, args.port, args.dp, mtp)
+        limit = args.limit_concurrency or default_limit_concurrency()
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                access_log=args.log_level == "debug", timeout_graceful_shutdown=5)  # fmt: skip
+                                access_log=args.log_level == "debug", timeout_graceful_shutdown=5,
+                                http=http_protocol(args.header_timeout_s), limit_concurrency=limit)  # fmt: skip
         server = DrainingServer(config, client, args.shutdown_grace_s)
         server.run(sockets=[sock])
         return 0 if server.started else 1

@@ -24,7 +24,7 @@ from lightllm_mtp.config.options import option
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
-SERVER, HTTP = "model", "HTTP"
+SERVER, HTTP, RELIABILITY = "model", "HTTP", "reliability"
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,21 @@ class ServerArgs:
                                           "replica (0: never)", group=HTTP)
     shutdown_grace_s: float = option(30.0, "on SIGTERM, running requests get this long to finish before they are "
                                      "failed with an error body", group=HTTP)
+    # a replica silent while it has work (a worker reports at least once a second between steps): past stall_s the
+    # router sends new requests elsewhere and /health names it "stalled"; past watchdog_s it is declared dead
+    worker_stall_s: float = option(60.0, "a replica that sends nothing this long while it has requests is 'stalled' "
+                                   "in /health and gets no new requests while another serves", group=RELIABILITY)
+    worker_watchdog_s: float = option(300.0, "a replica silent this long while it has requests is declared dead: its "
+                                      "processes are killed, its requests fail (or go to another replica if they "
+                                      "have produced nothing yet) and it is restarted; above --dist_timeout_s",
+                                      group=RELIABILITY)
+    header_timeout_s: float = option(30.0, "a connection that does not complete a request's headers within this many "
+                                     "seconds is closed (idle and slowloris connections)", group=RELIABILITY)
+    body_timeout_s: float = option(120.0, "a request body not received whole within this many seconds gets 408",
+                                   group=RELIABILITY)
+    limit_concurrency: int | None = option(None, "open connections + running requests past which new requests get "
+                                           "503 at once (none: 2048, or fewer under a lower open-file limit)",
+                                           group=RELIABILITY)
 
     def __post_init__(self) -> None:
         if self.model_name is None:
@@ -73,6 +88,17 @@ class ServerArgs:
             raise ValueError(f"--port must be in [1, 65535], got {self.port}")
         if self.api_key is not None and not self.api_key:
             raise ValueError("--api_key is empty")
+        for name in ("worker_stall_s", "worker_watchdog_s", "header_timeout_s", "body_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"--{name} must be > 0, got {getattr(self, name)}")
+        if self.worker_stall_s > self.worker_watchdog_s:
+            raise ValueError(f"--worker_stall_s {self.worker_stall_s:g} exceeds --worker_watchdog_s "
+                             f"{self.worker_watchdog_s:g}: a replica is stalled before it is declared dead")
+        if self.engine.parallel.world_size > 1 and self.worker_watchdog_s <= self.engine.dist_timeout_s:
+            raise ValueError(f"--worker_watchdog_s {self.worker_watchdog_s:g} must exceed --dist_timeout_s "
+                             f"{self.engine.dist_timeout_s:g}: a hung tp / pp rank is reported by its group first")
+        if self.limit_concurrency is not None and self.limit_concurrency < 1:
+            raise ValueError(f"--limit_concurrency must be >= 1, got {self.limit_concurrency}")
 
     @property
     def is_loopback(self) -> bool:

@@ -2,9 +2,14 @@
 deltas into text deltas for the HTTP handlers.
 
 Threads: route handlers call `submit` / `abort` on the event loop; one reader thread takes `WorkerOutput`s from
-the shared outbox, detokenizes (stop strings included), updates metrics and hands each request's `Delta` to
+the workers' outbox pipes, detokenizes (stop strings included), updates metrics and hands each request's `Delta` to
 its `RequestStream` on the loop (`call_soon_threadsafe`). A request ends exactly once: its worker's last delta,
-a stop string found here (the worker is then told to abort), or its worker dying.
+a stop string found here (the worker is then told to abort), or its replica going down.
+
+A replica goes down when its worker dies (its pipe ends, or its process is found gone) or when the watchdog finds it
+silent with work for longer than --worker_watchdog_s (replica_health.py; its processes are then killed). Its requests
+that produced nothing yet are sent to a live replica once (the client saw nothing: a request routed to a worker that
+had just died is served elsewhere); the others fail with an error naming the cause. The replica is restarted.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from lightllm_mtp.server.messages import (
 )
 from lightllm_mtp.server.metrics import ServerMetrics
 from lightllm_mtp.server.protocol import ApiError
+from lightllm_mtp.server.replica_health import ReplicaHealth
 from lightllm_mtp.server.router import Router
 from lightllm_mtp.server.worker_pool import WorkerPool
 from lightllm_mtp.spec_decode.stats import SpecStats
@@ -52,8 +58,11 @@ class Delta:
 
 
 class RequestStream:
-    def __init__(self, rid: int, rank: int, prompt_ids: list[int], detok: IncrementalDetokenizer):
+    def __init__(self, rid: int, rank: int, prompt_ids: list[int], params: SamplingParams,
+                 detok: IncrementalDetokenizer):  # fmt: skip
         self.rid, self.rank = rid, rank
+        self.prompt_ids, self.params = prompt_ids, params  # to send it again if its replica goes down before it starts
+        self.rerouted = False
         self.num_prompt_tokens = len(prompt_ids)
         self.queue: asyncio.Queue[Delta] = asyncio.Queue()
         self.finished = False  # the last delta was taken by the handler
@@ -90,9 +99,12 @@ class EngineClient:
         self.kv_lookahead_slots = info.kv_lookahead_slots
         self.router = Router(len(pool.ready))
         self.worker_stats: dict[int, WorkerStats] = {r.rank: r.stats for r in pool.ready}
-        self.dead: set[int] = set()  # replicas not serving: their worker died (maybe restarting)
-        self.restarting: set[int] = set()
-        self.restarts_left = {r: pool.args.worker_restart_attempts for r in range(len(pool.ready))}
+        self.follower_pids = {r.rank: r.follower_pids for r in pool.ready}
+        args = pool.args
+        self.health = ReplicaHealth(len(pool.ready), args.worker_stall_s, args.worker_watchdog_s)
+        self.dead, self.restarting = self.health.dead, self.health.restarting  # replicas not serving
+        self.restarts_left = {r: args.worker_restart_attempts for r in range(len(pool.ready))}
+        self._restart_generation: dict[int, int] = {}  # rank -> the pool's generation when its restart was asked
         self.draining = False  # shutting down: new requests get 503, running ones finish or fail
         self._fail_pending: str | None = None
         self._streams: dict[int, RequestStream] = {}
@@ -116,14 +128,24 @@ class EngineClient:
         if self._reader.is_alive():
             self._reader.join(timeout=5.0)
 
-    @property
-    def healthy(self) -> bool:
-        """At least one replica serves (the others are dead or restarting: degraded, not down)."""
-        return len(self.dead) < len(self.router.outstanding)
-
     def replica_states(self) -> list[str]:
-        return ["restarting" if r in self.restarting else "dead" if r in self.dead else "ok"
-                for r in range(len(self.router.outstanding))]  # fmt: skip
+        """Per replica: "ok", "stalled" (silent with work past --worker_stall_s), "dead" or "restarting"."""
+        return self.health.states(list(self.router.outstanding))
+
+    def health_report(self) -> tuple[int, dict]:
+        """/health's (HTTP status, body), replica_health.ReplicaHealth.report."""
+        return self.health.report(list(self.router.outstanding), self.draining)
+
+    def _pick(self) -> int | None:
+        """A replica for a request: the least loaded that serves; with none, a stalled one (the request waits
+        behind its step); None when every replica is down."""
+        outstanding = list(self.router.outstanding)
+        rank = self.router.pick(down=self.dead | self.health.stalled(outstanding))
+        if rank is None:
+            rank = self.router.pick(down=set(self.dead))
+        if rank is not None:
+            self.health.got_work(rank, self.router.outstanding[rank])
+        return rank
 
     # ---- event-loop side -----------------------------------------------------------------------------------
     def validate(self, prompt_ids: list[int], max_new_tokens: int) -> None:
@@ -148,12 +170,13 @@ class EngineClient:
         self.validate(prompt_ids, params.max_new_tokens)
         if self.draining:
             raise ApiError(503, "the server is shutting down", type="server_error", code="shutting_down")
-        rank = self.router.pick(down=set(self.dead))
+        rank = self._pick()
         if rank is None:
             raise ApiError(503, f"no model worker is serving (replicas {self.replica_states()})",
                            type="server_error")  # fmt: skip
         rid = next(self._rids)
-        stream = RequestStream(rid, rank, prompt_ids, IncrementalDetokenizer(self.tokenizer, prompt_ids, stop))
+        detok = IncrementalDetokenizer(self.tokenizer, prompt_ids, stop)
+        stream = RequestStream(rid, rank, prompt_ids, params, detok)
         self._streams[rid] = stream  # before the worker can answer
         self.metrics.requests.labels(endpoint).inc()
         self.metrics.prompt_tokens.inc(len(prompt_ids))
@@ -170,36 +193,42 @@ class EngineClient:
 
     # ---- reader thread -------------------------------------------------------------------------------------
     def _read(self) -> None:
-        import queue
-
         last_check = time.monotonic()
         while not self._stop.is_set():
             if self._fail_pending is not None:
                 error, self._fail_pending = self._fail_pending, None
                 self._fail(list(self._streams.values()), lambda s: error)
-            if time.monotonic() - last_check > WORKER_CHECK_S:  # also while other replicas keep talking
-                last_check = time.monotonic()
-                self._check_workers()
+            ended: list[int] = []
             try:
-                out = self.pool.outbox.get(timeout=0.05 if self._fail_pending is not None else WORKER_CHECK_S)
-            except queue.Empty:
-                continue
-            except (EOFError, OSError):
+                messages, ended = self.pool.receive(0.05 if self._fail_pending is not None else WORKER_CHECK_S)
+                for out in messages:
+                    self._on_message(out)
+                if ended or time.monotonic() - last_check > WORKER_CHECK_S:  # also while other replicas talk
+                    last_check = time.monotonic()
+                    self._check_workers(ended)
+            except Exception:  # never lose the reader: every later request would hang
+                logger.exception("the output reader failed a turn")
+
+    def _on_message(self, out) -> None:
+        if isinstance(out, WorkerOutput):
+            if out.rank in self.dead:  # the last words of a replica already declared down (its requests moved on)
                 return
-            if isinstance(out, WorkerOutput):
-                try:
-                    self._on_output(out)
-                except Exception:  # never lose the reader: every later request would hang
-                    logger.exception("failed to process worker %d output", out.rank)
-            elif isinstance(out, WorkerReady):  # a restarted replica has loaded its model
-                logger.info("worker %d restarted on %s", out.rank, out.device)
-                self.worker_stats[out.rank] = out.stats
-                self.restarting.discard(out.rank)
-                self.dead.discard(out.rank)
-            elif isinstance(out, WorkerFailed):
-                logger.error("worker %d failed to restart: %s", out.rank, out.error)
-                self.restarting.discard(out.rank)
-                self._restart(out.rank)
+            self.health.heard(out.rank)
+            try:
+                self._on_output(out)
+            except Exception:
+                logger.exception("failed to process worker %d output", out.rank)
+        elif isinstance(out, WorkerReady):  # a restarted replica has loaded its model
+            logger.info("worker %d restarted on %s", out.rank, out.device)
+            self.worker_stats[out.rank] = out.stats
+            self.follower_pids[out.rank] = out.follower_pids
+            self.health.heard(out.rank)
+            self.restarting.discard(out.rank)
+            self.dead.discard(out.rank)
+        elif isinstance(out, WorkerFailed):
+            logger.error("worker %d failed to restart: %s", out.rank, out.error)
+            self.restarting.discard(out.rank)
+            self._restart(out.rank)
 
     def _on_output(self, out: WorkerOutput) -> None:
         self.worker_stats[out.rank] = out.stats
@@ -211,6 +240,8 @@ class EngineClient:
         posts = []
         for d in out.deltas:
             stream = self._streams.get(d.rid)
+            if stream is not None and stream.rank != out.rank:  # it was sent to another replica since
+                continue
             delta = self._advance(stream, d, now) if stream is not None else None  # None: it ended already
             if delta is not None:
                 posts.append((stream, delta))
@@ -251,15 +282,50 @@ class EngineClient:
         tpot = (now - first) / (n - 1) if first is not None and n > 1 else None
         self.metrics.on_finish(reason, now - stream.arrival, tpot, spec)
 
-    def _check_workers(self) -> None:
-        dead = set(self.pool.dead_workers()) - self.dead
-        if not dead:
-            return
-        logger.error("model worker(s) %s died", sorted(dead))
-        self.dead |= dead
-        for rank in sorted(dead):
-            self._restart(rank)
-        self._fail([s for s in self._streams.values() if s.rank in dead], lambda s: f"model worker {s.rank} died")
+    def _check_workers(self, ended: list[int] = ()) -> None:
+        """Replicas whose worker is gone (its pipe ended, or its process), or silent with work past the watchdog:
+        down. A restart whose new worker died before it reported is tried again."""
+        gone = set(ended) | set(self.pool.dead_workers())
+        for rank in sorted(gone - self.dead):
+            logger.error("model worker %d died", rank)
+            self._replica_down(rank, f"model worker {rank} died")
+        for rank in sorted(gone & self.restarting):
+            if self.pool.generations[rank] > self._restart_generation.get(rank, -1):  # the new one died, unreported
+                logger.error("worker %d died while restarting", rank)
+                self.restarting.discard(rank)
+                self._restart(rank)
+        for rank in self.health.overdue(list(self.router.outstanding)):
+            silent = self.health.silent_s(rank)
+            logger.error("model worker %d sent nothing for %.0f s while it had %d requests (--worker_watchdog_s "
+                         "%.0f): ending and restarting it", rank, silent, self.router.outstanding[rank],
+                         self.health.watchdog_s)  # fmt: skip
+            self.pool.kill(rank, self.follower_pids.get(rank, ()))
+            self._replica_down(rank, f"model worker {rank} stopped answering (nothing for {silent:.0f} s, "
+                                     f"--worker_watchdog_s {self.health.watchdog_s:.0f}); it is being restarted")
+
+    def _replica_down(self, rank: int, error: str) -> None:
+        """Marks `rank` dead and restarts it; its requests that produced nothing yet go to a live replica (once),
+        the others fail with `error`."""
+        self.dead.add(rank)
+        self._restart(rank)
+        failed = []
+        for stream in [s for s in self._streams.values() if s.rank == rank]:
+            if not self._reroute(stream):
+                failed.append(stream)
+        self._fail(failed, lambda s: error)
+
+    def _reroute(self, stream: RequestStream) -> bool:
+        """Sends a request its client has seen nothing of to another replica; False when it cannot be."""
+        if stream.rerouted or stream.num_output_tokens or stream.stopping or stream.aborted:
+            return False
+        rank = self._pick()
+        if rank is None:
+            return False
+        self.router.done(stream.rank)
+        stream.rank, stream.rerouted = rank, True
+        self.pool.send(rank, AddRequest(stream.rid, list(stream.prompt_ids), stream.params))
+        logger.info("request %d moved to replica %d", stream.rid, rank)
+        return True
 
     def _fail(self, streams: list[RequestStream], error) -> None:
         """Ends `streams` with an error delta (the handler answers an OpenAI error body or a stream error event)."""
@@ -286,6 +352,7 @@ class EngineClient:
             return
         self.restarts_left[rank] -= 1
         self.restarting.add(rank)
+        self._restart_generation[rank] = self.pool.generations[rank]
         logger.warning("restarting worker %d (%d attempts left)", rank, self.restarts_left[rank])
         self._loop.call_soon_threadsafe(self.pool.restart, rank)
 

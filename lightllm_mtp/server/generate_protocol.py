@@ -8,7 +8,7 @@ import math
 from pydantic import BaseModel, Field, field_validator
 
 from lightllm_mtp.sampling_params import SamplingParams
-from lightllm_mtp.server.protocol import STRICT, Strings, check_seed, check_stop
+from lightllm_mtp.server.protocol import STRICT, Strings, check_cache_salt, check_seed, check_stop
 
 
 class GenerateParameters(BaseModel):
@@ -23,6 +23,7 @@ class GenerateParameters(BaseModel):
     stop_sequences: str | Strings | None = None
     ignore_eos: bool = False
     seed: int | None = None
+    cache_salt: str | None = None  # the prefix cache is shared only between requests of the same salt
 
     @field_validator("stop_sequences")
     @classmethod
@@ -41,6 +42,11 @@ class GenerateParameters(BaseModel):
     def _seed(cls, v):
         return check_seed(v)
 
+    @field_validator("cache_salt")
+    @classmethod
+    def _cache_salt(cls, v):
+        return check_cache_salt(v)
+
     def sampling_params(self, max_new_tokens: int | None = None) -> SamplingParams:
         """max_new_tokens: the budget granted (default: the one asked)."""
         return SamplingParams(
@@ -50,6 +56,7 @@ class GenerateParameters(BaseModel):
             max_new_tokens=self.max_new_tokens if max_new_tokens is None else max_new_tokens,
             seed=self.seed,
             ignore_eos=self.ignore_eos,
+            cache_salt=self.cache_salt,
         )
 
     @property

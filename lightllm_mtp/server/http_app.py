@@ -14,6 +14,7 @@ from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from lightllm_mtp.server.args import ServerArgs
 from lightllm_mtp.server.engine_client import EngineClient
@@ -21,7 +22,7 @@ from lightllm_mtp.server.lightllm_api import lightllm_routes
 from lightllm_mtp.server.metrics import ServerMetrics
 from lightllm_mtp.server.openai_api import openai_routes
 from lightllm_mtp.server.protocol import ApiError
-from lightllm_mtp.server.request_input import PromptEncoder
+from lightllm_mtp.server.request_input import BodyLimits, PromptEncoder
 from lightllm_mtp.server.responses_api import responses_routes
 
 logger = logging.getLogger("lightllm_mtp.server")
@@ -51,6 +52,12 @@ def create_app(args: ServerArgs, client: EngineClient, metrics: ServerMetrics, o
     async def http_error(request: Request, e: StarletteHTTPException):
         return error(ApiError(e.status_code, str(e.detail), code=str(e.status_code)))
 
+    @app.exception_handler(ClientDisconnect)
+    async def client_disconnected(request: Request, e: ClientDisconnect):
+        """The client left while its body was read: nothing to answer, nothing went wrong here."""
+        metrics.body_disconnects.inc()
+        return Response(status_code=499)
+
     @app.exception_handler(Exception)
     async def internal_error(request: Request, e: Exception):
         logger.exception("unhandled error in %s %s", request.method, request.url.path)
@@ -78,14 +85,12 @@ def create_app(args: ServerArgs, client: EngineClient, metrics: ServerMetrics, o
         async def redoc():
             return get_redoc_html(openapi_url="/openapi.json", title="lightllm_mtp")
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
-        states = client.replica_states()
-        if not client.healthy:
-            return JSONResponse({"status": "error", "replicas": states}, status_code=503)
-        if client.dead:  # some replicas serve, others are dead or restarting
-            return {"status": "degraded", "replicas": states, "dead_workers": sorted(client.dead)}
-        return {"status": "ok", "replicas": states}
+        """200 "ok" / "degraded" (some replicas dead, restarting or stalled); 503 "error" (none serves) or
+        "draining" (shutting down after SIGTERM: new requests get 503)."""
+        status, body = client.health_report()
+        return JSONResponse(body, status_code=status)
 
     @app.get("/metrics")
     async def metrics_endpoint():
@@ -100,6 +105,7 @@ def create_app(args: ServerArgs, client: EngineClient, metrics: ServerMetrics, o
             "dp": args.dp,
             "devices": [r.device for r in client.pool.ready],
             "worker_pids": [proc.pid for proc in client.pool.processes],
+            "follower_pids": [list(client.follower_pids.get(r, ())) for r in range(args.dp)],  # tp / pp ranks 1..
             "replicas": client.replica_states(),
             "dtype": str(e.dtype).removeprefix("torch."),
             "max_model_len": client.max_model_len,
@@ -118,10 +124,10 @@ def create_app(args: ServerArgs, client: EngineClient, metrics: ServerMetrics, o
         }
 
     encoder = PromptEncoder(client.tokenizer, client.max_model_len)  # one tokenizer thread pool for every endpoint
-    body_cap = args.max_request_body_bytes
-    app.include_router(openai_routes(client, encoder, args.model_name, auth, body_cap))
-    app.include_router(lightllm_routes(client, encoder, auth, body_cap))
-    app.include_router(responses_routes(client, encoder, args.model_name, auth, body_cap))
+    body = BodyLimits(args.max_request_body_bytes, args.body_timeout_s)
+    app.include_router(openai_routes(client, encoder, args.model_name, auth, body))
+    app.include_router(lightllm_routes(client, encoder, auth, body))
+    app.include_router(responses_routes(client, encoder, args.model_name, auth, body))
     return app
 
 

@@ -15,15 +15,15 @@ from lightllm_mtp.server.engine_client import EngineClient, RequestStream
 from lightllm_mtp.server.generate_protocol import GenerateRequest
 from lightllm_mtp.server.openai_api import completion_budget
 from lightllm_mtp.server.protocol import ApiError
-from lightllm_mtp.server.request_input import PromptEncoder, read_body
+from lightllm_mtp.server.request_input import BodyLimits, PromptEncoder, read_body
 from lightllm_mtp.server.streaming import ClientDisconnected, collect, error_event, mtp_usage, sse_response
 
 
-def lightllm_routes(client: EngineClient, encoder: PromptEncoder, auth, max_body_bytes: int) -> APIRouter:
+def lightllm_routes(client: EngineClient, encoder: PromptEncoder, auth, body_limits: BodyLimits) -> APIRouter:
     router = APIRouter(dependencies=[Depends(auth)])
 
     async def submit(request: Request, endpoint: str) -> RequestStream:
-        req = await encoder.parse(GenerateRequest, await read_body(request, max_body_bytes))
+        req = await encoder.parse(GenerateRequest, await read_body(request, body_limits))
         p = req.parameters
         try:
             p.sampling_params()  # bad values are 400s before the prompt is tokenized

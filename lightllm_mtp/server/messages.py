@@ -1,8 +1,9 @@
-"""What the HTTP front and the model workers send each other over their multiprocessing queues.
+"""What the HTTP front and the model workers send each other.
 
-front -> worker (one inbox per worker): AddRequest, AbortRequest, Shutdown.
-worker -> front (one shared outbox): WorkerReady / WorkerFailed once at start-up, then one WorkerOutput per
-loop iteration that did something (the tokens each request got in that step, plus the worker's usage).
+front -> worker (one inbox queue per worker): AddRequest, AbortRequest, Shutdown.
+worker -> front (one outbox pipe per worker, worker_channels.py): WorkerReady / WorkerFailed once at start-up, then
+one WorkerOutput per loop iteration that did something (the tokens each request got in that step, plus the worker's
+usage), and at least one a second while it has work (a heartbeat, maybe without deltas).
 Token ids travel, text does not: detokenization happens in the front, off the model's critical path.
 """
 
@@ -88,6 +89,7 @@ class WorkerReady:
     mtp_step: int  # 0 without MTP
     kv_lookahead_slots: int  # KV slots a request may hold beyond its tokens (Scheduler.kv_need)
     stats: WorkerStats
+    follower_pids: tuple[int, ...] = ()  # the replica's other tp / pp ranks (the front's watchdog ends them too)
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,8 @@ class ServerMetrics:
                                 registry=r)
         self.rejected = Counter(f"{p}_requests_rejected", "Requests answered with an error, by HTTP status",
                                 ["status"], registry=r)
+        self.body_disconnects = Counter(f"{p}_request_body_disconnects", "Clients that closed the connection while "
+                                        "their request body was being read (not errors)", registry=r)
         self.prompt_tokens = Counter(f"{p}_prompt_tokens", "Prompt tokens of accepted requests", registry=r)
         self.generation_tokens = Counter(f"{p}_generation_tokens", "Tokens generated", registry=r)
         self.ttft = Histogram(f"{p}_time_to_first_token_seconds", "Arrival to first generated token",

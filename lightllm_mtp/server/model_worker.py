@@ -1,8 +1,10 @@
 """A model worker: one process owning one `LLMEngine` (one replica of the model).
 
 The loop: take new requests and aborts from the inbox (block only when idle), run one `engine.step_outputs()`,
-push the step's new token ids, finish reasons, acceptance and pool usage to the outbox. Speculative decoding
-is the engine's business (its runner is a SpecRunner when MTP is on): nothing here depends on it.
+push the step's new token ids, finish reasons, acceptance and pool usage to the outbox (this worker's own pipe,
+worker_channels.py), and, while it has work, at least every HEARTBEAT_S (the front's watchdog takes a replica silent
+with work for too long for dead). Speculative decoding is the engine's business (its runner is a SpecRunner when MTP
+is on): nothing here depends on it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from lightllm_mtp.spec_decode.stats import SpecStats
 
 logger = logging.getLogger("lightllm_mtp.worker")
 PARENT_CHECK_S = 1.0  # an idle worker checks this often that the front is still alive
+HEARTBEAT_S = 1.0  # a busy worker reports at least this often between steps (replica_health.py)
+FLUSH_S = 2.0  # on exit, how long the last messages may take to reach the pipe
 
 
 def run_worker(rank: int, engine_args, dp: int, inbox, outbox, log_level: str) -> None:
@@ -47,19 +51,17 @@ def run_worker(rank: int, engine_args, dp: int, inbox, outbox, log_level: str) -
         worker = ModelWorker(rank, engine_args, dp, inbox, outbox)
     except Exception as e:  # reported to the front, which prints it and exits
         logger.error("start-up failed:\n%s", traceback.format_exc())
-        # the exit joins the outbox's feeder thread, so the report is in the pipe before the process ends (one small
-        # message: it fits the pipe's buffer even if the front is gone)
         outbox.put(WorkerFailed(rank, f"{type(e).__name__}: {e}"))
+        outbox.flush(FLUSH_S)  # in the pipe before the process ends (its own pipe: nobody else's is touched)
         return
-    # From here the feeder thread must not hold the exit: once the front is gone nobody drains that pipe
-    outbox.cancel_join_thread()
     if ENV.worker_profile:
         profiler = cProfile.Profile()
         served = profiler.runcall(worker.run)
         profiler.dump_stats(f"{ENV.worker_profile}.rank{rank}")
     else:
         served = worker.run()
-    if not served:  # the front is gone: leave at once, nothing left to flush or to tell
+    if not served:  # the front is gone, or the tp / pp group ended (its requests' failures are on their way)
+        worker.outbox.flush(FLUSH_S)
         os._exit(0)
     worker.engine.shutdown()  # tp / pp: ends the follower ranks
 
@@ -105,6 +107,7 @@ class ModelWorker:
         else:
             name = f"{platform.machine()}, {torch.get_num_threads()} threads"
         spec = self.engine.spec
+        group = self.engine.parallel_group
         outbox.put(
             WorkerReady(
                 rank=rank,
@@ -115,12 +118,13 @@ class ModelWorker:
                 mtp_step=spec.num_draft_tokens if spec else 0,
                 kv_lookahead_slots=self.engine.scheduler.lookahead_slots,
                 stats=self._stats(),
+                follower_pids=tuple(p.pid for p in group.procs) if group is not None else (),
             )
         )
 
     def run(self) -> bool:
         """Serves until the front says Shutdown (True) or is found gone (False)."""
-        last_check = time.monotonic()
+        last_check = last_sent = time.monotonic()
         while True:
             msgs = self._receive(block=not self.engine.has_unfinished())
             if msgs is None:
@@ -135,10 +139,13 @@ class ModelWorker:
                 if isinstance(msg, Shutdown):
                     return True
                 deltas += self._handle(msg)
-            if self.engine.has_unfinished():
+            busy = self.engine.has_unfinished()
+            if busy:
                 deltas += self._step()
-            if msgs or deltas:
-                self.outbox.put(WorkerOutput(self.rank, deltas, self._stats(), time.monotonic()))
+            now = time.monotonic()
+            if msgs or deltas or (busy and now - last_sent > HEARTBEAT_S):
+                self.outbox.put(WorkerOutput(self.rank, deltas, self._stats(), now))
+                last_sent = now
             if self.group_failed:  # a tp / pp rank died or hung: leave, so that the front restarts the replica
                 logger.error("the replica's tp/pp group ended; exiting for a restart")
                 return False

@@ -11,11 +11,11 @@ from fastapi.responses import JSONResponse, Response
 
 from lightllm_mtp.server.engine_client import EngineClient, RequestStream
 from lightllm_mtp.server.protocol import ApiError, ChatCompletionRequest, CompletionRequest, SamplingRequest
-from lightllm_mtp.server.request_input import PromptEncoder, read_body
+from lightllm_mtp.server.request_input import BodyLimits, PromptEncoder, read_body
 from lightllm_mtp.server.streaming import ClientDisconnected, collect, error_event, sse_response, usage
 
 
-def openai_routes(client: EngineClient, encoder: PromptEncoder, model_name: str, auth, max_body_bytes: int):
+def openai_routes(client: EngineClient, encoder: PromptEncoder, model_name: str, auth, body_limits: BodyLimits):
     router = APIRouter(dependencies=[Depends(auth)])
 
     @router.get("/v1/models")
@@ -26,7 +26,7 @@ def openai_routes(client: EngineClient, encoder: PromptEncoder, model_name: str,
 
     @router.post("/v1/completions")
     async def completions(request: Request):
-        req = await encoder.parse(CompletionRequest, await read_body(request, max_body_bytes))
+        req = await encoder.parse(CompletionRequest, await read_body(request, body_limits))
         check_model(req, model_name)
         prompt_ids = req.prompt if isinstance(req.prompt, list) else await encoder.encode(req.prompt)
         max_new = completion_budget(client, prompt_ids, req.max_tokens, default=16)
@@ -46,7 +46,7 @@ def openai_routes(client: EngineClient, encoder: PromptEncoder, model_name: str,
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        req = await encoder.parse(ChatCompletionRequest, await read_body(request, max_body_bytes))
+        req = await encoder.parse(ChatCompletionRequest, await read_body(request, body_limits))
         check_model(req, model_name)
         prompt_ids = await encoder.encode_chat(req)
         # OpenAI's default for chat: as much as the context allows

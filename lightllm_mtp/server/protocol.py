@@ -15,7 +15,7 @@ from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
-from lightllm_mtp.sampling_params import MAX_STOP_TOKEN_IDS, SamplingParams, check_stop_strings
+from lightllm_mtp.sampling_params import MAX_CACHE_SALT_CHARS, MAX_STOP_TOKEN_IDS, SamplingParams, check_stop_strings
 STRICT = ConfigDict(extra="ignore", strict=True)
 
 # Every collection stops at its first bad item: an 8 MiB body of 1.6M `true`s as token ids otherwise builds an error
@@ -45,6 +45,9 @@ def parse_body(model: type[M], raw: bytes) -> M:
         data = json.loads(raw.decode("utf-8"))  # strict: json.loads(bytes) would let UTF-8-encoded surrogates through
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ApiError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    except ValueError as e:  # valid JSON that Python refuses to convert: an integer of more than 4,300 digits
+        raise ApiError(400, f"the request body holds a value this server cannot read: {e}",
+                       code="invalid_json") from None  # fmt: skip
     except RecursionError:
         raise ApiError(400, "the request body is nested too deeply", code="invalid_json") from None
     if not isinstance(data, dict):
@@ -84,6 +87,12 @@ def check_stop(v: str | list[str] | None) -> str | list[str] | None:
     return v
 
 
+def check_cache_salt(v: str | None) -> str | None:
+    if v is not None and not 1 <= len(v) <= MAX_CACHE_SALT_CHARS:
+        raise ValueError(f"must be a non-empty string of at most {MAX_CACHE_SALT_CHARS} characters")
+    return v
+
+
 def check_seed(v: int | None) -> int | None:
     if v is not None and not -(2**63) <= v < 2**63:
         raise ValueError("must fit in 64 bits")
@@ -120,6 +129,8 @@ class SamplingRequest(BaseModel):
     # extension (vLLM's name): each choice carries the generated `token_ids` (per chunk when streaming), the first
     # response also `prompt_token_ids`: a client can resend a conversation without re-tokenizing the answers
     return_token_ids: bool = False
+    # extension (vLLM's name): the prefix cache is shared only between requests of the same salt (multi-tenant use)
+    cache_salt: str | None = None
 
     @field_validator("max_tokens")
     @classmethod
@@ -166,6 +177,11 @@ class SamplingRequest(BaseModel):
     def _seed(cls, v):
         return check_seed(v)
 
+    @field_validator("cache_salt")
+    @classmethod
+    def _cache_salt(cls, v):
+        return check_cache_salt(v)
+
     @field_validator("stop_token_ids")
     @classmethod
     def _stop_token_ids(cls, v):
@@ -210,6 +226,7 @@ class SamplingRequest(BaseModel):
             seed=self.seed,
             stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos,
+            cache_salt=self.cache_salt,
         )
 
 

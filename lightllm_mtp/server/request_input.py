@@ -7,9 +7,13 @@ for one generated token). This holds for byte-level BPE (Qwen, Llama 3, GPT-2): 
 and its vocabulary spells one byte per character, so the longest entry, in characters, is the most bytes a token
 covers (special tokens: their text's bytes). Text is first measured as sent; only when that says "cannot fit" is it
 measured again after the tokenizer's normalizer (which may shorten it, e.g. NFC composes), so the bound never
-rejects text that would fit. Tokenizers where no such bound holds (a pre-tokenizer that drops whitespace, an added
-token that swallows the whitespace beside it, no fast tokenizer) get no early check: their text is tokenized whole,
-in the thread pool, and the body cap bounds the cost.
+rejects text that would fit. That second measure normalizes pieces of NORMALIZE_PIECE_CHARS characters (the
+normalizer holds the GIL: one call on 8 MB stalled the event loop for a second) and stops as soon as the pieces
+prove the text too long; for the Unicode normal forms and lowercasing, whose output over a text is that over its
+pieces except for a few code points composed across each cut (CUT_SLACK_BYTES), the sum less that slack per cut
+is a sound lower bound. Other normalizers are measured whole. Tokenizers where no such bound holds (a pre-tokenizer
+that drops whitespace, an added token that swallows the whitespace beside it, no fast tokenizer) get no early check:
+their text is tokenized whole, in the thread pool, and the body cap bounds the cost.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import asyncio
 import functools
 import json
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from fastapi import Request
 
@@ -27,29 +32,68 @@ from lightllm_mtp.server.protocol import ApiError, ChatCompletionRequest, parse_
 TOKENIZE_THREADS = 2
 INLINE_PARSE_BYTES = 64 * 1024  # larger bodies are parsed in the thread pool too (8 MiB of JSON: ~0.5 s of CPU)
 _KEEPS_EVERY_BYTE = {"ByteLevel", "Digits", "Split", "Punctuation", "Sequence"}  # unless `behavior` is "removed"
+NORMALIZE_PIECE_CHARS = 1 << 15  # ~2 ms of NFC per call: the event loop gets the GIL between pieces
+# normalizers that map a text piece by piece, but for compositions across a cut: a starter and the few combining
+# marks (or Hangul jamo) it absorbs, each at most 4 UTF-8 bytes, so well under CUT_SLACK_BYTES saved per cut
+_PIECEWISE_NORMALIZERS = {"NFC", "NFD", "NFKC", "NFKD", "Lowercase"}
+CUT_SLACK_BYTES = 64
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, or 413 as soon as it is known to exceed `limit` bytes (declared length, or bytes received)."""
+@dataclass(frozen=True)
+class BodyLimits:
+    max_bytes: int  # larger bodies get 413
+    timeout_s: float  # a body not received whole within this gets 408 (slow-body clients)
+
+
+async def read_body(request: Request, limits: BodyLimits) -> bytes:
+    """The body, or 413 as soon as it is known to exceed the size limit (declared length, or bytes received), or 408
+    when it takes longer than the time limit. A client that leaves meanwhile raises starlette's ClientDisconnect
+    (answered quietly by the app, http_app.py)."""
+    limit = limits.max_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"the request body has {declared} bytes; this server takes at most {limit}",
                        code="request_too_large")  # fmt: skip
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, f"the request body exceeds {limit} bytes", code="request_too_large")
-        chunks.append(chunk)
-    return b"".join(chunks)
+
+    async def read() -> bytes:
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, f"the request body exceeds {limit} bytes", code="request_too_large")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    try:
+        return await asyncio.wait_for(read(), limits.timeout_s)
+    except asyncio.TimeoutError:
+        raise ApiError(408, f"the request body was not received within {limits.timeout_s:g} s",
+                       code="request_timeout") from None  # fmt: skip
+
+
+def _backend_spec(tokenizer) -> dict | None:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return json.loads(backend.to_str()) if backend is not None else None
+
+
+def normalizes_piecewise(tokenizer) -> bool:
+    """Whether the tokenizer's normalizer (if any) is one of, or a sequence of, _PIECEWISE_NORMALIZERS."""
+    spec = _backend_spec(tokenizer)
+    parts = [(spec or {}).get("normalizer") or {"type": "Sequence"}]
+    while parts:
+        part = parts.pop()
+        if part.get("type") == "Sequence":
+            parts += part.get("normalizers") or []
+        elif part.get("type") not in _PIECEWISE_NORMALIZERS:
+            return False
+    return True
 
 
 def max_token_bytes(tokenizer) -> int | None:
     """The most UTF-8 bytes of text one token covers, or None where the tokenizer admits no such bound."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
+    spec = _backend_spec(tokenizer)
+    if spec is None:
         return None
-    spec = json.loads(backend.to_str())
     added = spec.get("added_tokens") or []
     if any(t.get("lstrip") or t.get("rstrip") for t in added):  # such a token also covers the whitespace beside it
         return None
@@ -77,17 +121,30 @@ class PromptEncoder:
         self.max_token_bytes = max_token_bytes(tokenizer)
         backend = getattr(tokenizer, "backend_tokenizer", None)
         self.normalizer = backend.normalizer if backend is not None else None
+        self.piecewise = self.normalizer is not None and normalizes_piecewise(tokenizer)
         self.chat = ChatPromptEncoder(tokenizer)
         self.executor = ThreadPoolExecutor(max_workers=TOKENIZE_THREADS, thread_name_prefix="tokenize")
 
     def min_tokens(self, text: str, normalized: bool = False) -> int:
         """A lower bound of the token count of `text` (0 where the tokenizer admits none). normalized: measure the
-        text after the tokenizer's normalizer (slower; never larger)."""
+        text after the tokenizer's normalizer (slower; never larger), only as far as max_model_len tokens."""
         if self.max_token_bytes is None:
             return 0
-        if normalized and self.normalizer is not None:
-            text = self.normalizer.normalize_str(text)
-        return -(-len(text.encode("utf-8", "surrogatepass")) // self.max_token_bytes)
+        if not normalized or self.normalizer is None:
+            return -(-_utf8_bytes(text) // self.max_token_bytes)
+        return -(-self._normalized_bytes(text, self.max_model_len * self.max_token_bytes) // self.max_token_bytes)
+
+    def _normalized_bytes(self, text: str, enough: int) -> int:
+        """A lower bound of the UTF-8 bytes of the normalized text, from its pieces until it reaches `enough`."""
+        if not self.piecewise:
+            return _utf8_bytes(self.normalizer.normalize_str(text))
+        total = bound = 0
+        for cuts, start in enumerate(range(0, len(text), NORMALIZE_PIECE_CHARS)):
+            total += _utf8_bytes(self.normalizer.normalize_str(text[start : start + NORMALIZE_PIECE_CHARS]))
+            bound = total - cuts * CUT_SLACK_BYTES
+            if bound >= enough:
+                break
+        return max(0, bound)
 
     def check_fits(self, text: str, param: str) -> None:
         if self.min_tokens(text) < self.max_model_len:
@@ -118,3 +175,7 @@ class PromptEncoder:
     def _encode(self, text: str, param: str) -> list[int]:
         self.check_fits(text, param)
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+
+def _utf8_bytes(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))

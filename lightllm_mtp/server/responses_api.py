@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field, field_validator
 from lightllm_mtp.server.engine_client import EngineClient, RequestStream
 from lightllm_mtp.server.openai_api import check_model, completion_budget, submit
 from lightllm_mtp.server.protocol import FIRST_ERROR, STRICT, ChatCompletionRequest, Objects, SamplingRequest
-from lightllm_mtp.server.request_input import PromptEncoder, read_body
+from lightllm_mtp.server.request_input import BodyLimits, PromptEncoder, read_body
 from lightllm_mtp.server.streaming import ClientDisconnected, collect, mtp_usage, sse_response
 
 
@@ -70,12 +70,12 @@ class ResponsesRequest(SamplingRequest):
         return ChatCompletionRequest.model_validate({"messages": messages})
 
 
-def responses_routes(client: EngineClient, encoder: PromptEncoder, model_name: str, auth, max_body_bytes: int):
+def responses_routes(client: EngineClient, encoder: PromptEncoder, model_name: str, auth, body_limits: BodyLimits):
     router = APIRouter(dependencies=[Depends(auth)])
 
     @router.post("/v1/responses")
     async def responses(request: Request):
-        req = await encoder.parse(ResponsesRequest, await read_body(request, max_body_bytes))
+        req = await encoder.parse(ResponsesRequest, await read_body(request, body_limits))
         check_model(req, model_name)
         prompt_ids = await encoder.encode_chat(req.as_chat(), param="input")
         max_new = completion_budget(client, prompt_ids, req.max_output_tokens, default=client.max_model_len,

@@ -11,11 +11,11 @@ def make(size=64, snapshots=4):
     return pool, RadixCache(pool, snapshots)
 
 
-def insert(tree, pool, tokens, lookahead=0, snap_at=()):
+def insert(tree, pool, tokens, lookahead=0, snap_at=(), salt=None):
     n = len(tokens) - lookahead
     slots = pool.alloc(n)
     snaps = {d: tree.alloc_snapshot() for d in snap_at}
-    node, tree_slots, unused = tree.insert(key_elements(tokens, n, lookahead), slots, snaps)
+    node, tree_slots, unused = tree.insert(key_elements(tokens, n, lookahead, salt), slots, snaps)
     pool.free(slots[slots != tree_slots])
     for s in unused:
         tree.free_snapshot(s)
@@ -40,6 +40,22 @@ def test_lookahead_keys_branch_before_the_divergence():
     _, second = insert(tree, pool, [1, 2, 3, 4, 9, 9], lookahead=1)
     assert torch.equal(second[:3], first[:3]) and second[3] != first[3]
     assert [n.depth for n in tree.match(key_elements([1, 2, 3, 4, 9, 9], 5, 1))] == [3, 5]
+
+
+def test_paths_of_different_salts_share_nothing():
+    """cache_salt partitions the tree: the same tokens under another salt (or none) get their own path from the
+    root, and a lookup finds only its own salt's path."""
+    pool, tree = make()
+    _, unsalted = insert(tree, pool, [1, 2, 3, 4], snap_at=[4])
+    _, a = insert(tree, pool, [1, 2, 3, 4], snap_at=[4], salt="a")
+    _, b = insert(tree, pool, [1, 2, 3, 4], lookahead=1, salt="b")
+    assert len({*unsalted.tolist(), *a.tolist(), *b.tolist()}) == 4 + 4 + 3 and len(tree.root.children) == 3
+    _, again = insert(tree, pool, [1, 2, 3, 9], salt="a")  # same salt: shares the prefix
+    assert torch.equal(again[:3], a[:3]) and tree.num_tokens == 4 + 4 + 3 + 1
+    assert [n.depth for n in tree.match(key_elements([1, 2, 3, 4], 4, 0, "a"))] == [3, 4]
+    assert tree.match(key_elements([1, 2, 3, 4], 4, 0, "c")) == []
+    assert tree.match(key_elements([1, 2, 3, 4], 4, 0))[-1].slots.tolist() == unsalted.tolist()
+    tree.check()
 
 
 def test_locked_nodes_survive_eviction_and_lru_order():

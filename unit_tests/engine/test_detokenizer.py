@@ -120,7 +120,7 @@ def test_the_front_counts_and_returns_only_the_tokens_up_to_a_stop_string(tokeni
                                      on_finish=lambda *a: done.append(a))  # fmt: skip
     client.pool = SimpleNamespace(send=lambda rank, msg: sent.append(msg))
     client.router = SimpleNamespace(done=lambda rank: None)
-    stream = RequestStream(7, 0, [], IncrementalDetokenizer(tokenizer, [], ("return a",)))
+    stream = RequestStream(7, 0, [], None, IncrementalDetokenizer(tokenizer, [], ("return a",)))
     client._streams = {7: stream}
     first = client._advance(stream, TokenDelta(7, ids[: stop_at - 1]), 0.0)
     step = client._advance(stream, TokenDelta(7, ids[stop_at - 1 : stop_at + 2]), 0.0)  # completes it at its first

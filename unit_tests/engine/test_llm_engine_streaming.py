@@ -21,7 +21,9 @@ def engine(model_dir, **kwargs):
 def assert_idle(e):
     u = e.usage()
     assert (u.kv_used, u.kv_reserved, u.req_slots_used, u.running, u.waiting) == (0, 0, 0, 0, 0)
-    assert u.kv_capacity == e.cache_budget.kv_tokens <= 4 * 64 and u.req_slots_capacity == 4  # KV part of the budget
+    # the KV part of the default budget: 4 requests of 64 tokens and their lookahead slots
+    assert u.kv_capacity == e.cache_budget.kv_tokens <= 4 * (64 + e.scheduler.lookahead_slots)
+    assert u.req_slots_capacity == 4
 
 
 @pytest.mark.parametrize("mtp", [{}, dict(mtp_mode="eagle_with_att", mtp_step=2)], ids=["plain", "mtp"])

@@ -267,3 +267,25 @@ def test_multi_layer_mtp_end_snapshot_from_its_last_verify():
     want = LLM(model_dir, max_model_len=128, prefix_cache=False, **mtp).generate([resend], greedy(6))[0]
     assert got.num_cached_tokens == depth and got.token_ids == want.token_ids
     check_accounting(llm)
+
+
+@pytest.mark.parametrize("mode", ["plain", "eagle"])
+def test_cache_salt_partitions_the_cache(tiny_dense_dir, mode):
+    """Issue 35 item 8: a request reuses cached prefixes only of requests with the same cache_salt, so
+    `num_cached_tokens` tells a client nothing about other salts' prompts; the output is the same either way."""
+    llm = build(tiny_dense_dir, True, **MODES[mode])
+    prompt = SYSTEM + [11, 12, 13, 14]
+
+    def run(salt):
+        params = SamplingParams(temperature=0.0, max_new_tokens=NEW, ignore_eos=True, cache_salt=salt)
+        out = llm.generate([prompt], params)[0]
+        return out.token_ids, out.num_cached_tokens
+
+    first, cached = run("tenant-a")
+    assert cached == 0
+    again, hit = run("tenant-a")  # the same salt hits
+    assert again == first and hit >= 2 * INTERVAL
+    assert run("tenant-b") == (first, 0)  # another salt: nothing
+    assert run(None) == (first, 0)  # no salt is a partition of its own
+    assert run(None) == (first, hit) and run("tenant-b") == (first, hit)
+    check_accounting(llm)

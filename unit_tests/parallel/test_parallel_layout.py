@@ -105,7 +105,8 @@ def test_step_ops_round_trip_as_json():
         Launch(4, 3, [(7, 1), (9, 32)], [NewRequest(9, [1, 2, 3], SamplingParams(temperature=0.7, top_k=5, seed=11,
                                                                                   stop_token_ids=[5, 2]), 11)]),
         SaveState("/tmp/x"), Stop(),
-        Match(12, NewRequest(12, [4, 5], SamplingParams(max_new_tokens=3), None)), Match(12, None), Unmatch(12),
+        Match(12, NewRequest(12, [4, 5], SamplingParams(max_new_tokens=3, cache_salt="tenant-a"), None)),
+        Match(12, None), Unmatch(12),
         Finish(12, 3), Settle(4), EvictAll(), Launch(5, None, [(12, 2)], [], [100, 20, 4, 3, 0, 2]),
     ]  # fmt: skip
     data = encode_ops(ops)

@@ -97,3 +97,27 @@ def test_a_failing_step_fails_its_requests_and_the_worker_goes_on(worker, monkey
     worker.inbox.put(AddRequest(3, PROMPTS[2], greedy(3)))
     tokens, last, stats = run_until(worker, [3])
     assert last[3].finish_reason == "length" and len(tokens[3]) == 3
+
+
+def test_a_busy_worker_reports_even_in_steps_without_tokens(tiny_dense_dir, monkeypatch):
+    """Issue 35 item 1: the front's watchdog takes a replica silent with work for dead, so a busy worker sends its
+    stats at least every HEARTBEAT_S, also between prompt chunks that yield no token."""
+    from lightllm_mtp.server import model_worker
+
+    monkeypatch.setattr(model_worker, "HEARTBEAT_S", 0.0)
+    args = EngineArgs(model_dir=str(tiny_dense_dir), max_model_len=64, max_batch_size=1, chunked_prefill_size=4)
+    inbox, outbox = queue.Queue(), queue.Queue()
+    w = ModelWorker(0, args, 1, inbox, outbox)
+    outbox.get_nowait()  # WorkerReady
+    thread = threading.Thread(target=w.run, daemon=True)
+    thread.start()
+    try:
+        inbox.put(AddRequest(1, list(range(5, 61)), greedy(2)))  # 14 prompt chunks (2 a step), then 2 tokens
+        outputs = []
+        while not any(d.finish_reason for out in outputs for d in out.deltas):
+            outputs.append(outbox.get(timeout=60))
+        silent_steps = [out for out in outputs if not out.deltas and out.stats.running]
+        assert len(silent_steps) >= 5, [len(o.deltas) for o in outputs]
+    finally:
+        inbox.put(Shutdown())
+        thread.join(timeout=30)

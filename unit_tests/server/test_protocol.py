@@ -74,6 +74,30 @@ def test_bad_bodies(model, body, param, message):
     assert err["param"] == param and message in err["message"], err
 
 
+def test_an_integer_past_pythons_digit_limit_is_a_bad_request():
+    """json.loads refuses integers of more than 4,300 digits with a ValueError that is not a JSONDecodeError."""
+    with pytest.raises(ApiError) as e:
+        parse_body(CompletionRequest, b'{"prompt": "a", "seed": ' + b"9" * 4301 + b"}")
+    assert e.value.status == 400 and e.value.code == "invalid_json" and "cannot read" in e.value.message
+
+
+def test_cache_salt_reaches_the_sampling_params_of_every_endpoint():
+    from lightllm_mtp.server.responses_api import ResponsesRequest
+
+    for model, body in [(CompletionRequest, {"prompt": "a"}), (ChatCompletionRequest, {"messages": [{"role": "user"}]}),
+                        (ResponsesRequest, {"input": "a"})]:  # fmt: skip
+        assert parse(model, {**body, "cache_salt": "tenant-a"}).sampling_params(4).cache_salt == "tenant-a"
+        assert parse(model, body).sampling_params(4).cache_salt is None
+        with pytest.raises(ApiError) as e:
+            parse(model, {**body, "cache_salt": ""})
+        assert e.value.param == "cache_salt"
+    g = parse(GenerateRequest, {"inputs": "x", "parameters": {"cache_salt": "tenant-b"}})
+    assert g.parameters.sampling_params().cache_salt == "tenant-b"
+    with pytest.raises(ApiError) as e:
+        parse(GenerateRequest, {"inputs": "x", "parameters": {"cache_salt": 7}})
+    assert e.value.param == "parameters"
+
+
 def test_non_text_chat_content_is_rejected():
     chat = parse(ChatCompletionRequest, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})
     with pytest.raises(ValueError, match="only text content parts"):

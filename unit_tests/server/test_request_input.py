@@ -160,3 +160,48 @@ def test_large_bodies_are_parsed_off_the_event_loop(tokenizer, monkeypatch):
     assert asyncio.run(enc.parse(CompletionRequest, small)).prompt == [1, 2, 3]
     assert len(asyncio.run(enc.parse(CompletionRequest, large)).prompt) == request_input.INLINE_PARSE_BYTES
     assert threads[0] == threading.main_thread().name and threads[1].startswith("tokenize")
+
+
+class RecordingNormalizer:
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+
+    def normalize_str(self, text):
+        self.calls.append(len(text))
+        return self.inner.normalize_str(text)
+
+
+def test_a_long_text_is_normalized_in_pieces_and_only_as_far_as_it_matters(tokenizer):
+    """Issue 35 item 3: 8 MB of text that cannot fit. The normalizer holds the GIL (one call on the whole text stalled
+    the event loop for a second): it sees pieces of at most NORMALIZE_PIECE_CHARS, and only until they prove the text
+    too long."""
+    from lightllm_mtp.server import request_input
+
+    enc = PromptEncoder(tokenizer, max_model_len=128)
+    enc.normalizer = recording = RecordingNormalizer(enc.normalizer)
+    with pytest.raises(ApiError) as e:
+        asyncio.run(enc.encode("x " * 4_000_000))
+    assert e.value.code == "context_length_exceeded" and "has at least" in e.value.message
+    assert recording.calls and max(recording.calls) <= request_input.NORMALIZE_PIECE_CHARS
+    assert sum(recording.calls) <= request_input.NORMALIZE_PIECE_CHARS  # 128 tokens x 53 bytes: one piece
+
+
+@pytest.mark.parametrize("form", ["NFC", "NFKC"])
+def test_the_piecewise_normalized_bound_never_exceeds_the_whole_texts(tokenizer, monkeypatch, form):
+    """Cuts every few characters through combining sequences and Hangul jamo (composed across the cut only when the
+    text is normalized whole): the pieces' sum less the slack per cut stays a lower bound."""
+    import unicodedata
+
+    from tokenizers import normalizers
+
+    from lightllm_mtp.server import request_input
+
+    monkeypatch.setattr(request_input, "NORMALIZE_PIECE_CHARS", 3)
+    enc = PromptEncoder(tokenizer, max_model_len=128)
+    enc.normalizer = getattr(normalizers, form)()
+    rng = random.Random(0)
+    alphabet = ["e", "\u0301", "\u0323", "\u1100", "\u1161", "\u11a8", "\u03b1", "\u0313", "\u0345", "ﬁ", " ", "中"]
+    for _ in range(300):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40)))
+        whole = len(unicodedata.normalize(form, text).encode("utf-8"))
+        assert enc._normalized_bytes(text, enough=10**9) <= whole

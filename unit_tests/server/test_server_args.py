@@ -62,6 +62,12 @@ def test_defaults_and_lightllm_flag_names(tiny_dense_dir):
         (["--tp", "0"], "tp must be a positive int"),
         (["--tp", "3", "--pp", "64"], "is not divisible by tp=3"),
         (["--pp", "64"], "stages for"),
+        (["--dist_timeout_s", "0"], "dist_timeout_s must be > 0"),
+        (["--worker_stall_s", "0"], "--worker_stall_s must be > 0"),
+        (["--header_timeout_s", "-1"], "--header_timeout_s must be > 0"),
+        (["--worker_stall_s", "20", "--worker_watchdog_s", "10"], "exceeds --worker_watchdog_s"),
+        (["--tp", "2", "--dist_timeout_s", "400"], "--worker_watchdog_s 300 must exceed --dist_timeout_s 400"),
+        (["--limit_concurrency", "0"], "--limit_concurrency must be >= 1"),
     ],
 )  # fmt: skip
 def test_bad_combinations_exit_with_a_clear_message(capsys, tiny_dense_dir, flags, message):
@@ -106,3 +112,15 @@ def test_request_body_cap_and_api_docs_flags(tiny_dense_dir):
     assert (a.max_request_body_bytes, a.enable_api_docs) == (8 * 2**20, False)  # docs off by default (item 9)
     b = parse_server_args(["--model_dir", str(tiny_dense_dir), "--max_request_body_bytes", "4096", "--enable_api_docs"])
     assert (b.max_request_body_bytes, b.enable_api_docs) == (4096, True)
+
+
+def test_reliability_flags(tiny_dense_dir):
+    """Issue 35: the tp / pp collective timeout, the stall and watchdog bounds, the connection limits."""
+    a = parse_server_args(["--model_dir", str(tiny_dense_dir)])
+    assert (a.engine.dist_timeout_s, a.worker_stall_s, a.worker_watchdog_s) == (120.0, 60.0, 300.0)
+    assert (a.header_timeout_s, a.body_timeout_s, a.limit_concurrency) == (30.0, 120.0, None)
+    b = parse_server_args(["--model_dir", str(tiny_dense_dir), "--tp", "2", "--dist_timeout_s", "5",
+                           "--worker_stall_s", "2", "--worker_watchdog_s", "9", "--header_timeout_s", "3",
+                           "--body_timeout_s", "4", "--limit_concurrency", "64"])  # fmt: skip
+    assert (b.engine.dist_timeout_s, b.worker_stall_s, b.worker_watchdog_s) == (5.0, 2.0, 9.0)
+    assert (b.header_timeout_s, b.body_timeout_s, b.limit_concurrency) == (3.0, 4.0, 64)

@@ -20,7 +20,7 @@ from lightllm_mtp.common.layers.gated_attention import GatedAttention
 from lightllm_mtp.common.layers.gated_deltanet import GatedDeltaNet
 from lightllm_mtp.common.layers.norm import RMSNorm
 from lightllm_mtp.common.linear_att_state import LinearAttState
-from lightllm_mtp.common.parallel_state import pp_recv_prev, pp_send_next
+from lightllm_mtp.common.parallel_state import check_layout, pp_recv_prev, pp_send_next
 from lightllm_mtp.common.req_manager import ReqManager
 from lightllm_mtp.common.tensor_spec import TensorSpec
 from lightllm_mtp.common.weight_loader import load_weights
@@ -132,6 +132,8 @@ class TpPartBaseModel:
         """Prefill / chunked prefill / decode; logits and final-norm hidden of batch.b_logits_index rows. Under
         pipeline parallelism a stage receives the residual stream from the one before and hands it to the next;
         only the last stage returns logits and hidden (the others an empty ModelOutput)."""
+        if self.rt is not None:  # an engine built before a tp / pp group of another layout joined this process
+            check_layout(self.rt.rank)
         received = []
         if not self.is_first_stage:
             rows = batch.positions.shape[0]

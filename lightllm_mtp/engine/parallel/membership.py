@@ -30,7 +30,8 @@ def join_group(args: EngineArgs, rank: int, port: int, backend: str, host_staged
         timeout=timedelta(seconds=args.dist_timeout_s),
     )  # fmt: skip
     control = dist.new_group(backend="gloo", timeout=_IDLE_TIMEOUT)
-    init_parallel_state(RankInfo(args.parallel, rank), host_staged=host_staged)
+    # the forward's collectives wait at most dist_timeout_s for a peer (a hung rank ends the group, group.py)
+    init_parallel_state(RankInfo(args.parallel, rank), host_staged=host_staged, timeout_s=args.dist_timeout_s)
     return control
 
 
