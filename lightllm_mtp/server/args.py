@@ -146,6 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "--mtp_draft_vocab_file (eos and special ids always included)")
     s.add_argument("--mtp_adaptive", action="store_true", help="each step drafts 0..--mtp_step tokens, the number "
                    "with the most expected tokens per ms from live acceptance and the step cost measured at start-up")
+    s.add_argument("--mtp_force_acceptance", default=None, help="BENCHMARKS ONLY, changes outputs: accept drafts "
+                   "without checking them, at per-position rates (e.g. 0.8,0.6,0.4: draft i accepted with that "
+                   "probability given drafts before it were) or at a mean accept length (e.g. mean=2.2: accepted "
+                   "drafts + 1 per verify step, from one constant rate), so that random weights (--load_format dummy) "
+                   "run MTP at a realistic acceptance; shown in /server_info and /metrics (default: off)")
     s.add_argument("--mtp_draft_model_dir", default=None, help="directory holding the mtp.* tensors (default: "
                    "model_dir); with --mtp_mode draft_model, the draft checkpoint")
     h = p.add_argument_group("HTTP")
@@ -219,6 +224,7 @@ def server_args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
         mtp_draft_vocab_size=ns.mtp_draft_vocab_size,
         mtp_adaptive=ns.mtp_adaptive,
         mtp_mask_token_id=ns.mtp_mask_token_id,
+        mtp_force_acceptance=ns.mtp_force_acceptance,
         tp=ns.tp,
         pp=ns.pp,
     )
