@@ -48,6 +48,12 @@ def print_tables(report: dict) -> None:
                       f"{_fmt(s.get('tokens_per_step')):>9} {_fmt(s.get('effective_tokens_per_s'), '.1f'):>10} "
                       f"{_fmt(s.get('speedup_vs_no_spec')):>8}")  # fmt: skip
         for r in mtp["results"]:
+            f = r.get("forced")
+            if f:
+                print(f"bs={r['batch_size']}: forced acceptance {f['setting']} (drafts unchecked): "
+                      f"{f['tokens_per_step']:.3f} tok/step -> {f['effective_tokens_per_s']:.1f} tok/s, speedup "
+                      f"{_fmt(f['speedup_vs_no_spec'])}x")  # fmt: skip
+        for r in mtp["results"]:
             g = r.get("verify_floor_per_gpu")
             if g:
                 print(f"bs={r['batch_size']} verify per GPU (tp={g['tp']}, pp={g['pp']}): floor {g['floor_ms']:.2f} ms "

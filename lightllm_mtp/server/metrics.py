@@ -3,7 +3,8 @@
 Front-side (updated as outputs arrive): request counts, TTFT / TPOT / duration histograms, token counters,
 generation throughput over a sliding window, per-request MTP tokens per step. Worker-side (read from each
 worker's latest `WorkerStats` at scrape time): KV and request-slot usage, queue lengths, MTP acceptance
-(mean accepted tokens per verify step, acceptance rate per draft position), per replica and overall.
+(mean accepted tokens per verify step, acceptance rate per draft position), per replica and overall. With MTP, the
+forced-acceptance setting of benchmarks (`--mtp_force_acceptance`: drafts accepted unchecked) is a labelled gauge.
 """
 
 from __future__ import annotations
