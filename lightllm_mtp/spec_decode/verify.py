@@ -16,8 +16,9 @@ one-hot p, for which this rule is exactly the greedy one.
 Forced acceptance (benchmarking, `mtp_force_acceptance`, config/forced_acceptance.py): draft d_{i+1} is accepted,
 without being checked, when a uniform draw is below the rate of position i, up to the first draw that is not; the
 first row m not accepted emits the target's token (greedy: its argmax; sampling: a draw from its p), so the emitted
-tokens are d_1..d_m, t_m. The same device work as the real rules (the target's rows processed the same way, the same
-uniforms per request), no host sync: the step costs what real acceptance at that length costs.
+tokens are d_1..d_m, t_m. The device work of the real rule (the target's rows processed as it processes them; the
+draft probabilities are not read) plus one row of uniforms per request under greedy, no host sync: the step costs
+what real acceptance at that length costs.
 """
 
 from __future__ import annotations
