@@ -40,14 +40,16 @@ def test_the_setting_is_announced_and_applied(forced_server, tiny_dense_dir):
     body = {"model": str(tiny_dense_dir), "prompt": [5, 17, 300, 42], "max_tokens": 120, "temperature": 0,
             "ignore_eos": True, "n": 1}  # fmt: skip
     for i in range(4):
-        r = httpx.post(f"{forced_server.url}/v1/completions", json={**body, "prompt": [5 + i, 17, 300, 42]}, timeout=120)
+        prompt = [5 + i, 17, 300, 42]
+        r = httpx.post(f"{forced_server.url}/v1/completions", json={**body, "prompt": prompt}, timeout=120)
         assert r.status_code == 200, r.text
     deadline = time.monotonic() + 15
     while (steps := metrics(forced_server).get(("lightllm_mtp_spec_verify_steps_total", (("worker", "0"),)), 0)) < 100:
         assert time.monotonic() < deadline, steps
         time.sleep(0.2)
     # ~190 verify blocks at mean 2.5 (standard error ~0.08); real verification of random drafts gives ~1.0
-    assert metrics(forced_server)[("lightllm_mtp_spec_mean_accepted_tokens_per_step", ())] == pytest.approx(2.5, abs=0.3)
+    mean = metrics(forced_server)[("lightllm_mtp_spec_mean_accepted_tokens_per_step", ())]
+    assert mean == pytest.approx(2.5, abs=0.3)
 
 
 def test_off_by_default(tiny_dense_dir, tmp_path):

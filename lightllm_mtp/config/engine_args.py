@@ -60,7 +60,7 @@ class EngineArgs:
     mtp_draft_vocab_file: str | None = None  # frequency-ranked token ids of a reduced draft vocabulary
     mtp_draft_vocab_size: int | None = None  # draft logits over the first N of them (None: all in the file)
     mtp_adaptive: bool = False  # each step drafts 0..mtp_step tokens, picked from live acceptance and step cost
-    mtp_force_acceptance: str | None = None  # benchmarks only, changes outputs: accept drafts unchecked ("0.8,0.6,0.4" or "mean=2.2")
+    mtp_force_acceptance: str | None = None  # benchmarks, changes outputs: accept drafts unchecked: 0.8,0.6 | mean=2.2
     disable_overlap: bool = False  # read each step's tokens before queuing the next (no overlap scheduling)
     # one request's prompt chunk of <= 512 tokens replays a CUDA graph (common/basemodel/prefill_graph.py; with
     # graph_max_batch_size > 0, the prefix cache, fla-core, one process)

@@ -8,7 +8,8 @@ from lightllm_mtp.config.forced_acceptance import ForcedAcceptance, constant_rat
 
 
 def forced(value, k=3, **kwargs):
-    return EngineArgs("m", mtp_mode="eagle_with_att", mtp_step=k, mtp_force_acceptance=value, **kwargs).spec.force_acceptance
+    args = EngineArgs("m", mtp_mode="eagle_with_att", mtp_step=k, mtp_force_acceptance=value, **kwargs)
+    return args.spec.force_acceptance
 
 
 def test_per_position_rates_are_kept_and_padded_with_zeros():
