@@ -110,6 +110,8 @@ def build_engine(source: ModelSource, args, max_model_len: int, mtp: bool) -> LL
             kw["parallel_drafting"] = True
         if getattr(args, "mtp_adaptive", False):
             kw["mtp_adaptive"] = True
+        if getattr(args, "mtp_force_acceptance", None):  # benchmarks: drafts accepted unchecked at this rate
+            kw["mtp_force_acceptance"] = args.mtp_force_acceptance
         if getattr(args, "mtp_draft_model_dir", None):  # mtp_mode draft_model: the draft checkpoint (or shape)
             kw["mtp_draft_model_dir"] = args.mtp_draft_model_dir
             if getattr(args, "parallel_drafting", False):

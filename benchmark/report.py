@@ -67,6 +67,11 @@ def print_tables(report: dict) -> None:
         for r in mtp["results"]:
             if r.get("note"):
                 print(f"bs={r['batch_size']}: {r['note']}")
+            f = r.get("forced")
+            if f:
+                print(f"bs={r['batch_size']}: forced acceptance {f['setting']} (drafts unchecked): "
+                      f"{f['tokens_per_step']:.3f} tok/step -> {f['effective_tokens_per_s']:.1f} tok/s, speedup "
+                      f"{_fmt(f['speedup_vs_no_spec'])}x")  # fmt: skip
         for r in mtp["results"]:
             g = r.get("verify_floor_per_gpu")
             if g:

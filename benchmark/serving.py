@@ -16,6 +16,10 @@ Prefix-cache workloads (benchmark/serving_workloads.py): `--workload shared_pref
 --num_groups 4 --question_len 128` (prompts = one of a few long prefixes + a question), `--workload multi_turn
 --turns 4 --question_len 64` (num_prompts conversations; each turn resends the conversation so far); a
 `--mtp_configs` entry ending in `/nocache` runs that server with --disable_prefix_cache.
+
+Random weights at a published shape (`--model_shape`) draft tokens that real verification almost never accepts; with
+`--mtp_force_acceptance mean=2.2` (or per-position rates `0.8,0.6,0.4`) every MTP server accepts drafts unchecked at
+that rate (benchmarks only: the text is not the model's), so MTP throughput shows at a realistic acceptance.
 """
 
 from __future__ import annotations
@@ -370,6 +374,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--mtp_configs", default="none,eagle_with_att:1",
                    help="with --launch: comma list of none or MODE:STEP (e.g. none,eagle_with_att:2)")
     p.add_argument("--server_args", default="", help="with --launch: more api_server flags, one quoted string")
+    p.add_argument("--mtp_force_acceptance", default=None,
+                   help="with --launch: every MTP config's server accepts drafts without checking them, at these "
+                        "per-position rates ('0.8,0.6,0.4') or this mean accept length ('mean=2.2'); benchmarks only, "
+                        "the text is not the model's (its label gets '_forced')")
     p.add_argument("--start_timeout", type=float, default=1800, help="with --launch: seconds to wait for /health")
     p.add_argument("--tokenizer", default=None, help="tokenizer dir (default: --model_dir, else the server's)")
     p.add_argument("--corpus", default=None, help="directory of text files (default: held-out Python stdlib)")
@@ -400,6 +408,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--launch needs --model_dir or --model_shape")
     if args.model_shape and (args.model_dir or not args.launch):
         p.error("--model_shape goes with --launch and without --model_dir")
+    if args.mtp_force_acceptance and not args.launch:
+        p.error("--mtp_force_acceptance goes with --launch (a running server shows its own in /server_info)")
     return args  # fmt: skip
 
 
@@ -410,6 +420,9 @@ def main(argv: list[str] | None = None) -> dict:
     from transformers import AutoTokenizer
 
     configs = [parse_config(c) for c in args.mtp_configs.split(",")] if args.launch else [("server", [])]
+    if args.mtp_force_acceptance:  # benchmarks: drafts accepted unchecked at this rate by every MTP server
+        configs = [(f"{label}_forced", [*flags, "--mtp_force_acceptance", args.mtp_force_acceptance])
+                   if "--mtp_mode" in flags else (label, flags) for label, flags in configs]  # fmt: skip
     extra_flags = []
     if args.model_shape:
         args.model_dir = str(shape_model_dir(args.model_shape))

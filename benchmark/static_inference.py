@@ -4,6 +4,7 @@
 
     python benchmark/static_inference.py --model_shape qwen3.5-27b --batch_sizes 1,8,32 --input_len 1024 \
         --output_len 64 --device cuda [--mtp_mode eagle_with_att --mtp_step 1 --mtp_accept_rate 0.95] \
+        [--mtp_force_acceptance mean=2.2] \
         [--hf_peer] [--out benchmark/results/NAME.json] [--plot]
 
 For each batch size, bs requests of input_len random token ids go through LLMEngine.step (greedy, ignore_eos,
@@ -50,6 +51,7 @@ from benchmark.timing import (
 )
 from lightllm_mtp import env
 from lightllm_mtp.config.engine_args import EngineArgs
+from lightllm_mtp.config.forced_acceptance import ForcedAcceptance
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.engine.llm_engine import LLMEngine
 from lightllm_mtp.engine.parallel.driver_runner import DriverRunner
@@ -171,6 +173,15 @@ def spec_result(rec: GenRecord, base: dict | None, args, cfg, specs, dtype, bw: 
             "speedup_vs_no_spec": eff / base["decode"]["tokens_per_s"] if base_ms else None,
         })  # fmt: skip
     res["simulated"] = sims
+    if args.mtp_force_acceptance and rec.accepted_per_step is not None:  # the timed steps accepted at this rate
+        tps = 1.0 + rec.accepted_per_step
+        eff = bs * tps / (stats["median_ms"] / 1e3)
+        res["forced"] = {
+            "setting": args.mtp_force_acceptance,
+            "tokens_per_step": tps,
+            "effective_tokens_per_s": eff,
+            "speedup_vs_no_spec": eff / base["decode"]["tokens_per_s"] if base_ms else None,
+        }
     return res
 
 
@@ -316,6 +327,10 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--mtp_layers", type=int, default=None,
                    help="--model_shape only: MTP modules of the random checkpoint (vanilla_with_att needs mtp_step)")
     p.add_argument("--mtp_accept_rate", type=_floats, default=[0.8], help="simulated per-position acceptance (comma list)")
+    p.add_argument("--mtp_force_acceptance", default=None,
+                   help="the engine accepts drafts without checking them (benchmarks only: outputs are not the model's), "
+                        "at per-position rates ('0.8,0.6,0.4') or a mean accept length ('mean=2.2'), so that the timed "
+                        "MTP steps of random weights emit tokens at that acceptance (config/forced_acceptance.py)")
     p.add_argument("--real_acceptance", action="store_true",
                    help="with --model_dir (a trained checkpoint with a tokenizer): measure real MTP acceptance (k=1..4) "
                         "on held-out standard-library text and report the speedup it gives at the timed step cost")
@@ -332,6 +347,13 @@ def parse_args(argv: list[str] | None):
         p.error("--input_len and --output_len must be >= 1")
     if any(not 0.0 <= r <= 1.0 for r in args.mtp_accept_rate):
         p.error("--mtp_accept_rate values must be in [0, 1]")
+    if args.mtp_force_acceptance is not None:
+        if not args.mtp_mode:
+            p.error("--mtp_force_acceptance needs --mtp_mode")
+        try:
+            ForcedAcceptance.parse(args.mtp_force_acceptance, args.mtp_step)
+        except ValueError as e:
+            p.error(str(e))
     if args.real_acceptance and not (args.model_dir and args.mtp_mode):
         p.error("--real_acceptance needs --model_dir (a checkpoint with a tokenizer) and --mtp_mode")
     if args.plot and (missing := plot_unavailable()):
@@ -352,6 +374,8 @@ def default_out(args, source: ModelSource) -> Path:
         name += f"_tp{args.tp}_pp{args.pp}"
     if args.mtp_mode:
         name += f"_{args.mtp_mode}{'_ptd' if args.parallel_drafting else ''}_k{args.mtp_step}"
+        if args.mtp_force_acceptance:
+            name += "_forced"
     return RESULTS_DIR / f"{name}_{args.device.split(':')[0]}.json"
 
 
@@ -436,11 +460,14 @@ def main(argv: list[str] | None = None) -> dict:
             "mtp_step": args.mtp_step,
             "kv_pool_tokens": mtp_kv_pool_tokens,
             "accept_rates": args.mtp_accept_rate,
+            "forced_acceptance": args.mtp_force_acceptance,
             "method": (
                 "real SpecRunner steps (verify + draft passes + eagle chain + host work) timed per step; "
                 "verify/draft split from CUDA events around model.forward / draft.forward; acceptance is "
                 "simulated: tokens/step = sum_{i=0..k} rate^i (drafts of random weights are rarely accepted, "
-                "so observed acceptance is reported separately and does not change the step cost)"
+                "so observed acceptance is reported separately and does not change the step cost); with "
+                "--mtp_force_acceptance the timed steps themselves accept drafts at that rate, unchecked, and "
+                "'forced' gives the tokens/s they emitted"
             ),
             "results": [
                 spec_result(spec_records[bs], by_bs[bs], args, cfg, specs, dtype, bw) for bs in args.batch_sizes

@@ -116,6 +116,12 @@ class EngineArgs:
                                               "those ids", group=SPEC)
     mtp_draft_vocab_size: int | None = option(None, "use the first N ids of --mtp_draft_vocab_file (eos and special "
                                               "ids always included)", group=SPEC)
+    mtp_force_acceptance: str | None = option(None, "BENCHMARKS ONLY, changes outputs: accept drafts without "
+                                              "checking them, at per-position rates (0.8,0.6,0.4: draft i accepted "
+                                              "with that probability given drafts before it were) or at a mean "
+                                              "accept length (mean=2.2: accepted drafts + 1 per verify step), so "
+                                              "that random weights run MTP at a realistic acceptance; announced in "
+                                              "the log, /server_info and /metrics", group=SPEC)
     mtp_adaptive: bool = option(False, "each step drafts 0..mtp_step tokens, the number with the most expected "
                                 "tokens per ms from live acceptance and the step cost measured at start-up",
                                 group=SPEC)
@@ -164,6 +170,7 @@ class EngineArgs:
         set_field(self, "spec", SpecConfig.from_args(
             self.mtp_mode, self.mtp_step, self.mtp_draft_model_dir, self.parallel_drafting, self.mtp_draft_vocab_file,
             self.mtp_draft_vocab_size, adaptive=self.mtp_adaptive, mask_token_id=self.mtp_mask_token_id,
+            force_acceptance=self.mtp_force_acceptance,
         ))
         set_field(self, "parallel", ParallelConfig(self.tp, self.pp))
         if self.spec is not None and self.parallel.world_size > 1:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
+
+from lightllm_mtp.config.forced_acceptance import ForcedAcceptance
 
 MAX_MTP_STEP = 7
 
@@ -46,6 +48,8 @@ class SpecConfig:
     adaptive: bool = False
     # PARD's mask token id (None: the draft config's `pard_token` / `mask_token_id`)
     mask_token_id: int | None = None
+    # benchmarking only: drafts accepted by a weighted coin, not checked (config/forced_acceptance.py)
+    force_acceptance: ForcedAcceptance | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_draft_tokens, int) or not 1 <= self.num_draft_tokens <= MAX_MTP_STEP:
@@ -68,6 +72,9 @@ class SpecConfig:
             raise ValueError(f"mtp_mask_token_id must be >= 0, got {self.mask_token_id}")
         if self.adaptive and self.mode is MtpMode.DRAFT_MODEL:
             raise ValueError("mtp_adaptive is not supported with mtp_mode draft_model yet (MTP modes only)")
+        forced = self.force_acceptance
+        if forced is not None and len(forced.rates) != self.num_draft_tokens:
+            raise ValueError(f"force_acceptance has {len(forced.rates)} rates for mtp_step {self.num_draft_tokens}")
 
     @property
     def num_draft_modules(self) -> int:
@@ -93,13 +100,19 @@ class SpecConfig:
         draft_vocab_size: int | None = None,
         adaptive: bool = False,
         mask_token_id: int | None = None,
+        force_acceptance: str | None = None,
     ) -> "SpecConfig | None":
+        """force_acceptance: the mtp_force_acceptance text, parsed against mtp_step (config/forced_acceptance.py)."""
         if mtp_mode is None:
             for name, value in (("mtp_draft_model_dir", draft_model_dir), ("parallel_drafting", parallel_drafting),
                                 ("mtp_draft_vocab_file", draft_vocab_file), ("mtp_draft_vocab_size", draft_vocab_size),
-                                ("mtp_adaptive", adaptive), ("mtp_mask_token_id", mask_token_id is not None)):  # fmt: skip
+                                ("mtp_adaptive", adaptive), ("mtp_mask_token_id", mask_token_id is not None),
+                                ("mtp_force_acceptance", force_acceptance is not None)):  # fmt: skip
                 if value:
                     raise ValueError(f"{name} is set but mtp_mode is not")
             return None
-        return cls(MtpMode.parse(mtp_mode), mtp_step, draft_model_dir, parallel_drafting, draft_vocab_file,
+        spec = cls(MtpMode.parse(mtp_mode), mtp_step, draft_model_dir, parallel_drafting, draft_vocab_file,
                    draft_vocab_size, adaptive=adaptive, mask_token_id=mask_token_id)
+        if force_acceptance is None:
+            return spec
+        return replace(spec, force_acceptance=ForcedAcceptance.parse(force_acceptance, spec.num_draft_tokens))

@@ -29,6 +29,7 @@ from lightllm_mtp.spec_decode.draft_factory import create_proposer
 from lightllm_mtp.spec_decode.draft_state import DraftState
 from lightllm_mtp.spec_decode.step_builder import StepBuilder
 from lightllm_mtp.spec_decode.step_cost import measured_step_costs, row_count_step_costs
+from lightllm_mtp.spec_decode.verify import ForcedAcceptRule
 
 logger = logging.getLogger("lightllm_mtp.engine")
 
@@ -77,7 +78,17 @@ def build_runner(args: EngineArgs, cfg: ModelConfig, max_model_len: int, rank: R
                 model, spec, args.model_dir, builder, model_runner.graph_max_batch_size, model_runner.graph_pool
             )
         controller = SpecLengthController(_step_costs(model_runner, proposer, spec)) if spec.adaptive else None
-        runner = SpecRunner(model_runner, proposer, builder, controller)
+        forced = None
+        if spec.force_acceptance is not None:
+            forced = ForcedAcceptRule.on_device(spec.force_acceptance, args.device)
+            if rank.rank == 0:
+                logger.warning(
+                    "mtp_force_acceptance %s: drafts are accepted WITHOUT being checked (per-position rates %s, "
+                    "expected accept length %.3f per verify step); outputs are NOT the model's. For benchmarks only.",
+                    spec.force_acceptance.setting, ", ".join(f"{r:.4f}" for r in spec.force_acceptance.rates),
+                    spec.force_acceptance.mean_accept_length,
+                )  # fmt: skip
+        runner = SpecRunner(model_runner, proposer, builder, controller, forced)
     built = BuiltRunner(model, model_runner, runner, budget)
     if args.prefix_cache:
         built.prefix_cache = model_runner.prefix_cache = _build_prefix_cache(args, model, runner, budget)

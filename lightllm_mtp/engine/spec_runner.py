@@ -28,14 +28,14 @@ from lightllm_mtp.spec_decode.adaptive import SpecLengthController
 from lightllm_mtp.spec_decode.draft_state import DRAFTS, NUM_DRAFTS, START
 from lightllm_mtp.spec_decode.proposer import CommittedBlocks, DraftInput, Proposer
 from lightllm_mtp.spec_decode.step_builder import StepBuilder
-from lightllm_mtp.spec_decode.verify import verify_block
+from lightllm_mtp.spec_decode.verify import ForcedAcceptRule, verify_block
 
 _NOT_COMMITTED = -1
 
 
 class SpecRunner:
     def __init__(self, runner: ModelRunner, proposer: Proposer | None, builder: StepBuilder,
-                 controller: SpecLengthController | None = None):  # fmt: skip
+                 controller: SpecLengthController | None = None, forced: ForcedAcceptRule | None = None):  # fmt: skip
         self.runner = runner
         self.model = runner.model
         self.proposer = proposer  # None on pipeline stages before the last (they receive the drafts)
@@ -48,6 +48,7 @@ class SpecRunner:
         self.max_tokens_per_step = self.block_rows
         self.controller = controller
         self.lookahead_slots = kv_lookahead_slots(self.num_draft_tokens)
+        self.forced = forced  # benchmarking: drafts accepted by a coin (mtp_force_acceptance), not checked
 
     @torch.inference_mode()
     def launch(self, scheduled: list[ScheduledRequest], after: SpecStep | None = None) -> SpecStep:
@@ -241,7 +242,7 @@ class SpecRunner:
             temps, top_ps, top_ks = (None, None, None) if greedy else self.runner.sampling_tensors(reqs)
             result = verify_block(
                 out.logits.view(bsz, q, -1), drafts, num_drafts, temps, top_ps, top_ks, [r.generator for r in reqs],
-                greedy_only=greedy, draw_width=self.num_draft_tokens,
+                greedy_only=greedy, draw_width=self.num_draft_tokens, forced=self.forced,
             )  # fmt: skip
             verified = torch.cat([result.b_accept_len[:, None].to(torch.int64), result.emitted], dim=1)
         else:

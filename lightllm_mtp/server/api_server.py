@@ -55,10 +55,15 @@ def serve(args: ServerArgs) -> int:
         except WorkerStartError as e:
             logger.error("%s", e)
             return 1
-        client = EngineClient(pool, tokenizer, ServerMetrics(ready[0].mtp_step))
+        spec = args.engine.spec
+        forced = spec.force_acceptance if spec is not None else None
+        client = EngineClient(pool, tokenizer, ServerMetrics(ready[0].mtp_step, forced))
         app = create_app(args, client, client.metrics, on_shutdown=pool.shutdown)
         mtp = f"{args.engine.mtp_mode.value} x{args.engine.mtp_step}" if args.engine.mtp_mode else "off"
         logger.info("serving %s on http://%s:%d (dp=%d, mtp=%s)", args.model_name, args.host, args.port, args.dp, mtp)
+        if forced is not None:
+            logger.warning("--mtp_force_acceptance %s: drafts are accepted without checking; outputs are NOT the "
+                           "model's (benchmarks only)", forced.setting)  # fmt: skip
         limit = args.limit_concurrency or default_limit_concurrency()
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                 access_log=args.log_level == "debug", timeout_graceful_shutdown=5,

@@ -114,6 +114,7 @@ def create_app(args: ServerArgs, client: EngineClient, metrics: ServerMetrics, o
             "graph_max_batch_size": e.graph_max_batch_size,
             "mtp_mode": e.mtp_mode.value if e.mtp_mode else None,
             "mtp_step": e.mtp_step,
+            "mtp_force_acceptance": _forced_acceptance_info(e),
             "prefix_cache": e.prefix_cache,
             "prefix_cache_interval": e.prefix_cache_interval,
             "prefix_cache_state_share": "auto" if e.prefix_cache_state_share is None else e.prefix_cache_state_share,
@@ -129,6 +130,16 @@ def create_app(args: ServerArgs, client: EngineClient, metrics: ServerMetrics, o
     app.include_router(lightllm_routes(client, encoder, auth, body))
     app.include_router(responses_routes(client, encoder, args.model_name, auth, body))
     return app
+
+
+def _forced_acceptance_info(e) -> dict | None:
+    """Benchmarking's forced acceptance (outputs are not the model's): the setting, the per-position rates it gives
+    and the expected accept length per verify step; None when off."""
+    forced = e.spec.force_acceptance if e.spec is not None else None
+    if forced is None:
+        return None
+    return {"setting": forced.setting, "rates": list(forced.rates), "mean_accept_length": forced.mean_accept_length,
+            "outputs": "drafts accepted without checking: not the model's outputs"}  # fmt: skip
 
 
 def _hit_rate(stats) -> float:

@@ -3,7 +3,8 @@
 Front-side (updated as outputs arrive): request counts, TTFT / TPOT / duration histograms, token counters,
 generation throughput over a sliding window, per-request MTP tokens per step. Worker-side (read from each
 worker's latest `WorkerStats` at scrape time): KV and request-slot usage, queue lengths, MTP acceptance
-(mean accepted tokens per verify step, acceptance rate per draft position), per replica and overall.
+(mean accepted tokens per verify step, acceptance rate per draft position), per replica and overall. With MTP, the
+forced-acceptance setting of benchmarks (`--mtp_force_acceptance`: drafts accepted unchecked) is a labelled gauge.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from lightllm_mtp.config.forced_acceptance import ForcedAcceptance
 from lightllm_mtp.server.messages import WorkerStats
 from lightllm_mtp.spec_decode.stats import SpecStats
 
@@ -47,7 +49,7 @@ class ThroughputMeter:
 
 
 class ServerMetrics:
-    def __init__(self, mtp_step: int):
+    def __init__(self, mtp_step: int, forced_acceptance: ForcedAcceptance | None = None):
         self.registry = r = CollectorRegistry()
         p = PREFIX
         self.requests = Counter(f"{p}_requests", "Generation requests accepted, by endpoint", ["endpoint"], registry=r)
@@ -74,6 +76,14 @@ class ServerMetrics:
             self.request_tokens_per_step = Histogram(
                 f"{p}_request_mtp_avg_token_per_step", "Per request: tokens emitted per verify step (accepted + 1)",
                 buckets=tuple(1.0 + i / 10 for i in range(10 * mtp_step + 1)), registry=r)
+            # benchmarking's mtp_force_acceptance: 1 with the setting as a label when drafts are accepted unchecked
+            forced = Gauge(f"{p}_spec_forced_acceptance", "1: drafts are accepted without checking at this setting "
+                           "(mtp_force_acceptance, benchmarks only: outputs are not the model's); 0: off",
+                           ["setting"], registry=r)  # fmt: skip
+            forced.labels(forced_acceptance.setting if forced_acceptance else "off").set(1 if forced_acceptance else 0)
+            if forced_acceptance is not None:
+                Gauge(f"{p}_spec_forced_accept_length", "Expected tokens per verify step (accepted drafts + 1) of the "
+                      "forced acceptance", registry=r).set(forced_acceptance.mean_accept_length)  # fmt: skip
 
     def watch_workers(self, stats: Callable[[], list[WorkerStats]], outstanding: Callable[[], list[int]]) -> None:
         self._collector = WorkerCollector(stats, outstanding, self.mtp_step)

@@ -44,6 +44,27 @@ def test_launch_compares_configs_and_writes_json(tmp_path, tiny_dense_dir):
     assert [row["concurrency"] for row in on_disk["speedup_vs_no_mtp"]] == [1, 3]
 
 
+def test_forced_acceptance_reaches_every_mtp_server(tmp_path, tiny_dense_dir):
+    """--mtp_force_acceptance 1,1: the random tiny drafts, which real verification almost never accepts, are all
+    accepted (3 tokens per verify step at k = 2); the server's /server_info shows the setting; the no-MTP server runs
+    without it."""
+    argv = ["--launch", "--model_dir", str(tiny_dense_dir), "--device", "cpu", "--mtp_configs", "none,eagle_with_att:2",
+            "--mtp_force_acceptance", "1,1", "--server_args", "--max_req_total_len 256 --running_max_req_size 2",
+            "--concurrency", "2", "--num_prompts", "2", "--num_warmup", "0", "--input_len", "16", "--output_len", "12",
+            "--out", str(tmp_path / "forced.json")]  # fmt: skip
+    plain, forced = serving.main(argv)["results"]
+    assert [plain["label"], forced["label"]] == ["no_mtp", "eagle_with_att_k2_forced"]
+    assert "--mtp_force_acceptance 1,1" in forced["server_command"] and "force" not in plain["server_command"]
+    assert forced["server"]["mtp_force_acceptance"]["setting"] == "1,1"
+    assert plain["server"]["mtp_force_acceptance"] is None
+    assert forced["levels"][0]["mtp"]["mean_accepted_tokens_per_step"] == 3.0
+
+
+def test_forced_acceptance_needs_launch():
+    with pytest.raises(SystemExit):
+        serving.parse_args(["--url", "http://127.0.0.1:1", "--mtp_force_acceptance", "mean=2"])
+
+
 @pytest.mark.parametrize("resend", ["text", "ids"])
 def test_multi_turn_workload_hits_the_prefix_cache(tmp_path, tiny_dense_dir, resend):
     """Each turn resends the conversation (the answer re-tokenized, or its ids from return_token_ids): with the cache

@@ -88,6 +88,29 @@ def test_mtp_simulation(tiny_dense_dir, tmp_path):
         assert s["speedup_vs_no_spec"] == pytest.approx(s["effective_tokens_per_s"] / base["decode"]["tokens_per_s"])
 
 
+def test_forced_acceptance_on_random_weights(tiny_dense_dir, tmp_path, capsys):
+    """--mtp_force_acceptance reaches the engine: the timed steps of random weights accept drafts (they otherwise
+    accept almost none) and the 'forced' figures are computed from them."""
+    r = _run(tmp_path, "--model_dir", str(tiny_dense_dir), "--batch_sizes", "2", "--input_len", "8",
+             "--output_len", "40", "--mtp_mode", "eagle_with_att", "--mtp_step", "2",
+             "--mtp_force_acceptance", "1,1")  # fmt: skip
+    assert r["mtp"]["forced_acceptance"] == "1,1"
+    x = r["mtp"]["results"][0]
+    f = x["forced"]
+    assert x["observed_accepted_drafts_per_step"] == 2.0 and f["tokens_per_step"] == 3.0  # every draft, by force
+    assert f["effective_tokens_per_s"] == pytest.approx(2 * 3 / x["spec_step"]["median_ms"] * 1e3)
+    assert "forced acceptance 1,1 (drafts unchecked): 3.000 tok/step" in capsys.readouterr().out
+
+
+def test_forced_acceptance_is_checked_before_anything_runs(capsys):
+    for argv, message in [(["--mtp_force_acceptance", "mean=2"], "needs --mtp_mode"),
+                          (["--mtp_mode", "eagle_with_att", "--mtp_step", "2", "--mtp_force_acceptance", "mean=3.5"],
+                           "must be in [1, 3] for mtp_step 2")]:  # fmt: skip
+        with pytest.raises(SystemExit):
+            static_inference.parse_args(["--model_shape", "qwen3.5-27b", *argv])
+        assert message in capsys.readouterr().err
+
+
 def test_random_weight_shape_moe(monkeypatch, tmp_path):
     monkeypatch.setitem(static_inference.MODEL_SHAPES, "tiny-moe-test", TINY_MOE_SHAPE)
     r = _run(tmp_path, "--model_shape", "tiny-moe-test", "--batch_sizes", "1,2", "--input_len", "8",

@@ -13,6 +13,9 @@ from unit_tests.parallel.workload import DENSE, MOE, MTP3, count_launch_ahead, e
 EAGLE = dict(mtp_mode="eagle_with_att", mtp_step=2)
 VANILLA = dict(mtp_mode="vanilla_with_att", mtp_step=2)
 PTD = dict(mtp_mode="eagle_with_att", mtp_step=3, parallel_drafting=True)
+# benchmarking's forced acceptance: every rank draws the same coins (the rule's seeded generator), so the accepted
+# drafts, and with them the tokens, are the one process's
+FORCED = dict(mtp_mode="eagle_with_att", mtp_step=2, mtp_force_acceptance="0.7,0.5")
 CASES = [  # (checkpoint, MTP, tp, pp); plain dense tp=2 runs in test_faults.py and the server e2e suite
     (DENSE, EAGLE, 2, 1),
     (MOE, {}, 2, 1),
@@ -24,10 +27,13 @@ CASES = [  # (checkpoint, MTP, tp, pp); plain dense tp=2 runs in test_faults.py 
     (MTP3, VANILLA, 1, 2),
     (MOE, EAGLE, 2, 2),
     (DENSE, EAGLE, 4, 1),  # 2 KV heads and 2 GDN key heads over 4 ranks: each replicated on 2
+    (DENSE, FORCED, 2, 1),
+    (DENSE, FORCED, 1, 2),
 ]
 IDS = [
     f"{m.name.removeprefix('tiny_qwen3_5_').removesuffix('_trained')}-"
     f"{'ptd' if d.get('parallel_drafting') else d.get('mtp_mode', 'plain').split('_')[0]}"
+    f"{'-forced' if d.get('mtp_force_acceptance') else ''}"
     f"-tp{tp}-pp{pp}"
     for m, d, tp, pp in CASES
 ]

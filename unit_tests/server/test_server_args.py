@@ -68,6 +68,11 @@ def test_defaults_and_lightllm_flag_names(tiny_dense_dir):
         (["--worker_stall_s", "20", "--worker_watchdog_s", "10"], "exceeds --worker_watchdog_s"),
         (["--tp", "2", "--dist_timeout_s", "400"], "--worker_watchdog_s 300 must exceed --dist_timeout_s 400"),
         (["--limit_concurrency", "0"], "--limit_concurrency must be >= 1"),
+        (["--mtp_force_acceptance", "mean=2"], "mtp_force_acceptance is set but mtp_mode is not"),
+        (["--mtp_mode", "eagle_with_att", "--mtp_step", "2", "--mtp_force_acceptance", "mean=3.5"],
+         "must be in [1, 3] for mtp_step 2"),
+        (["--mtp_mode", "eagle_with_att", "--mtp_step", "2", "--mtp_force_acceptance", "0.9,0.8,0.7"],
+         "3 per-position rates for mtp_step 2"),
     ],
 )  # fmt: skip
 def test_bad_combinations_exit_with_a_clear_message(capsys, tiny_dense_dir, flags, message):
@@ -80,6 +85,13 @@ def test_model_dir_must_hold_a_config_and_a_tokenizer(capsys, tmp_path, tiny_den
     assert "config.json not found" in parse_error(capsys, ["--model_dir", str(tmp_path)])
     (tmp_path / "config.json").write_text((tiny_dense_dir / "config.json").read_text())
     assert "needs a tokenizer" in parse_error(capsys, ["--model_dir", str(tmp_path)])
+
+
+def test_force_acceptance_flag_reaches_the_engine(tiny_dense_dir):
+    base = ["--model_dir", str(tiny_dense_dir), "--mtp_mode", "eagle_with_att", "--mtp_step", "3"]
+    assert parse_server_args(base).engine.spec.force_acceptance is None  # off by default
+    e = parse_server_args([*base, "--mtp_force_acceptance", "0.8,0.6"]).engine
+    assert (e.mtp_force_acceptance, e.spec.force_acceptance.rates) == ("0.8,0.6", (0.8, 0.6, 0.0))
 
 
 def test_tp_pp_compose_with_dp(tiny_dense_dir):

@@ -4,6 +4,7 @@ output parses with prometheus_client's own parser."""
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from lightllm_mtp.config.forced_acceptance import ForcedAcceptance
 from lightllm_mtp.server.messages import WorkerStats
 from lightllm_mtp.spec_decode.stats import SpecStats
 from lightllm_mtp.server.metrics import ServerMetrics, ThroughputMeter
@@ -55,6 +56,17 @@ def test_without_mtp_there_are_no_spec_metrics():
     m.watch_workers(lambda: [stats(0, SpecStats())], lambda: [0])
     names = {name for name, _ in samples(m)}
     assert "lightllm_mtp_kv_used_tokens" in names and not any("spec" in n or "mtp_avg" in n for n in names)
+
+
+def test_forced_acceptance_is_announced():
+    """mtp_force_acceptance (benchmarks: outputs are not the model's): 1 with the setting as its label, and the
+    expected accept length; 0 labelled off without it."""
+    on = samples(ServerMetrics(mtp_step=3, forced_acceptance=ForcedAcceptance.parse("mean=2.2", 3)))
+    assert on[("lightllm_mtp_spec_forced_acceptance", (("setting", "mean=2.2"),))] == 1
+    assert on[("lightllm_mtp_spec_forced_accept_length", ())] == pytest.approx(2.2)
+    off = samples(ServerMetrics(mtp_step=3))
+    assert off[("lightllm_mtp_spec_forced_acceptance", (("setting", "off"),))] == 0
+    assert not any(name == "lightllm_mtp_spec_forced_accept_length" for name, _ in off)
 
 
 def test_spec_counts_add_and_rates():
