@@ -132,7 +132,7 @@ def test_a_forced_step_costs_what_real_acceptance_at_that_length_costs(trained_d
     of the per-step time ratios is about 1 (a forced step does the real rule's device work plus one draw)."""
     from transformers import AutoTokenizer
 
-    from lightllm_mtp.training.tiny_corpus import heldout_prompts, split_corpus
+    from lightllm_mtp.tools.tiny_corpus import heldout_prompts, split_corpus
 
     tokenizer = AutoTokenizer.from_pretrained(trained_dense_dir)
     prompts = [ids[:48] for _, ids in heldout_prompts(tokenizer, split_corpus().heldout, 4, 48)]
