@@ -226,7 +226,7 @@ class ModelRunner:
         pass
 
     def alloc_kv(self, n: int) -> torch.Tensor:
-        """n KV slots ([n] int32, host); with the prefix cache, its unlocked prefixes are evicted when too few are free."""
+        """n KV slots ([n] int32, host); the prefix cache evicts unlocked cached prefixes when too few are free."""
         return self.prefix_cache.alloc_kv(n) if self.prefix_cache is not None else self.kv_pool.alloc(n)
 
     def end_state(self, req: Request) -> EndState:

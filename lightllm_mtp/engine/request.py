@@ -66,7 +66,7 @@ class CacheHold:
     node: Node | None = None
     resume: Snapshot | None = None  # to restore into its GDN state on its first step (pinned until then)
     draft_resume: DraftResume | None = None  # draft model, resume without the draft's half
-    pending: list[tuple[int, Snapshot]] = field(default_factory=list)  # (position, snapshot) joining the tree at its end
+    pending: list[tuple[int, Snapshot]] = field(default_factory=list)  # (position, snapshot) entering the tree at end
     queued_end: QueuedVerifyEnd | None = None
 
     @property

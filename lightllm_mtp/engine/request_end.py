@@ -21,7 +21,8 @@ from lightllm_mtp.engine.scheduler import Scheduler
 from lightllm_mtp.engine.step import StepRunner
 
 
-def end_request(req: Request, runner: StepRunner, cache: PrefixCache | None, scheduler: Scheduler | None = None) -> None:
+def end_request(req: Request, runner: StepRunner, cache: PrefixCache | None,
+                scheduler: Scheduler | None = None) -> None:  # fmt: skip
     """Releases everything req holds (WAITING or RUNNING; a waiting one holds nothing but its place in the queue)."""
     awaiting = cache is not None and cache.on_finish(req, runner.end_state(req))
     runner.release(req)
@@ -31,6 +32,6 @@ def end_request(req: Request, runner: StepRunner, cache: PrefixCache | None, sch
 
 
 def verify_arrived(req: Request, emitted: list[int], cache: PrefixCache) -> None:
-    """AWAITING_VERIFY -> FINISHED: the queued verify's emitted tokens complete the request's end in the prefix cache."""
+    """AWAITING_VERIFY -> FINISHED: the queued verify's emitted tokens complete the request's end in the cache."""
     cache.after_queued_verify(req, emitted)
     req.advance(RequestStatus.FINISHED)

@@ -7,8 +7,6 @@ driver cut it: the followers end the request (engine/request_end.py) as the driv
 
 from __future__ import annotations
 
-import torch
-
 from lightllm_mtp.engine.parallel.group import ParallelGroup
 from lightllm_mtp.engine.parallel.journal import StepJournal
 from lightllm_mtp.engine.parallel.step_ops import KEEP_STEPS, Collect, Launch, Release, SaveState, Settle
