@@ -12,9 +12,9 @@ from lightllm_mtp.common.basemodel.cuda_graph import CudaGraphSet, GraphedForwar
 from lightllm_mtp.common.basemodel.prefill_graph import PrefillGraphSet, prefill_graph_set
 from lightllm_mtp.common.basemodel.stage_graphs import StageGraphedForward, graphed_model_forward, model_graph_set
 from lightllm_mtp.common.parallel_state import pp_broadcast_from_last
-from lightllm_mtp.engine.prefix_cache import EndState, PrefixCache
+from lightllm_mtp.engine.prefix_cache import PrefixCache
 from lightllm_mtp.engine.step import DecodeStep, HostCopy, kv_lookahead_slots
-from lightllm_mtp.engine.request import Request
+from lightllm_mtp.engine.request import EndState, Request
 from lightllm_mtp.engine.scheduler import ScheduledRequest
 from lightllm_mtp.kernels.sampling.sampling import greedy_sample, sample
 

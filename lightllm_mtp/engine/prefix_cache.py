@@ -39,7 +39,7 @@ import torch
 from lightllm_mtp.common.radix_cache import Node, RadixCache, Snapshot, key_elements
 from lightllm_mtp.common.req_manager import ReqManager
 from lightllm_mtp.common.state_snapshots import SnapshotPlan, StateSnapshotPool, build_snapshot_plan
-from lightllm_mtp.engine.request import CacheHold, DraftResume, QueuedVerifyEnd, Request
+from lightllm_mtp.engine.request import CacheHold, DraftResume, EndState, QueuedVerifyEnd, Request
 from lightllm_mtp.kernels.gdn.gated_delta_rule_states import state_save_alignment
 from lightllm_mtp.kernels.triton_utils import to_device_async
 
@@ -60,23 +60,6 @@ class PrefixCacheStats:
     @property
     def hit_rate(self) -> float:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-
-
-@dataclass(frozen=True)
-class EndState:
-    """What the runner knows of a request's GDN state slot as it ends (StepRunner.end_state, taken before release):
-    plain data the cache reads, never a call back into the runner."""
-
-    committed: torch.Tensor | int | None  # the committed state's conv column / SSM row (None: a verify of it is queued)
-    committed_row: int  # the host's index of that row in the last collected verify (earlier rows are kept down to 0)
-    held: torch.Tensor | None = None  # KV slot of its newest token's row in a queued verify, kept out of release
-
-    def state_at(self, back: int) -> torch.Tensor | int | None:
-        """The slot offset of the state `back` positions before the committed one; None: not kept."""
-        if self.committed is None or back == 0:
-            return self.committed
-        row = self.committed_row - back
-        return row if row >= 0 else None
 
 
 class CacheJournal(Protocol):

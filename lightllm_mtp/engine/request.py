@@ -57,6 +57,23 @@ class QueuedVerifyEnd:
     snapshot: Snapshot
 
 
+@dataclass(frozen=True)
+class EndState:
+    """What the runner knows of a request's GDN state slot as it ends (StepRunner.end_state, taken before release):
+    plain data the cache reads, never a call back into the runner."""
+
+    committed: torch.Tensor | int | None  # the committed state's conv column / SSM row (None: a verify of it is queued)
+    committed_row: int  # the host's index of that row in the last collected verify (earlier rows are kept down to 0)
+    held: torch.Tensor | None = None  # KV slot of its newest token's row in a queued verify, kept out of release
+
+    def state_at(self, back: int) -> torch.Tensor | int | None:
+        """The slot offset of the state `back` positions before the committed one; None: not kept."""
+        if self.committed is None or back == 0:
+            return self.committed
+        row = self.committed_row - back
+        return row if row >= 0 else None
+
+
 @dataclass
 class CacheHold:
     """What a request holds in the prefix cache (engine/prefix_cache.py)."""

@@ -21,8 +21,7 @@ import torch
 
 from lightllm_mtp.common.parallel_state import pp_broadcast_from_last
 from lightllm_mtp.engine.model_runner import ModelRunner
-from lightllm_mtp.engine.prefix_cache import EndState
-from lightllm_mtp.engine.request import Request, RequestStatus
+from lightllm_mtp.engine.request import EndState, Request, RequestStatus
 from lightllm_mtp.engine.request_end import verify_arrived
 from lightllm_mtp.engine.scheduler import ScheduledRequest
 from lightllm_mtp.engine.step import HostCopy, PromptChunksLaunch, SpecStep, VerifyLaunch, kv_lookahead_slots

@@ -12,8 +12,7 @@ from typing import Protocol, Union
 import torch
 
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch
-from lightllm_mtp.engine.prefix_cache import EndState
-from lightllm_mtp.engine.request import Request
+from lightllm_mtp.engine.request import EndState, Request
 from lightllm_mtp.engine.scheduler import ScheduledRequest
 
 

@@ -6,8 +6,7 @@ import pytest
 from lightllm_mtp.common.radix_cache import key_elements
 from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.engine.llm_engine import LLMEngine
-from lightllm_mtp.engine.prefix_cache import EndState
-from lightllm_mtp.engine.request import Request, RequestStatus
+from lightllm_mtp.engine.request import EndState, Request, RequestStatus
 from lightllm_mtp.engine.request_end import end_request, verify_arrived
 from lightllm_mtp.sampling_params import SamplingParams
 

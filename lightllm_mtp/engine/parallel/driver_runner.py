@@ -10,8 +10,8 @@ from __future__ import annotations
 from lightllm_mtp.engine.parallel.group import ParallelGroup
 from lightllm_mtp.engine.parallel.journal import StepJournal
 from lightllm_mtp.engine.parallel.step_ops import KEEP_STEPS, Collect, Launch, Release, SaveState, Settle
-from lightllm_mtp.engine.prefix_cache import EndState, PrefixCache
-from lightllm_mtp.engine.request import Request
+from lightllm_mtp.engine.prefix_cache import PrefixCache
+from lightllm_mtp.engine.request import EndState, Request
 from lightllm_mtp.engine.scheduler import ScheduledRequest
 from lightllm_mtp.engine.step import LaunchedStep, StepRunner
 
