@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 
 from lightllm_mtp.common.slot_allocator import SlotAllocator
@@ -19,17 +17,13 @@ class KvPool:
         self.k_buffer = torch.zeros(num_layers, size + 1, num_kv_heads, head_dim, dtype=dtype, device=device)
         self.v_buffer = torch.zeros_like(self.k_buffer)
         self.allocator = SlotAllocator(size, "kv pool")
-        # frees at least n slots held by a cache (prefix cache eviction) when an allocation finds too few free
-        self.reclaim: Callable[[int], int] | None = None
 
     @property
     def num_free(self) -> int:
         return self.allocator.num_free
 
     def alloc(self, n: int) -> torch.Tensor:
-        """[n] int32 host tensor of token slots."""
-        if n > self.allocator.num_free and self.reclaim is not None:
-            self.reclaim(n - self.allocator.num_free)
+        """[n] int32 host tensor of token slots (with the prefix cache, RadixCache.alloc_kv evicts for room first)."""
         return self.allocator.alloc(n)
 
     def free(self, slots: torch.Tensor) -> None:

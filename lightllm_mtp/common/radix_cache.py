@@ -230,6 +230,14 @@ class RadixCache:
             node = parent
 
     # ---- eviction -----------------------------------------------------------------------------------------------
+    def alloc_kv(self, n: int) -> torch.Tensor:
+        """n KV slots of the pool ([n] int32, host) for a running request, evicting unlocked leaves first when fewer
+        are free."""
+        missing = n - self.kv_pool.num_free
+        if missing > 0:
+            self.evict(missing)
+        return self.kv_pool.alloc(n)
+
     def evict(self, num_tokens: int) -> int:
         """Frees at least num_tokens KV slots from unlocked leaves, least recently used first (their snapshots go
         too); returns the number freed (less when not enough is unlocked)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 from dataclasses import dataclass
@@ -15,12 +14,14 @@ from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.engine.parallel.driver_runner import DriverRunner
 from lightllm_mtp.engine.parallel.follower import save_stage_state
 from lightllm_mtp.engine.parallel.group import ParallelGroup
+from lightllm_mtp.engine.parallel.journal import StepJournal
 from lightllm_mtp.engine.parallel.membership import describe
 from lightllm_mtp.engine.runner_factory import BuiltRunner, build_runner
 from lightllm_mtp.engine.step import LaunchedStep
 from lightllm_mtp.engine.cache_budget import cache_budget_of
 from lightllm_mtp.engine.prefix_cache import PrefixCacheStats
-from lightllm_mtp.engine.request import FinishReason, Request, RequestStatus
+from lightllm_mtp.engine.request import FinishReason, Request
+from lightllm_mtp.engine.request_end import end_request
 from lightllm_mtp.engine.scheduler import Scheduler
 from lightllm_mtp.sampling_params import SamplingParams
 
@@ -58,18 +59,17 @@ class LLMEngine:
         self.cache_budget = budget = cache_budget_of(args, cfg, self.max_model_len)
         kv_pool_size = budget.kv_tokens
         self.spec = args.spec
-        self.parallel_group = None
+        self.parallel_group = journal = None
         if args.parallel.world_size > 1:  # tp x pp: this process is rank 0, the driver (engine/parallel/)
             args.parallel.check_model(cfg)
             self.parallel_group = ParallelGroup(args)
-        built = self._build(args, cfg)
+            journal = StepJournal(args.device)  # the ops the followers replay, the prefix cache's calls among them
+        built = self._build(args, cfg, journal)
         self.model, self.model_runner, self.runner = built.model, built.model_runner, built.runner
         self._built = built
         self.prefix_cache = built.prefix_cache
         if self.parallel_group is not None:
-            self.runner = DriverRunner(built.runner, self.parallel_group, args.device)
-            if self.prefix_cache is not None:  # the followers replay its calls on their copies
-                self.runner.journal(self.prefix_cache)
+            self.runner = DriverRunner(built.runner, self.parallel_group, journal, self.prefix_cache)
         self.scheduler = Scheduler(
             args.max_batch_size,
             args.chunked_prefill_size,
@@ -84,11 +84,11 @@ class LLMEngine:
         self.overlap = not args.disable_overlap
         self._inflight: LaunchedStep | None = None  # a step queued on the device whose tokens are not read yet
 
-    def _build(self, args: EngineArgs, cfg: ModelConfig) -> BuiltRunner:
+    def _build(self, args: EngineArgs, cfg: ModelConfig, journal: StepJournal | None) -> BuiltRunner:
         if self.parallel_group is None:
             return build_runner(args, cfg, self.max_model_len)
         try:
-            built = build_runner(args, cfg, self.max_model_len)
+            built = build_runner(args, cfg, self.max_model_len, journal=journal)
         except Exception as e:
             try:
                 self.parallel_group.check_start(describe(e))
@@ -179,7 +179,7 @@ class LLMEngine:
         self._inflight = self._launch_next(step) if self.overlap else None
         outputs = []
         for req, tokens in self.runner.collect(step):
-            if req.status is RequestStatus.FINISHED:  # aborted, or stopped in the step before: a wasted row
+            if req.ended:  # aborted, or stopped in the step before: a wasted row
                 continue
             new: list[int] = []
             finished = False
@@ -213,18 +213,15 @@ class LLMEngine:
     def _drop_idle_inflight(self) -> None:
         """Forgets a queued step whose requests all finished (its device work completes unobserved; every slot it
         touches was released and is reused only by work queued after it)."""
-        if self._inflight is not None and all(r.status is RequestStatus.FINISHED for r in self._inflight.reqs):
-            if self.prefix_cache is not None:  # ended requests waiting for its verify results (prefix cache)
+        if self._inflight is not None and all(r.ended for r in self._inflight.reqs):
+            if self.prefix_cache is not None:  # requests awaiting its verify results (AWAITING_VERIFY)
                 self.runner.settle(self._inflight)
             self._inflight = None
 
     def abort(self, req: Request) -> None:
         """Drops a request now: a running one returns its KV slots (draft block included) and request slot."""
-        if req in self.scheduler.waiting:
-            self.scheduler.waiting.remove(req)
-            req.finish_reason = FinishReason.ABORT
-            req.status = RequestStatus.FINISHED
-            self.runner.release(req)  # holds nothing; tp / pp: the followers forget it (prefix cache: seen at match)
+        if req in self.scheduler.waiting:  # it holds nothing (tp / pp: the followers forget it)
+            self._finish(req, FinishReason.ABORT)
         elif req in self.scheduler.running:
             self._finish(req, FinishReason.ABORT)
             self._drop_idle_inflight()
@@ -252,12 +249,9 @@ class LLMEngine:
         return None
 
     def _finish(self, req: Request, reason: FinishReason) -> None:
+        """Its committed KV and state join the prefix cache's tree, then its slots and reservation go back."""
         req.finish_reason = reason
-        if self.prefix_cache is not None:  # its committed KV and state join the tree before its slots go back
-            state_at = functools.partial(self.runner.committed_state_offset, req)
-            self.prefix_cache.on_finish(req, state_at, self.runner.hold_queued_row(req))
-        self.runner.release(req)
-        self.scheduler.finish(req)
+        end_request(req, self.runner, self.prefix_cache, self.scheduler)
 
 
 def _generation_config_eos(model_dir: Path) -> frozenset[int]:

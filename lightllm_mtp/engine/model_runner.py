@@ -2,47 +2,61 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from lightllm_mtp.common.basemodel.basemodel import TpPartBaseModel
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode, ModelOutput
-from lightllm_mtp.common.basemodel.cuda_graph import CudaGraphSet
+from lightllm_mtp.common.basemodel.cuda_graph import CudaGraphSet, GraphedForward
 from lightllm_mtp.common.basemodel.prefill_graph import PrefillGraphSet, prefill_graph_set
-from lightllm_mtp.common.basemodel.stage_graphs import graphed_model_forward, model_graph_set
+from lightllm_mtp.common.basemodel.stage_graphs import StageGraphedForward, graphed_model_forward, model_graph_set
 from lightllm_mtp.common.parallel_state import pp_broadcast_from_last
 from lightllm_mtp.engine.prefix_cache import PrefixCache
 from lightllm_mtp.engine.step import DecodeStep, HostCopy, kv_lookahead_slots
-from lightllm_mtp.engine.request import Request
+from lightllm_mtp.engine.request import EndState, Request
 from lightllm_mtp.engine.scheduler import ScheduledRequest
 from lightllm_mtp.kernels.sampling.sampling import greedy_sample, sample
 
 
+@dataclass(frozen=True)
+class ModelGraphs:
+    """The target's decode / verify CUDA graphs, captured at start-up (none on CPU or with graph_max_batch_size 0)."""
+
+    forward: GraphedForward | StageGraphedForward  # the model's forward, replayed from a graph when one fits
+    max_batch_size: int  # 0: no graphs
+    pool: object | None  # the memory pool every graph of the engine shares (the drafts' and the prefill graphs too)
+
+
+def capture_model_graphs(model: TpPartBaseModel, graph_max_batch_size: int = 0, num_draft_tokens: int = 0,
+                         adaptive: bool = False) -> ModelGraphs:  # fmt: skip
+    """CUDA graphs (on GPU, graph_max_batch_size > 0) of the step's uniform layout: decode rows, or with MTP
+    (num_draft_tokens = k) verify blocks of k+1 rows (adaptive speculation: of every 1..k+1 rows)."""
+    max_batch_size = graph_max_batch_size if model.rt.device.type == "cuda" else 0
+    pool = torch.cuda.graph_pool_handle() if max_batch_size > 0 else None
+    graph_sets = []
+    if max_batch_size > 0:
+        if not num_draft_tokens:
+            layouts = [(ForwardMode.DECODE, 1)]
+        else:
+            first = 1 if adaptive else num_draft_tokens + 1
+            layouts = [(ForwardMode.VERIFY, q) for q in range(num_draft_tokens + 1, first - 1, -1)]
+        graph_sets.extend(
+            model_graph_set(model, mode, rows, max_batch_size, pool) for mode, rows in layouts
+        )  # under pp: this stage's layers, send / recv outside the graphs (common/basemodel/stage_graphs.py)
+    return ModelGraphs(graphed_model_forward(model, graph_sets), max_batch_size, pool)
+
+
 class ModelRunner:
-    def __init__(
-        self, model: TpPartBaseModel, graph_max_batch_size: int = 0, num_draft_tokens: int = 0,
-        adaptive: bool = False,
-    ):  # fmt: skip
-        """CUDA graphs (on GPU, graph_max_batch_size > 0) cover the step's uniform layout: decode rows, or with
-        MTP (num_draft_tokens = k) verify blocks of k+1 rows (adaptive speculation: of every 1..k+1 rows)."""
+    def __init__(self, model: TpPartBaseModel, graphs: ModelGraphs, prefix_cache: PrefixCache | None = None):
         self.model = model
         self.device = model.rt.device
         self.kv_pool = model.caches.kv_pool
         self.req_manager = model.caches.req_manager
-        self.graph_max_batch_size = graph_max_batch_size if self.device.type == "cuda" else 0
-        self.graph_pool = torch.cuda.graph_pool_handle() if self.graph_max_batch_size > 0 else None
-        graph_sets = []
-        if self.graph_max_batch_size > 0:
-            if not num_draft_tokens:
-                layouts = [(ForwardMode.DECODE, 1)]
-            else:
-                first = 1 if adaptive else num_draft_tokens + 1
-                layouts = [(ForwardMode.VERIFY, q) for q in range(num_draft_tokens + 1, first - 1, -1)]
-            graph_sets.extend(
-                model_graph_set(model, mode, rows, self.graph_max_batch_size, self.graph_pool)
-                for mode, rows in layouts
-            )  # under pp: this stage's layers, send / recv outside the graphs (common/basemodel/stage_graphs.py)
-        self.graphed = graphed_model_forward(model, graph_sets)
-        self.prefix_cache: PrefixCache | None = None  # set by the engine when the prefix cache is on
+        self.graph_max_batch_size = graphs.max_batch_size
+        self.graph_pool = graphs.pool
+        self.graphed = graphs.forward
+        self.prefix_cache = prefix_cache
 
     @property
     def graphs(self) -> list[CudaGraphSet | PrefillGraphSet]:
@@ -105,7 +119,7 @@ class ModelRunner:
             seq_len.append(start + n)
             cu_q_len.append(cu_q_len[-1] + n)
             has_state.append(start > 0)
-            new_slots = self.kv_pool.alloc(n)
+            new_slots = self.alloc_kv(n)
             req.kv_slots.append(new_slots)
             slots.append(new_slots)
             if id(req) in on_device or start + n == req.num_tokens:  # every pending token is in
@@ -208,16 +222,17 @@ class ModelRunner:
         if self.prefix_cache is not None:
             self.prefix_cache.after_launch()
 
-    def hold_queued_row(self, req: Request) -> None:
-        return None  # a queued decode row's KV is in req.kv_slots already
-
     def settle(self, step: DecodeStep) -> None:
         pass
 
-    def committed_state_offset(self, req: Request, back: int = 0) -> int | None:
-        """Where the request's committed GDN state sits in its slot (plain decoding: column / row 0, covering its
-        num_computed tokens); earlier states are not kept."""
-        return 0 if back == 0 else None
+    def alloc_kv(self, n: int) -> torch.Tensor:
+        """n KV slots ([n] int32, host); the prefix cache evicts unlocked cached prefixes when too few are free."""
+        return self.prefix_cache.alloc_kv(n) if self.prefix_cache is not None else self.kv_pool.alloc(n)
+
+    def end_state(self, req: Request) -> EndState:
+        """Plain decoding: the committed GDN state is column / row 0 of its slot (covering its num_computed tokens);
+        earlier states are not kept, and a queued decode row's KV is in req.kv_slots already."""
+        return EndState(committed=0, committed_row=0)
 
     def release(self, req: Request) -> None:
         """Returns the request's KV slots and request slot (its linear state slot goes with it)."""

@@ -31,16 +31,15 @@ draft KV the tree's slots already hold), then both recompute the rest of the pro
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 
-from lightllm_mtp.common.radix_cache import RadixCache, Snapshot, key_elements
+from lightllm_mtp.common.radix_cache import Node, RadixCache, Snapshot, key_elements
 from lightllm_mtp.common.req_manager import ReqManager
 from lightllm_mtp.common.state_snapshots import SnapshotPlan, StateSnapshotPool, build_snapshot_plan
-from lightllm_mtp.engine.request import Request
+from lightllm_mtp.engine.request import CacheHold, DraftResume, EndState, QueuedVerifyEnd, Request
 from lightllm_mtp.kernels.gdn.gated_delta_rule_states import state_save_alignment
 from lightllm_mtp.kernels.triton_utils import to_device_async
 
@@ -63,10 +62,22 @@ class PrefixCacheStats:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
+class CacheJournal(Protocol):
+    """tp / pp: the driver's record of the calls that change the tree outside a runner call (engine/parallel/): the
+    followers replay them on their copies in the same order."""
+
+    def cache_match(self, req: Request) -> None: ...
+
+    def cache_unmatch(self, req: Request) -> None: ...
+
+    def cache_evict_all(self) -> None: ...
+
+
 class PrefixCache:
     def __init__(self, tree: RadixCache, snapshots: StateSnapshotPool, req_manager: ReqManager, interval: int,
                  lookahead: int, draft_snapshots: StateSnapshotPool | None = None,
-                 draft_catch_up: Callable[[int, list[int], int], None] | None = None):  # fmt: skip
+                 draft_catch_up: Callable[[int, list[int], int], None] | None = None,
+                 journal: CacheJournal | None = None):  # fmt: skip
         self.tree = tree
         self.snapshots = snapshots
         self.draft_snapshots = draft_snapshots  # the draft model's half of every snapshot slot (mtp_mode draft_model)
@@ -74,12 +85,13 @@ class PrefixCache:
         self.req_manager = req_manager
         self.interval = interval
         self.lookahead = lookahead  # L: draft-KV lookahead of the MTP proposer (0 without MTP)
-        self.release_reservation: Callable[[Request, int], None] = lambda req, n: None  # the scheduler's
+        self.journal = journal  # the driver's under tp / pp (None: one process, or a follower replaying)
         self._pending: list[tuple[Request, list[tuple[int, Snapshot]]]] = []
-        # tp / pp: the driver's DriverRunner, told of each call that changes the tree outside a runner call (match,
-        # unmatch, on_finish, evict_all); the followers replay them on their copies in the same order
-        self.journal = None
         self.reset_stats()
+
+    def alloc_kv(self, n: int) -> torch.Tensor:
+        """n KV slots for a running request; unlocked cached prefixes are evicted (LRU leaves) when too few are free."""
+        return self.tree.alloc_kv(n)
 
     # ---- admission ----------------------------------------------------------------------------------------------
     def match(self, req: Request) -> int:
@@ -98,27 +110,28 @@ class PrefixCache:
             return 0
         self.tree.lock(node)
         node.snapshot.pins += 1
-        req.draft_resume = self._draft_resume(path, node) if node.snapshot.partial else None
-        req.cache_node, req.resume_snapshot, req.cached_len = node, node.snapshot, node.depth
+        hold = req.cache_hold
+        hold.draft_resume = self._draft_resume(path, node) if node.snapshot.partial else None
+        hold.node, hold.resume = node, node.snapshot
         req.kv_slots = [self.tree.path_slots(node)]
         req.num_computed = node.depth
         return node.depth
 
-    def _draft_resume(self, path: list, node) -> tuple[Snapshot | None, int]:
+    def _draft_resume(self, path: list[Node], node: Node) -> DraftResume:
         """For a snapshot without the draft's half: the deepest complete snapshot above it on the path (pinned until
         the restore) and its depth, where the draft resumes; (None, 0): the draft starts from nothing."""
         for x in reversed(path[: path.index(node)]):
             if x.snapshot is not None and not x.snapshot.partial and (not x.snapshot.on_host or self._fetch(x)):
                 x.snapshot.pins += 1
-                return x.snapshot, x.depth
-        return None, 0
+                return DraftResume(x.snapshot, x.depth)
+        return DraftResume(None, 0)
 
-    def _unpin_draft_resume(self, req: Request) -> None:
-        if req.draft_resume is not None and req.draft_resume[0] is not None:
-            req.draft_resume[0].pins -= 1
-        req.draft_resume = None
+    def _unpin_draft_resume(self, hold: CacheHold) -> None:
+        if hold.draft_resume is not None and hold.draft_resume.snapshot is not None:
+            hold.draft_resume.snapshot.pins -= 1
+        hold.draft_resume = None
 
-    def _fetch(self, node) -> bool:
+    def _fetch(self, node: Node) -> bool:
         fetched = self.tree.fetch(node)
         self._host_hits += fetched  # counted at the match (an unadmitted request's fetch stays on the device)
         return fetched
@@ -127,23 +140,26 @@ class PrefixCache:
         """Undoes `match` (the request was not admitted after all)."""
         if self.journal is not None:
             self.journal.cache_unmatch(req)
-        if req.cache_node is not None:
-            req.resume_snapshot.pins -= 1
-            self._unpin_draft_resume(req)
-            self.tree.unlock(req.cache_node)
-        req.cache_node, req.resume_snapshot, req.cached_len, req.kv_slots, req.num_computed = None, None, 0, [], 0
+        hold = req.cache_hold
+        if hold.node is not None:
+            hold.resume.pins -= 1
+            self._unpin_draft_resume(hold)
+            self.tree.unlock(hold.node)
+        hold.node, hold.resume, req.kv_slots, req.num_computed = None, None, [], 0
 
     def admitted(self, req: Request) -> None:
+        cached = req.cache_hold.cached_len
         self._queries += 1
         self._prompt_tokens += len(req.prompt_ids)
-        self._cached_tokens += req.cached_len
-        self._hits += req.cached_len > 0
-        req.num_cached_tokens = req.cached_len
+        self._cached_tokens += cached
+        self._hits += cached > 0
+        req.num_cached_tokens = cached
 
     def restore(self, req: Request) -> None:
         """On the request's first step (its slot just taken): the snapshot into its GDN state, the shared slots into
         its page-table row."""
-        snap = req.resume_snapshot
+        hold = req.cache_hold
+        snap = hold.resume
         if snap is None:
             return
         self.snapshots.restore(snap.slot, req.req_idx)
@@ -153,18 +169,19 @@ class PrefixCache:
         if self.draft_snapshots is not None:
             self._restore_draft(req, snap, slots.numel())
         snap.pins -= 1
-        req.resume_snapshot = None
+        hold.resume = None
 
     def _restore_draft(self, req: Request, snap: Snapshot, depth: int) -> None:
         """The draft's half of the snapshot; for a partial one, the draft's own resume point and its catch-up over
         the tokens from there to `depth` (its KV there is in the tree's slots, which the page table now points at)."""
-        if req.draft_resume is None:
+        hold = req.cache_hold
+        if hold.draft_resume is None:
             self.draft_snapshots.restore(snap.slot, req.req_idx)
             return
-        draft_snap, start = req.draft_resume
+        draft_snap, start = hold.draft_resume.snapshot, hold.draft_resume.depth
         if draft_snap is not None:
             self.draft_snapshots.restore(draft_snap.slot, req.req_idx)
-        self._unpin_draft_resume(req)
+        self._unpin_draft_resume(hold)
         self.draft_catch_up(req.req_idx, req.prompt_ids[start:depth], start)
         self._catch_up_tokens += depth - start
 
@@ -199,21 +216,20 @@ class PrefixCache:
     def after_launch(self) -> None:
         """After the chunks' forward is queued: each request's committed prefix up to its last boundary joins the
         tree (its own slots where the tree had none, the tree's elsewhere: its page table is pointed there) and
-        stays locked by it. Boundaries within L of the prompt's end wait for the request's end."""
+        stays locked by it (the scheduler's reservation for it shrinks by as much). Boundaries within L of the
+        prompt's end wait for the request's end."""
         pending, self._pending = self._pending, []
         for req, cuts in pending:
             limit = len(req.prompt_ids) - self.lookahead
             now = [(p, s) for p, s in cuts if p <= limit]
-            req.pending_snapshots += [(p, s) for p, s in cuts if p > limit]
+            req.cache_hold.pending += [(p, s) for p, s in cuts if p > limit]
             if now:
                 self._adopt(req, now[-1][0], dict(now))
 
     def _adopt(self, req: Request, depth: int, snaps: dict[int, Snapshot]) -> None:
         kv = torch.cat(req.kv_slots)
         keys = key_elements(req.prompt_ids, depth, self.lookahead, req.params.cache_salt)
-        node, tree_slots, unused = self.tree.insert(keys, kv[:depth], snaps)
-        for s in unused:
-            self.tree.free_snapshot(s)
+        node, tree_slots = self._insert(keys, kv[:depth], snaps)
         own = kv[:depth]
         dup = own != tree_slots
         if bool(dup.any()):
@@ -224,87 +240,101 @@ class PrefixCache:
             self.tree.kv_pool.free(own[dup])
         req.kv_slots = [tree_slots, kv[depth:]]
         self.tree.lock(node)
-        if req.cache_node is not None:
-            self.tree.unlock(req.cache_node)
-        req.cache_node = node
-        self.release_reservation(req, depth - req.cached_len)
-        req.cached_len = depth
+        hold = req.cache_hold
+        if hold.node is not None:
+            self.tree.unlock(hold.node)
+        hold.node = node
+
+    def _insert(self, keys: list, slots: torch.Tensor, snaps: dict[int, Snapshot]) -> tuple[Node, torch.Tensor]:
+        """tree.insert, freeing the snapshots the tree did not take (a snapshot was there already)."""
+        node, tree_slots, unused = self.tree.insert(keys, slots, snaps)
+        for s in unused:
+            self.tree.free_snapshot(s)
+        return node, tree_slots
 
     # ---- end of a request ---------------------------------------------------------------------------------------
-    def on_finish(self, req: Request, state_at: Callable[[int], torch.Tensor | int | None],
-                  held: torch.Tensor | None = None) -> None:  # fmt: skip
-        """Before the request's slots are released: its committed KV (and a snapshot of its GDN state at the tree's
-        end, found by `state_at(back)`: the slot offset of the state `back` positions before its committed one, None:
-        not kept) go into the tree; its lock is dropped; what the tree does not take is freed. req.kv_slots is empty
-        afterwards.
+    def on_finish(self, req: Request, end: EndState) -> bool:
+        """Before the request's slots are released (engine/request_end.py): its committed KV and a snapshot of its GDN
+        state at the tree's end go into the tree; its lock is dropped; what the tree does not take is freed.
+        req.kv_slots is empty afterwards.
 
-        held: under MTP, the KV slot of its newest token's row in a verify already queued (overlap; the runner kept
-        it out of release). That verify commits the row, so the state after it (conv columns / SSM row 0) is
-        snapshotted now, and the position joins the tree, with the snapshot, once that verify's first emitted token
-        (its key's lookahead) reaches the host (req.on_verified); meanwhile the prefix stays locked."""
-        if self.journal is not None:
-            self.journal.cache_finish(req)
-        if req.resume_snapshot is not None:  # ended before its first step
-            req.resume_snapshot.pins -= 1
-            req.resume_snapshot = None
-            self._unpin_draft_resume(req)
+        end.held (MTP): the KV slot of its newest token's row in a verify already queued (overlap). That verify
+        commits the row: with a draft model the position joins the tree now (_join_queued_row); under eagle / PTD
+        (L = 1) the state after that row is snapshotted now and the position joins the tree once the verify's first
+        emitted token (its key's lookahead) reaches the host (_defer_queued_row): returns True, the request then
+        awaits that verify (after_queued_verify) with its end node locked."""
+        hold = req.cache_hold
+        if hold.resume is not None:  # ended before its first step
+            hold.resume.pins -= 1
+            hold.resume = None
+            self._unpin_draft_resume(hold)
         kv = torch.cat(req.kv_slots) if req.kv_slots else torch.empty(0, dtype=torch.int32)
         total = kv.numel()
         depth = max(0, min(total, req.num_tokens - self.lookahead))
-        snaps = {}
-        for p, s in req.pending_snapshots:
-            if p <= depth and p not in snaps:
-                snaps[p] = s
-            else:
-                self.tree.free_snapshot(s)
-        req.pending_snapshots = []
+        snaps = self._pending_snapshots_within(req, depth)
         to_free = [kv[depth:]]
+        held, awaiting = end.held, False
         if depth > 0:
             tokens = req.prompt_ids + req.output_ids
             keys = key_elements(tokens, depth, self.lookahead, req.params.cache_salt)
-            node, tree_slots, unused = self.tree.insert(keys, kv[:depth], snaps)
-            for s in unused:
-                self.tree.free_snapshot(s)
+            node, tree_slots = self._insert(keys, kv[:depth], snaps)
             to_free.append(kv[:depth][kv[:depth] != tree_slots])
             self.tree.lock(node)  # the allocations below may evict unlocked leaves
-            # the state after position depth - 1: the committed one (plain, eagle: depth == total), or under
-            # multi-layer MTP (depth = total + 1 - L) a verify row L - 1 before it, if that verify kept it
-            state_offset = state_at(total - depth) if req.req_idx is not None and node.snapshot is None else None
-            if state_offset is not None:
-                snap = self.tree.alloc_snapshot()
-                if snap is not None:
-                    self.snapshots.save(snap.slot, req.req_idx, state_offset)
-                    if self.draft_snapshots is not None:  # its state is one ahead once it generates
-                        draft_offset = state_at(total - depth + (1 if req.blocks else 0))
-                        if draft_offset is None:
-                            snap.partial = True
-                        else:
-                            self.draft_snapshots.save(snap.slot, req.req_idx, draft_offset)
-                    node.snapshot = snap
-            if held is not None and self.draft_snapshots is not None and depth == total == req.num_tokens - 1:
-                held = self._end_after_queued_verify(req, tokens, depth, tree_slots, held)
-            if held is not None and self.lookahead == 1 and depth == total == req.num_tokens - 1 and req.req_idx is not None:
-                snap = self.tree.alloc_snapshot()
-                if snap is not None:
-                    self.snapshots.save(snap.slot, req.req_idx, 0)  # queued after that verify: its row 0
-                    self.tree.lock(node)  # until that verify's token arrives
-                    req.on_verified = functools.partial(self._after_queued_verify, tokens, node, held, snap,
-                                                        req.params.cache_salt)  # fmt: skip
-                    held = None
+            if req.req_idx is not None and node.snapshot is None:
+                self._snapshot_end(req, node, end, total - depth)
+            if held is not None and depth == total == req.num_tokens - 1:
+                if self.draft_snapshots is not None:
+                    held = self._join_queued_row(req, tokens, depth, tree_slots, held)
+                elif self.lookahead == 1 and req.req_idx is not None:
+                    held, awaiting = self._defer_queued_row(req, node, held)
             self.tree.unlock(node)
         else:
             for s in snaps.values():
                 self.tree.free_snapshot(s)
         if held is not None:
             to_free.append(held)
-        if req.cache_node is not None:
-            self.tree.unlock(req.cache_node)
-            req.cache_node = None
+        if hold.node is not None:
+            self.tree.unlock(hold.node)
+            hold.node = None
+        if awaiting:
+            hold.node = node  # locked by _defer_queued_row
         self.tree.kv_pool.free(torch.cat(to_free))
         req.kv_slots = []
+        return awaiting
 
-    def _end_after_queued_verify(self, req: Request, tokens: list[int], depth: int, tree_slots: torch.Tensor,
-                                 held: torch.Tensor) -> torch.Tensor | None:  # fmt: skip
+    def _pending_snapshots_within(self, req: Request, depth: int) -> dict[int, Snapshot]:
+        """The request's prompt-end snapshots that the tree's end (depth) reaches, by position; the others are freed."""
+        hold, snaps = req.cache_hold, {}
+        for p, s in hold.pending:
+            if p <= depth and p not in snaps:
+                snaps[p] = s
+            else:
+                self.tree.free_snapshot(s)
+        hold.pending = []
+        return snaps
+
+    def _snapshot_end(self, req: Request, node: Node, end: EndState, lag: int) -> None:
+        """A snapshot of the state after position node.depth - 1, `lag` positions before the committed one: the
+        committed state itself (plain, eagle, PTD: lag 0), or under multi-layer MTP (lag L - 1) the last verify's row
+        that many before it, when that verify kept it. A draft model's state is one position ahead once the request
+        generates: its half is the row before, or missing (a partial snapshot) when that row is gone."""
+        offset = end.state_at(lag)
+        if offset is None:
+            return
+        snap = self.tree.alloc_snapshot()
+        if snap is None:
+            return
+        self.snapshots.save(snap.slot, req.req_idx, offset)
+        if self.draft_snapshots is not None:
+            draft_offset = end.state_at(lag + (1 if req.blocks else 0))
+            if draft_offset is None:
+                snap.partial = True
+            else:
+                self.draft_snapshots.save(snap.slot, req.req_idx, draft_offset)
+        node.snapshot = snap
+
+    def _join_queued_row(self, req: Request, tokens: list[int], depth: int, tree_slots: torch.Tensor,
+                         held: torch.Tensor) -> torch.Tensor | None:  # fmt: skip
         """Draft model (L = 0): position `depth` (its newest token, slot `held`, committed by the queued verify) joins
         the tree now, its key being its own token, with a partial snapshot of the state after that verify's row 0
         (queued after it). Returns held, or None when the tree took it."""
@@ -314,28 +344,40 @@ class PrefixCache:
         self.snapshots.save(snap.slot, req.req_idx, 0)
         snap.partial = True  # the draft's state after that row was overwritten by the verify's window pass
         keys = key_elements(tokens, depth + 1, 0, req.params.cache_salt)
-        _, slots, unused = self.tree.insert(keys, torch.cat([tree_slots, held]), {depth + 1: snap})
-        for s in unused:
-            self.tree.free_snapshot(s)
+        _, slots = self._insert(keys, torch.cat([tree_slots, held]), {depth + 1: snap})
         return None if int(slots[-1]) == int(held[0]) else held
 
-    def _after_queued_verify(self, tokens: list[int], node, held: torch.Tensor, snap: Snapshot, salt: str | None,
-                             emitted: list[int] | None) -> None:  # fmt: skip
-        """The deferred end of on_finish: position node.depth (slot `held`) joins the tree with the snapshot, keyed by
-        the token that verify emitted after it."""
+    def _defer_queued_row(self, req: Request, node: Node, held: torch.Tensor) -> tuple[torch.Tensor | None, bool]:
+        """Eagle / PTD (L = 1): the state after the queued verify's row 0 is snapshotted now (queued after that
+        verify); the position joins the tree below `node`, which stays locked, once the verify's first emitted token
+        arrives (after_queued_verify). Returns (held, False) when no snapshot can be had, else (None, True)."""
+        snap = self.tree.alloc_snapshot()
+        if snap is None:
+            return held, False
+        self.snapshots.save(snap.slot, req.req_idx, 0)  # queued after that verify: its row 0
+        self.tree.lock(node)  # until that verify's token arrives
+        req.cache_hold.queued_end = QueuedVerifyEnd(held, snap)
+        return None, True
+
+    def after_queued_verify(self, req: Request, emitted: list[int]) -> None:
+        """The end of a request that awaited a queued verify (on_finish returned True): its newest position (the held
+        KV slot) joins the tree below its end node with the snapshot, keyed by the token that verify emitted after
+        it (nothing emitted: both are freed); the end node's lock goes."""
+        hold = req.cache_hold
+        node, end = hold.node, hold.queued_end
         depth = node.depth
         if emitted:
-            keys = key_elements(tokens[: depth + 1] + emitted[:1], depth + 1, 1, salt)
-            kv = torch.cat([self.tree.path_slots(node), held])
-            _, tree_slots, unused = self.tree.insert(keys, kv, {depth + 1: snap})
-            for s in unused:
-                self.tree.free_snapshot(s)
-            if int(tree_slots[-1]) != int(held[0]):
-                self.tree.kv_pool.free(held)
+            tokens = (req.prompt_ids + req.output_ids)[: depth + 1] + emitted[:1]
+            kv = torch.cat([self.tree.path_slots(node), end.held])
+            keys = key_elements(tokens, depth + 1, 1, req.params.cache_salt)
+            _, tree_slots = self._insert(keys, kv, {depth + 1: end.snapshot})
+            if int(tree_slots[-1]) != int(end.held[0]):
+                self.tree.kv_pool.free(end.held)
         else:
-            self.tree.free_snapshot(snap)
-            self.tree.kv_pool.free(held)
+            self.tree.free_snapshot(end.snapshot)
+            self.tree.kv_pool.free(end.held)
         self.tree.unlock(node)
+        hold.node, hold.queued_end = None, None
 
     def evict_all(self) -> None:
         """Drops every unlocked cached prefix (its KV slots and snapshots go back to their pools)."""

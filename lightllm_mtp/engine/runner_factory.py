@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass, replace
 
 from lightllm_mtp.common.basemodel.basemodel import TpPartBaseModel
-from lightllm_mtp.common.basemodel.cuda_graph import CudaGraphSet, graph_batch_sizes
+from lightllm_mtp.common.basemodel.cuda_graph import graph_batch_sizes
 from lightllm_mtp.common.host_snapshots import HostSnapshotTier
 from lightllm_mtp.common.radix_cache import RadixCache
 from lightllm_mtp.common.state_snapshots import StateSnapshotPool
@@ -19,14 +19,15 @@ from lightllm_mtp.config.parallel_config import RankInfo
 from lightllm_mtp.config.runtime import RuntimeShape
 from lightllm_mtp.config.spec_config import MtpMode
 from lightllm_mtp.engine.cache_budget import CacheBudget, cache_budget_of
-from lightllm_mtp.engine.model_runner import ModelRunner
-from lightllm_mtp.engine.prefix_cache import PrefixCache
+from lightllm_mtp.engine.model_runner import ModelGraphs, ModelRunner, capture_model_graphs
+from lightllm_mtp.engine.prefix_cache import CacheJournal, PrefixCache
 from lightllm_mtp.engine.spec_runner import SpecRunner
 from lightllm_mtp.engine.step import StepRunner
 from lightllm_mtp.models.registry import create_model
 from lightllm_mtp.spec_decode.adaptive import SpecLengthController, StepCostTable
 from lightllm_mtp.spec_decode.draft_factory import create_proposer
 from lightllm_mtp.spec_decode.draft_state import DraftState
+from lightllm_mtp.spec_decode.proposer import Proposer
 from lightllm_mtp.spec_decode.step_builder import StepBuilder
 from lightllm_mtp.spec_decode.step_cost import measured_step_costs, row_count_step_costs
 from lightllm_mtp.spec_decode.verify import ForcedAcceptRule
@@ -43,7 +44,10 @@ class BuiltRunner:
     prefix_cache: PrefixCache | None = None  # args.prefix_cache
 
 
-def build_runner(args: EngineArgs, cfg: ModelConfig, max_model_len: int, rank: RankInfo | None = None) -> BuiltRunner:
+def build_runner(args: EngineArgs, cfg: ModelConfig, max_model_len: int, rank: RankInfo | None = None,
+                 journal: CacheJournal | None = None) -> BuiltRunner:  # fmt: skip
+    """journal: the driver's of a tp / pp group (engine/parallel/journal.py), told of the prefix cache's calls made
+    outside the runner; None on a follower and in one process."""
     rank = rank or RankInfo(args.parallel)
     check_layout(rank)  # a second engine beside a live tp / pp group of this process is refused here
     spec = args.spec
@@ -60,25 +64,20 @@ def build_runner(args: EngineArgs, cfg: ModelConfig, max_model_len: int, rank: R
         rank=rank,
     )
     model = create_model(args.model_dir, cfg, rt)
-    graph_max = _graph_max_batch_size(args, rank)
-    model_runner = ModelRunner(
-        model, graph_max, num_draft_tokens=spec.num_draft_tokens if spec else 0,
+    graphs = capture_model_graphs(
+        model, _graph_max_batch_size(args, rank), num_draft_tokens=spec.num_draft_tokens if spec else 0,
         adaptive=spec is not None and spec.adaptive,
     )  # fmt: skip
-    runner: StepRunner = model_runner
+    proposer = builder = controller = forced = None
     if spec is not None:
         state = DraftState(
             args.max_batch_size, spec.num_draft_tokens, args.device, spec.num_context_rows, cfg.hidden_size, args.dtype
         )
         caches = model.caches
         builder = StepBuilder(state, caches.req_manager.req_to_token, max_model_len, caches.kv_pool.hold_slot)
-        proposer = None
         if model.is_last_stage:  # the drafts run where the final hidden is
-            proposer = create_proposer(
-                model, spec, args.model_dir, builder, model_runner.graph_max_batch_size, model_runner.graph_pool
-            )
-        controller = SpecLengthController(_step_costs(model_runner, proposer, spec)) if spec.adaptive else None
-        forced = None
+            proposer = create_proposer(model, spec, args.model_dir, builder, graphs.max_batch_size, graphs.pool)
+        controller = SpecLengthController(_step_costs(graphs, model, proposer, spec)) if spec.adaptive else None
         if spec.force_acceptance is not None:
             forced = ForcedAcceptRule.on_device(spec.force_acceptance, args.device)
             if rank.rank == 0:
@@ -88,37 +87,38 @@ def build_runner(args: EngineArgs, cfg: ModelConfig, max_model_len: int, rank: R
                     spec.force_acceptance.setting, ", ".join(f"{r:.4f}" for r in spec.force_acceptance.rates),
                     spec.force_acceptance.mean_accept_length,
                 )  # fmt: skip
+    prefix_cache = _build_prefix_cache(args, model, proposer, budget, journal) if args.prefix_cache else None
+    model_runner = ModelRunner(model, graphs, prefix_cache)
+    runner: StepRunner = model_runner
+    if spec is not None:
         runner = SpecRunner(model_runner, proposer, builder, controller, forced)
-    built = BuiltRunner(model, model_runner, runner, budget)
-    if args.prefix_cache:
-        built.prefix_cache = model_runner.prefix_cache = _build_prefix_cache(args, model, runner, budget)
     if args.prefill_cuda_graphs:
         model_runner.add_prefill_graphs(keep_all_hidden=spec is not None, max_chunk_rows=args.chunked_prefill_size,
                                         max_model_len=max_model_len)  # fmt: skip
-    return built
+    return BuiltRunner(model, model_runner, runner, budget, prefix_cache)
 
 
-def _build_prefix_cache(args: EngineArgs, model: TpPartBaseModel, runner: StepRunner,
-                        budget: CacheBudget) -> PrefixCache:  # fmt: skip
+def _build_prefix_cache(args: EngineArgs, model: TpPartBaseModel, proposer: Proposer | None, budget: CacheBudget,
+                        journal: CacheJournal | None) -> PrefixCache:  # fmt: skip
     """The tree over the KV pool and the snapshot pool, the two parts of one budget. Every rank of a tp / pp group
     gets the same slot counts (the host tier too: sized by the whole model's bytes per snapshot, so
-    prefix_cache_host_gb is the engine's total over its ranks); each fills them with its own layers and shards."""
+    prefix_cache_host_gb is the engine's total over its ranks); each fills them with its own layers and shards.
+    proposer: on the last pipeline stage only (a draft model's snapshot half and catch-up come from it)."""
     caches = model.caches
     state, kv = caches.req_manager.linear_state, caches.kv_pool
     caches.snapshots = StateSnapshotPool(state, budget.num_snapshots)
-    proposer = getattr(runner, "proposer", None)  # on the last pipeline stage only
     draft_snapshots = draft_snapshot_pool(proposer, model, budget.num_snapshots)
     host = None
     if args.prefix_cache_host_gb > 0:
         num_host = HostSnapshotTier.slots_for(budget.snapshot_bytes, args.prefix_cache_host_gb)
         host = HostSnapshotTier(caches.snapshots, num_host, draft_snapshots)
     tree = RadixCache(kv, budget.num_snapshots, host)
-    kv.reclaim = tree.evict
     lookahead = args.spec.num_draft_modules if args.spec is not None else 0  # L: one position per MTP module
     if draft_snapshots is None:  # a draft model's KV needs no lookahead (L = 0, engine/prefix_cache.py)
         assert proposer is None or proposer.lookahead == lookahead, (proposer.lookahead, lookahead)
     return PrefixCache(tree, caches.snapshots, caches.req_manager, args.prefix_cache_interval, lookahead,
-                       draft_snapshots, proposer.catch_up if draft_snapshots is not None else None)  # fmt: skip
+                       draft_snapshots, proposer.catch_up if draft_snapshots is not None else None,
+                       journal)  # fmt: skip
 
 
 def draft_snapshot_pool(proposer, model: TpPartBaseModel, num_snapshots: int) -> StateSnapshotPool | None:
@@ -152,17 +152,17 @@ def _graph_max_batch_size(args: EngineArgs, rank: RankInfo) -> int:
     return graph_max
 
 
-def _step_costs(runner: ModelRunner, proposer, spec) -> StepCostTable:
+def _step_costs(graphs: ModelGraphs, model: TpPartBaseModel, proposer: Proposer, spec) -> StepCostTable:
     """Adaptive speculation's step costs: the captured graphs timed, or rows through the forwards without graphs."""
     eagle_chain = spec.mode is MtpMode.EAGLE_WITH_ATT and not spec.parallel_drafting
     k = spec.num_draft_tokens
-    if runner.graphs:
-        verify = {g.q: g for g in runner.graphs if isinstance(g, CudaGraphSet)}  # not the prefill graphs
+    if graphs.forward.graph_sets:
+        verify = {g.q: g for g in graphs.forward.graph_sets}
         windows = [m.graph_sets[0] for m in proposer.modules]
         chain = proposer.modules[0].graph_sets[1] if eagle_chain and k > 1 else None
         kv_only = [g for g in proposer.modules[0].graph_sets if not g.logits]
         return measured_step_costs(verify, windows, chain, k, kv_only[0] if kv_only else None)
-    sizes = graph_batch_sizes(runner.req_manager.max_reqs)
+    sizes = graph_batch_sizes(model.caches.req_manager.max_reqs)
     return row_count_step_costs(sizes, k, proposer.window_rows, len(proposer.modules), eagle_chain)
 
 

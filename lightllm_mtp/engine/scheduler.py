@@ -45,10 +45,7 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.reserved = 0
         self.prefix_cache = prefix_cache
-        if prefix_cache is not None:
-            prefix_cache.release_reservation = self.release_reservation
 
     def kv_need(self, num_prompt_tokens: int, max_new_tokens: int) -> int:
         """KV slots a request may hold at once: its tokens up to max_model_len, plus the runner's lookahead."""
@@ -66,6 +63,13 @@ class Scheduler:
         self.check_fits(len(req.prompt_ids), req.params.max_new_tokens)
         self.waiting.append(req)
 
+    @property
+    def reserved(self) -> int:
+        """KV slots set aside for the running requests: each one's worst case (kv_need) less its positions the prefix
+        cache's tree holds (shared, locked, counted by the tree)."""
+        return sum(self.kv_need(len(r.prompt_ids), r.params.max_new_tokens) - r.cache_hold.cached_len
+                   for r in self.running)  # fmt: skip
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
@@ -82,23 +86,23 @@ class Scheduler:
                 n = self._chunk(req, budget)
                 out.append(ScheduledRequest(req, n))
                 budget -= n
+        reserved = self.reserved if self.waiting else 0
         while self.waiting and budget > 0 and len(self.running) < self.max_batch_size:
             req = self.waiting[0]
             cache = self.prefix_cache
             cached = cache.match(req) if cache is not None else 0
             need = self.kv_need(len(req.prompt_ids), req.params.max_new_tokens) - cached
             locked = cache.tree.num_locked if cache is not None else 0
-            if self.reserved + need + locked > self.kv_capacity:
+            if reserved + need + locked > self.kv_capacity:
                 if cache is not None:
                     cache.unmatch(req)
                 break
             if cache is not None:
                 cache.admitted(req)
             self.waiting.popleft()
-            req.status = RequestStatus.RUNNING
-            req.reserved_tokens = need
-            self.reserved += need
+            req.advance(RequestStatus.RUNNING)
             self.running.append(req)
+            reserved += need  # its reservation (kv_need less its tree positions)
             n = self._chunk(req, budget)
             out.append(ScheduledRequest(req, n))
             budget -= n
@@ -114,13 +118,9 @@ class Scheduler:
         end = (req.num_computed + budget) // interval * interval
         return end - req.num_computed if end > req.num_computed else budget
 
-    def release_reservation(self, req: Request, n: int) -> None:
-        """n of req's reserved KV slots became shared tree slots (locked, counted by the tree)."""
-        req.reserved_tokens -= n
-        self.reserved -= n
-
     def finish(self, req: Request) -> None:
-        self.running.remove(req)
-        self.reserved -= req.reserved_tokens
-        req.reserved_tokens = 0
-        req.status = RequestStatus.FINISHED
+        """req leaves its queue (engine/request_end.py): a running one's reservation goes with it."""
+        if req in self.running:
+            self.running.remove(req)
+        else:
+            self.waiting.remove(req)

@@ -21,7 +21,8 @@ import torch
 
 from lightllm_mtp.common.parallel_state import pp_broadcast_from_last
 from lightllm_mtp.engine.model_runner import ModelRunner
-from lightllm_mtp.engine.request import Request, RequestStatus
+from lightllm_mtp.engine.request import EndState, Request, RequestStatus
+from lightllm_mtp.engine.request_end import verify_arrived
 from lightllm_mtp.engine.scheduler import ScheduledRequest
 from lightllm_mtp.engine.step import HostCopy, PromptChunksLaunch, SpecStep, VerifyLaunch, kv_lookahead_slots
 from lightllm_mtp.spec_decode.adaptive import SpecLengthController
@@ -79,38 +80,28 @@ class SpecRunner:
             return self.num_draft_tokens
         return self.controller.choose([r.acceptance for r in reqs])
 
-    def hold_queued_row(self, req: Request) -> torch.Tensor | None:
-        """When a verify of req is queued: the KV slot of that block's row 0 (its newest token, committed), taken out
-        of the blocks release frees (the prefix cache keeps it); else None."""
-        if len(req.blocks) < 2:
-            return None
-        held, req.blocks[0] = req.blocks[0][:1], req.blocks[0][1:]
-        return held
+    def end_state(self, req: Request) -> EndState:
+        """Where the request's committed conv window / SSM row sits: 0 during its prompt, accept_len - 1 after a verify
+        (a device scalar; the host's row index of it, last_accept - 1, reaches the verify rows before it, which
+        multi-layer MTP's tree end needs); not known when a verify of it is queued (overlap): its state is then past
+        what the host knows. That verify's row 0 (its newest token, committed) keeps its KV slot out of the blocks
+        release frees: the prefix cache takes it (`held`)."""
+        if not req.blocks:
+            return EndState(committed=0, committed_row=0)
+        if len(req.blocks) > 1:
+            held, req.blocks[0] = req.blocks[0][:1], req.blocks[0][1:]
+            return EndState(committed=None, committed_row=-1, held=held)
+        return EndState(committed=self.state.accept_len[req.req_idx] - 1, committed_row=req.last_accept - 1)
 
     def settle(self, step: SpecStep) -> None:
-        """A queued step the engine drops unread (all its requests ended): finished requests waiting for its verify
-        results get them now (this waits for the step)."""
+        """A queued step the engine drops unread (all its requests ended): requests awaiting its verify results get
+        them now (this waits for the step)."""
         v = step.verify
-        if v is None or not any(r.on_verified is not None for r in v.reqs):
+        if v is None or not any(r.status is RequestStatus.AWAITING_VERIFY for r in v.reqs):
             return
         for r, row in zip(v.reqs, v.host.tolist()):
-            if r.on_verified is not None:
-                r.on_verified(row[1 : 1 + row[0]])
-                r.on_verified = None
-
-    def committed_state_offset(self, req: Request, back: int = 0) -> torch.Tensor | int | None:
-        """The committed conv window / SSM row of the request's slot: 0 during its prompt, accept_len - 1 after a
-        verify (a device scalar); None when a verify of it is queued (overlap): its state is then past what the host
-        knows. back > 0 (multi-layer MTP: the tree's end lags the committed state by modules - 1 positions): the
-        verify row `back` before the committed one, kept when the last verify accepted more than `back` rows."""
-        if not req.blocks:
-            return 0 if back == 0 else None
-        if len(req.blocks) > 1:
-            return None
-        if back == 0:
-            return self.state.accept_len[req.req_idx] - 1
-        row = req.last_accept - 1 - back
-        return row if row >= 0 else None
+            if r.status is RequestStatus.AWAITING_VERIFY:
+                verify_arrived(r, row[1 : 1 + row[0]], self.runner.prefix_cache)
 
     def _device(self, values: list[int], dtype=torch.int32) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
@@ -118,7 +109,7 @@ class SpecRunner:
     def _open_blocks(self, reqs: list[Request], num_drafts: int, **kwargs) -> torch.Tensor:
         """KV slots for each request's next block (num_drafts + 1 each, one allocation), opened by the builder."""
         q = num_drafts + 1
-        slots = self.runner.kv_pool.alloc(len(reqs) * q)
+        slots = self.runner.alloc_kv(len(reqs) * q)
         for b, r in enumerate(reqs):
             r.blocks.append(slots[b * q : (b + 1) * q])
         b_req_idx = kwargs.pop("b_req_idx")
@@ -283,10 +274,9 @@ class SpecRunner:
         """Commits accepted rows' KV slots, frees the others, records acceptance; waits for this step's copy only."""
         out, rejected = [], []
         for r, block, row in zip(v.reqs, v.blocks, v.host.tolist()):
-            if r.status is RequestStatus.FINISHED:  # finished since the launch: release freed its blocks
-                if r.on_verified is not None:  # the prefix cache waits for the token after its newest one
-                    r.on_verified(row[1 : 1 + row[0]])
-                    r.on_verified = None
+            if r.ended:  # ended since the launch: release freed its blocks
+                if r.status is RequestStatus.AWAITING_VERIFY:  # the prefix cache waits for the token after its newest
+                    verify_arrived(r, row[1 : 1 + row[0]], self.runner.prefix_cache)
                 continue
             accept = row[0]
             assert r.blocks[0] is block, "blocks are verified and committed in the order they were opened"

@@ -12,7 +12,7 @@ from typing import Protocol, Union
 import torch
 
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch
-from lightllm_mtp.engine.request import Request
+from lightllm_mtp.engine.request import EndState, Request
 from lightllm_mtp.engine.scheduler import ScheduledRequest
 
 
@@ -93,14 +93,12 @@ class StepRunner(Protocol):
 
     def collect(self, step: LaunchedStep) -> list[tuple[Request, list[int]]]: ...
 
-    def release(self, req: Request) -> None: ...
+    def release(self, req: Request) -> None:
+        """Returns the request's KV slots, open blocks and request slot (engine/request_end.py calls it)."""
 
-    def committed_state_offset(self, req: Request, back: int = 0):
-        """Where a request's committed GDN state, or the state `back` positions before it, sits in its slot (int or
-        device scalar); None: not known / not kept."""
-
-    def hold_queued_row(self, req: Request):
-        """MTP: the KV slot of the newest token's row in a queued verify, kept out of release (prefix cache)."""
+    def end_state(self, req: Request) -> EndState:
+        """Where a request's committed GDN state sits in its slot, and (MTP) the KV slot of its newest token's row in
+        a queued verify, taken out of what release frees: what the prefix cache reads at its end."""
 
     def settle(self, step: LaunchedStep) -> None:
-        """Delivers what a step the engine drops unread owes to finished requests (prefix cache)."""
+        """Delivers what a step the engine drops unread owes to requests awaiting it (AWAITING_VERIFY)."""

@@ -72,11 +72,10 @@ def test_locked_nodes_survive_eviction_and_lru_order():
 
 def test_pool_reclaims_from_the_tree_and_snapshot_lru():
     pool, tree = make(size=8, snapshots=2)
-    pool.reclaim = tree.evict
     insert(tree, pool, [1, 2, 3, 4], snap_at=[4])
     insert(tree, pool, [5, 6, 7, 8], snap_at=[4])
     assert pool.num_free == 0
-    slots = pool.alloc(3)  # evicts the least recently used leaf
+    slots = tree.alloc_kv(3)  # evicts the least recently used leaf
     assert slots.numel() == 3 and tree.num_tokens == 4
     insert(tree, pool, [9], snap_at=[1])
     snap = tree.alloc_snapshot()  # both slots in use: the older snapshot goes, and its leaf with it

@@ -108,9 +108,9 @@ def test_small_pool_forces_evictions(tiny_dense_mtp3_dir, mode):
     llm = build(tiny_dense_mtp3_dir, True, max_batch_size=2, max_model_len=48, max_total_token_num=480,
                 prefix_cache_state_share=0.9, **MODES[mode])  # fmt: skip
     assert llm.engine.model.caches.kv_pool.size == 48 + llm.engine.scheduler.lookahead_slots  # one request fits
-    pool, evicted = llm.engine.model.caches.kv_pool, []
-    reclaim = pool.reclaim
-    pool.reclaim = lambda n: evicted.append(reclaim(n)) or evicted[-1]
+    tree, evicted = llm.engine.prefix_cache.tree, []
+    evict = tree.evict  # RadixCache.alloc_kv evicts what an allocation misses
+    tree.evict = lambda n: evicted.append(evict(n)) or evicted[-1]
     outs = run(llm, batches)
     assert len(evicted) >= 4 and sum(evicted) > 0
     assert [o.token_ids for o in outs] == [o.token_ids for o in ref]

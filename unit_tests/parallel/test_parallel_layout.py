@@ -95,19 +95,19 @@ def test_pipeline_stage_declares_only_its_layers():
 
 def test_step_ops_round_trip_as_json():
     from lightllm_mtp.engine.parallel.step_ops import (
-        Collect, EvictAll, Finish, Launch, Match, NewRequest, Release, SaveState, Settle, Stop, Unmatch, decode_ops,
+        Collect, EvictAll, Launch, Match, NewRequest, Release, SaveState, Settle, Stop, Unmatch, decode_ops,
         encode_ops,
     )
     from lightllm_mtp.sampling_params import SamplingParams
 
     ops = [
-        Collect(3), Release(7),
+        Collect(3), Release(7, 0),
         Launch(4, 3, [(7, 1), (9, 32)], [NewRequest(9, [1, 2, 3], SamplingParams(temperature=0.7, top_k=5, seed=11,
                                                                                   stop_token_ids=[5, 2]), 11)]),
         SaveState("/tmp/x"), Stop(),
         Match(12, NewRequest(12, [4, 5], SamplingParams(max_new_tokens=3, cache_salt="tenant-a"), None)),
         Match(12, None), Unmatch(12),
-        Finish(12, 3), Settle(4), EvictAll(), Launch(5, None, [(12, 2)], [], [100, 20, 4, 3, 0, 2]),
+        Release(12, 3), Settle(4), EvictAll(), Launch(5, None, [(12, 2)], [], [100, 20, 4, 3, 0, 2]),
     ]  # fmt: skip
     data = encode_ops(ops)
     assert decode_ops(data) == ops and b"pickle" not in data

@@ -1,12 +1,12 @@
 """A follower rank: builds its shard of the model and runner, then replays the driver's step ops (step_ops.py)
 until Stop. It never schedules: the requests it holds are mirrors of the driver's, updated by the same runner
-calls (launch, collect, release) in the same order. Its prefix cache (when on) is a copy of the driver's: the same
-calls in the same order on the same slot counts (every choice the tree makes, LRU eviction included, is a
-deterministic function of them), checked against the driver's digest before every launch."""
+calls (launch, collect, settle) in the same order, and ended by the same path (engine/request_end.py). Its prefix
+cache (when on) is a copy of the driver's: the same calls in the same order on the same slot counts (every choice the
+tree makes, LRU eviction included, is a deterministic function of them), checked against the driver's digest before
+every launch."""
 
 from __future__ import annotations
 
-import functools
 import sys
 from pathlib import Path
 
@@ -21,9 +21,10 @@ from lightllm_mtp.engine.parallel.membership import (
 )
 from lightllm_mtp.engine.parallel.stage_state import stage_state
 from lightllm_mtp.engine.parallel.step_ops import (
-    KEEP_STEPS, Collect, EvictAll, Finish, Launch, Match, NewRequest, Release, SaveState, Settle, Stop, Unmatch,
+    KEEP_STEPS, Collect, EvictAll, Launch, Match, NewRequest, Release, SaveState, Settle, Stop, Unmatch,
 )
 from lightllm_mtp.engine.request import Request, RequestStatus
+from lightllm_mtp.engine.request_end import end_request
 from lightllm_mtp.engine.runner_factory import BuiltRunner, build_runner, rank_args
 from lightllm_mtp.engine.scheduler import ScheduledRequest
 
@@ -79,18 +80,24 @@ class Follower:
                                    f"{self.cache.digest()} != {op.cache_digest} (free KV, tree, locked, snapshots, "
                                    "host snapshots, free request slots)")  # fmt: skip
             scheduled = [ScheduledRequest(self.requests[rid], n) for rid, n in op.scheduled]
+            for s in scheduled:  # the driver admitted it
+                if s.request.status is RequestStatus.WAITING:
+                    s.request.advance(RequestStatus.RUNNING)
             after = self.steps.get(op.after) if op.after is not None else None
             self.steps[op.seq] = self.runner.launch(scheduled, after=after)
             for seq in [s for s in self.steps if s <= op.seq - KEEP_STEPS]:
                 del self.steps[seq]
         elif isinstance(op, Collect):
             for req, tokens in self.runner.collect(self.steps.pop(op.seq)):
-                if req.status is not RequestStatus.FINISHED:
+                if not req.ended:
                     req.output_ids.extend(tokens)
         elif isinstance(op, Release):
             req = self.requests.pop(op.request_id)
-            self.runner.release(req)
-            req.status = RequestStatus.FINISHED
+            assert len(req.output_ids) >= op.num_output_tokens, (op, len(req.output_ids))
+            del req.output_ids[op.num_output_tokens :]  # the driver's cut at a stop token or length limit
+            end_request(req, self.runner, self.cache)
+        elif isinstance(op, Settle):
+            self.runner.settle(self.steps[op.seq])
         elif isinstance(op, SaveState):
             save_stage_state(self.built, op.directory, self.rank)
         else:
@@ -103,21 +110,13 @@ class Follower:
         self.requests[new.request_id] = Request(new.request_id, list(new.prompt_ids), new.params, generator)
 
     def _apply_cache_op(self, op) -> None:
-        """The prefix cache's calls made outside the runner, as the driver made them (engine/llm_engine.py)."""
+        """The prefix cache's calls made outside the runner, as the driver made them (engine/scheduler.py)."""
         if isinstance(op, Match):
             if op.new_request is not None:
                 self._add(op.new_request)
             self.cache.match(self.requests[op.request_id])
         elif isinstance(op, Unmatch):
             self.cache.unmatch(self.requests[op.request_id])
-        elif isinstance(op, Finish):
-            req = self.requests[op.request_id]
-            assert len(req.output_ids) >= op.num_output_tokens, (op, len(req.output_ids))
-            del req.output_ids[op.num_output_tokens :]  # the driver's cut at a stop token or length limit
-            state_at = functools.partial(self.runner.committed_state_offset, req)
-            self.cache.on_finish(req, state_at, self.runner.hold_queued_row(req))
-        elif isinstance(op, Settle):
-            self.runner.settle(self.steps[op.seq])
         elif isinstance(op, EvictAll):
             self.cache.evict_all()
         else:

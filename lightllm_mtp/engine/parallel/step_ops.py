@@ -6,16 +6,18 @@ decides (Scheduler, StepBuilder via its runner); followers only replay:
   Launch: the scheduled (request id, new tokens) list, the requests seen for the first time, and which launched
       step is still unread (overlap scheduling);
   Collect: read a launched step back (commits accepted KV slots, frees rejected ones, appends tokens);
-  Release: a finished or aborted request returns its slots;
+  Release: a finished or aborted request ends (engine/request_end.py: its KV and state join the prefix cache's tree,
+      its slots go back), with its output length as the driver cut it at a stop;
+  Settle: a queued step dropped unread delivers its verify results to the requests awaiting them;
   prefix cache (every rank holds the same tree over its own pools, engine/prefix_cache.py): the calls made outside
       the runner, in the driver's order: Match (introduces a request the followers have not seen) and Unmatch (the
-      scheduler's admission), Finish (a request's KV and state join the tree; its output length as the driver cut
-      it at a stop), Settle (a queued step dropped unread), EvictAll; each Launch carries the driver's
-      PrefixCache.digest(), which a follower checks before it launches (a rank whose tree diverged fails loudly);
+      scheduler's admission), EvictAll; each Launch carries the driver's PrefixCache.digest(), which a follower
+      checks before it launches (a rank whose tree diverged fails loudly);
   SaveState: every rank writes its cached state to a file (tests compare stages with a single-process run);
   Stop: the group shuts down.
-Ops that need no collective (Collect, Release) wait in the driver and go out with the next Launch or Stop. On the
-wire they are JSON (encode_ops / decode_ops): a decode step of B requests is about 10 x B bytes."""
+Ops that need no collective (Collect, Release, Settle, the prefix cache's) wait in the driver's StepJournal and go out
+with the next Launch or SaveState. On the wire they are JSON (encode_ops / decode_ops): a decode step of B requests is
+about 10 x B bytes."""
 
 from __future__ import annotations
 
@@ -58,12 +60,6 @@ class Unmatch:
 
 
 @dataclass(frozen=True)
-class Finish:
-    request_id: int
-    num_output_tokens: int
-
-
-@dataclass(frozen=True)
 class Settle:
     seq: int
 
@@ -81,6 +77,7 @@ class Collect:
 @dataclass(frozen=True)
 class Release:
     request_id: int
+    num_output_tokens: int  # its output as the driver cut it (at a stop token or a length limit)
 
 
 @dataclass(frozen=True)
@@ -95,9 +92,8 @@ class Stop:
     pass
 
 
-StepOp = Launch | Collect | Release | SaveState | Stop | Match | Unmatch | Finish | Settle | EvictAll
-_KINDS = {cls.__name__: cls for cls in (Launch, Collect, Release, SaveState, Stop, Match, Unmatch, Finish, Settle,
-                                        EvictAll)}  # fmt: skip
+StepOp = Launch | Collect | Release | SaveState | Stop | Match | Unmatch | Settle | EvictAll
+_KINDS = {cls.__name__: cls for cls in (Launch, Collect, Release, SaveState, Stop, Match, Unmatch, Settle, EvictAll)}
 
 
 def encode_ops(ops: list[StepOp]) -> bytes:
