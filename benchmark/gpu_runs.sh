@@ -5,6 +5,10 @@
 #   bash benchmark/gpu_runs.sh tests    # every GPU test (kernels, engine, spec decode, prefix cache, prefill graphs)
 #   bash benchmark/gpu_runs.sh 27b      # 27B: no-spec at B=1,32
 #   bash benchmark/gpu_runs.sh 27b_k1   # 27B: no-spec + MTP k=1 (eagle_with_att) at B=1,32
+#   bash benchmark/gpu_runs.sh mem_fraction  # 27B, --mem_fraction 0.9, MTP k=1: the KV pool it sizes, filled with 7k-token
+#                                       # requests at B=64; peak reserved and used fraction of the GPU
+#   bash benchmark/gpu_runs.sh 27b_k3_forced  # 27B MTP k=3 at B=1,32 (a full-batch verify at B=32), real (random
+#                                       # weights: ~0 acceptance) and forced at a mean accept length of 2.5
 #   bash benchmark/gpu_runs.sh 27b_large_batch  # 27B no-spec decode at B=64,96,128 (as memory allows)
 #   bash benchmark/gpu_runs.sh 35b      # 35B-A3B: no-spec at B=1,32, with the plot
 #   bash benchmark/gpu_runs.sh 35b_k1   # 35B-A3B: MTP k=1 (eagle_with_att) at B=1,32
@@ -73,6 +77,13 @@ case "${1:-}" in
   27b) bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 48 --out "$out/static_qwen3.5-27b_h100.json" ;;
   27b_k1) bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 48 --mtp_mode eagle_with_att --mtp_step 1 \
       --out "$out/static_qwen3.5-27b_mtp_k1_h100.json" ;;
+  mem_fraction) python3 benchmark/check_mem_fraction_gpu.py --model_shape qwen3.5-27b --mem_fraction 0.9 \
+      --max_batch_size 64 --prompt_len 7000 --output_len 32 --out "$out/mem_fraction_qwen3.5-27b_h200.json" ;;
+  27b_k3_forced)
+    bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 48 --mtp_mode eagle_with_att --mtp_step 3 \
+      --out "$out/static_qwen3.5-27b_mtp_k3_h200.json"
+    bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 48 --mtp_mode eagle_with_att --mtp_step 3 \
+      --mtp_force_acceptance mean=2.5 --out "$out/static_qwen3.5-27b_mtp_k3_forced_h200.json" ;;
   27b_large_batch)  # one engine per batch size (the engine is sized for its largest batch), graphs up to that size
     for bs in 64 96 128; do
       bench --model_shape qwen3.5-27b --batch_sizes "$bs" --output_len 32 --graph_max_batch_size "$bs" \
