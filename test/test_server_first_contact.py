@@ -16,6 +16,7 @@ from lightllm_mtp import LLM, SamplingParams
 from lightllm_mtp.__main__ import DEFAULT_PROMPTS
 from lightllm_mtp.server.launcher import ServerProcess
 
+TOKENS = 96  # per prompt: long enough that a request's HTTP round trip is not what is measured
 FLAGS = ["--device", "cpu", "--max_model_len", "256", "--max_batch_size", "4", "--log_level", "warning"]
 
 
@@ -51,22 +52,28 @@ def test_offline_stop_strings_equal_the_servers(trained_dense_dir, tmp_path, mtp
             assert (streamed, reason) == (offline.text, offline.finish_reason), (prompt, stops)
 
 
-def test_server_per_token_time_is_the_main_jobs(trained_dense_dir, tmp_path):
-    """Both with the thread count a user gets by default; the same three prompts, batched, 32 tokens each."""
-    env = _env_without_thread_pins()
-    job = subprocess.run([sys.executable, "-m", "lightllm_mtp", "--model_dir", str(trained_dense_dir), "--no_mtp",
-                          "--max_tokens", "32", "--max_model_len", "256"], env=env, capture_output=True, text=True,
+def _main_job_per_token(model_dir, env) -> tuple[int, float]:
+    job = subprocess.run([sys.executable, "-m", "lightllm_mtp", "--model_dir", str(model_dir), "--no_mtp",
+                          "--max_tokens", str(TOKENS), "--max_model_len", "256"], env=env, capture_output=True, text=True,
                          timeout=300)  # fmt: skip
     assert job.returncode == 0, job.stderr[-2000:]
     tokens, seconds = re.search(r"plain decoding: (\d+) tokens in ([\d.]+) s", job.stdout).groups()
-    job_per_token = float(seconds) / int(tokens)
+    return int(tokens), float(seconds) / int(tokens)
+
+
+def test_server_per_token_time_is_the_main_jobs(trained_dense_dir, tmp_path):
+    """Both with the thread count a user gets by default; the same three prompts, batched, TOKENS tokens each. The best of
+    a few runs on each side, so that other work on a shared machine does not decide the ratio."""
+    env = _env_without_thread_pins()
+    runs = [_main_job_per_token(trained_dense_dir, env) for _ in range(2)]
+    tokens, job_per_token = runs[0][0], min(t for _, t in runs)
     srv = ServerProcess(["--model_dir", str(trained_dense_dir), *FLAGS], tmp_path / "server.log", env=env).start()
     try:
         def batch() -> tuple[int, float]:
             counts = []
 
             def one(prompt):
-                body = {"model": str(trained_dense_dir), "prompt": prompt, "max_tokens": 32, "temperature": 0.0}
+                body = {"model": str(trained_dense_dir), "prompt": prompt, "max_tokens": TOKENS, "temperature": 0.0}
                 counts.append(httpx.post(f"{srv.url}/v1/completions", json=body, timeout=120).json()["usage"][
                     "completion_tokens"])
 
@@ -79,10 +86,12 @@ def test_server_per_token_time_is_the_main_jobs(trained_dense_dir, tmp_path):
             return sum(counts), time.perf_counter() - start
 
         batch()  # warm-up, as the main job warms up
-        served, elapsed = batch()
+        timed = [batch() for _ in range(3)]
     finally:
         srv.stop()
-    ratio = (elapsed / served) / job_per_token
-    print(f"per token: server {elapsed / served * 1e3:.2f} ms, main job {job_per_token * 1e3:.2f} ms, ratio {ratio:.2f}")
-    assert served == int(tokens)
+    served = timed[0][0]
+    server_per_token = min(elapsed / n for n, elapsed in timed)
+    ratio = server_per_token / job_per_token
+    print(f"per token: server {server_per_token * 1e3:.2f} ms, main job {job_per_token * 1e3:.2f} ms, ratio {ratio:.2f}")
+    assert served == tokens
     assert ratio < 1.5
