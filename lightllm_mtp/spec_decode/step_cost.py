@@ -5,8 +5,10 @@ rows through the forwards (the tiny CPU models are compute-bound, so rows stand 
 A step with blocks of k drafts costs the target's verify forward over k + 1 rows per request, the proposer's draft
 pass (one window forward per MTP module) and, for eagle, k - 1 chain steps of one row per request. Each of these
 attends over the requests' context, so the table also holds what one token of context adds: on the GPU timed by
-replaying the graphs with the padding requests holding a long context, on the CPU the attention work of a row per
-context token (in rows) times the step's rows per request."""
+replaying the graphs with the padding requests holding a long context (they share the reserved request's page-table
+row, so at B > 1 they read the same KV: its reuse in the L2 cache can make the term smaller than real; at B = 1, the
+long-context case, it is the real read), on the CPU the attention work of a row per context token (in rows) times
+the step's rows per request."""
 
 from __future__ import annotations
 
