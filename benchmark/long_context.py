@@ -55,7 +55,8 @@ def attention_kernel(cfg, lengths: list[int], chunk: int, device: torch.device, 
     v_buf = torch.randn(size, hkv, d, device=device, dtype=dtype)
     table = torch.randperm(size, device=device)[: max(lengths)].to(torch.int32)[None]  # scattered slots
     q = torch.randn(chunk, hq, d, device=device, dtype=dtype)
-    req, cu = torch.zeros(1, dtype=torch.int32, device=device), torch.tensor([0, chunk], dtype=torch.int32, device=device)
+    req = torch.zeros(1, dtype=torch.int32, device=device)
+    cu = torch.tensor([0, chunk], dtype=torch.int32, device=device)
     out = []
     for length in lengths:
         seq = torch.tensor([length], dtype=torch.int32, device=device)
@@ -171,7 +172,8 @@ def parse_args(argv):
     p.add_argument("--dtype", default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lengths", type=_ints, required=True, help="context lengths (tokens), comma list")
-    p.add_argument("--real_prefill", type=_ints, default=[], help="lengths whose whole prompt runs (the others: synthetic)")
+    p.add_argument("--real_prefill", type=_ints, default=[],
+                   help="lengths whose whole prompt runs (the others: a synthetic context)")
     p.add_argument("--chunk", type=int, default=4096, help="chunked_prefill_size, and the synthetic last chunk")
     p.add_argument("--decode_steps", type=int, default=16)
     p.add_argument("--rope_scaling", default=None, help="JSON (default: YaRN over max_position_embeddings when needed)")

@@ -6,8 +6,9 @@ acceptance at draft position i (accepted / reached, decayed so that a request wh
 context drafts less; a new request starts from the engine-wide estimate). Step cost: `StepCostTable`, milliseconds
 per (batch-size bucket, k) plus milliseconds per context token (the KV the batch's requests hold: a verify row's
 attention, and the drafts', grow with it), measured at start-up from the captured CUDA graphs
-(spec_decode/step_cost.py). k = argmax_k sum_r E_r(k) / cost(B, k, C), C the batch's context tokens. k = 0 is a verify block of one row (a plain decode step on the verify
-layout, with the draft pass that keeps the draft KV current). Positions past the chosen k are never verified, so
+(spec_decode/step_cost.py). k = argmax_k sum_r E_r(k) / cost(B, k, C), C the batch's context tokens. k = 0 is a
+verify block of one row (a plain decode step on the verify layout, with the draft pass that keeps the draft KV
+current). Positions past the chosen k are never verified, so
 every `probe_interval` launches one more draft is verified than chosen: estimates of longer drafts stay live and
 a batch at k = 0 (drafts never accepted) finds out when they start being accepted.
 
