@@ -56,6 +56,14 @@ def tiny_dense_tied_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_yarn_dir(tmp_path_factory, tiny_dense_dir):
+    """tiny_dense_dir with a 64-position native window and YaRN factor 4 over it (unit_tests/rope_fixtures.py)."""
+    from unit_tests.rope_fixtures import YARN, with_rope
+
+    return with_rope(tiny_dense_dir, tmp_path_factory.mktemp("tiny_yarn") / "ckpt", YARN)
+
+
+@pytest.fixture(scope="session")
 def tiny_dense_mtp3_dir(tmp_path_factory):
     from lightllm_mtp.tools.make_tiny_checkpoint import build_tiny_checkpoint
 

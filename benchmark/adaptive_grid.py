@@ -102,7 +102,8 @@ def main(argv: list[str] | None = None) -> dict:
         "model": {"shape": args.model_shape, "weights": "random"},
         "method": __doc__.split("\n\n", 2)[2].strip(),
         "decode_graph_ms": decode_ms,
-        "step_cost_table": {"batch_sizes": costs.batch_sizes, "cost_ms_by_k": costs.cost_ms},
+        "step_cost_table": {"batch_sizes": costs.batch_sizes, "cost_ms_by_k": costs.cost_ms,
+                            "ms_per_context_token_by_k": costs.ms_per_context_token},
         "grid": grid,
         "min_adaptive_vs_best": min(c["adaptive_vs_best"] for c in grid),
     }

@@ -60,6 +60,15 @@
 #                                       # greedy equivalence (pp=2 with CUDA graphs per stage, tp=2 eager; prefix cache
 #                                       # on every rank), then 0.8B shape pp=2 + MTP k=1 at B=1,8 with graphs per stage
 #                                       # vs eager
+#   bash benchmark/gpu_runs.sh long_context_27b  # issue 33, 27B B=1: attention kernel, last chunk, decode at 32k..1M
+#                                       # (synthetic contexts), whole prefills of 128k and 256k (YaRN past 256k)
+#   bash benchmark/gpu_runs.sh long_context_27b_prefill512k  # 27B: the whole 512k prefill (~3-4 min predicted)
+#   bash benchmark/gpu_runs.sh long_context_27b_k1|long_context_27b_k3  # 27B eagle k=1 / k=3 steps at 256k and 1M,
+#                                       # forced acceptance 0.8 per position (step cost: over long_context_27b's decode)
+#   bash benchmark/gpu_runs.sh long_context_27b_adaptive  # 27B adaptive k (mtp_step 3): the start-up table with its
+#                                       # per-context-token term, the choice at 128k..1M for acceptance 0.8 / 0.6
+#   bash benchmark/gpu_runs.sh long_context_35b|long_context_35b_mtp  # 35B-A3B at 256k: plain (whole prefill), then
+#                                       # eagle k=1 and k=3 (forced acceptance 0.8 per position)
 # Results go to $OUT (the device tool's folder) or benchmark/results; each JSON holds its exact command.
 # fla-core travels as a wheel in .whl/, the server extra's wheels in .whl_server/ (benchmark/README.md, "GPU runs").
 set -euo pipefail
@@ -232,5 +241,29 @@ case "${1:-}" in
         --mtp_mode eagle_with_att --mtp_step 1 --graph_max_batch_size "$g" \
         --out "$out/static_qwen3.5-0.8b_pp2_gloo_one_gpu_graphs$g.json"
     done ;;
-  *) echo "usage: $0 tests|27b|27b_k1|27b_large_batch|35b|35b_k1|peer|prefill16k|35b_prefill|gemv|moe_kernels|moe_prefill|profile_35b|latency_floor|draft_cost|draft_vocab|adaptive_grid|draft_model_cost|train_mtp3_ptd|train_drafts|prefix_cache|moe_prefill_graphs|prefix_sync_sites|multi_turn_steps|serving_27b|serving_35b|serving_tiny|prefix_serving|prefix_serving_27b|mixed|tp2_tests|tp2_27b|pp2_27b|tp2_35b|pp_one_gpu" >&2; exit 2 ;;
+  long_context_27b) python3 benchmark/long_context.py --model_shape qwen3.5-27b --device cuda \
+      --lengths 32768,131072,262144,524288,1048576 --real_prefill 131072,262144 \
+      --out "$out/long_context_qwen3.5-27b_h200.json" ;;
+  long_context_27b_prefill512k) python3 benchmark/long_context.py --model_shape qwen3.5-27b --device cuda \
+      --lengths 524288 --real_prefill 524288 --skip_attention_kernel \
+      --out "$out/long_context_qwen3.5-27b_prefill512k_h200.json" ;;
+  long_context_27b_k1|long_context_27b_k3)
+    k=${1##*_k}; rates=$(python3 -c "print(','.join(['0.8'] * $k))")
+    python3 benchmark/long_context.py --model_shape qwen3.5-27b --device cuda --lengths 262144,1048576 \
+      --skip_attention_kernel --mtp_mode eagle_with_att --mtp_step "$k" --mtp_force_acceptance "$rates" \
+      --out "$out/long_context_qwen3.5-27b_mtp_k${k}_h200.json" ;;
+  long_context_27b_adaptive) python3 benchmark/long_context.py --model_shape qwen3.5-27b --device cuda \
+      --lengths 131072,262144,524288,1048576 --skip_attention_kernel --mtp_mode eagle_with_att --mtp_step 3 \
+      --mtp_adaptive --mtp_force_acceptance 0.8,0.8,0.8 --accept_rates 0.8,0.6 \
+      --out "$out/long_context_qwen3.5-27b_adaptive_h200.json" ;;
+  long_context_35b) python3 benchmark/long_context.py --model_shape qwen3.5-35b-a3b --device cuda \
+      --lengths 32768,262144 --real_prefill 262144 --out "$out/long_context_qwen3.5-35b-a3b_h200.json" ;;
+  long_context_35b_mtp)
+    for k in 1 3; do
+      rates=$(python3 -c "print(','.join(['0.8'] * $k))")
+      python3 benchmark/long_context.py --model_shape qwen3.5-35b-a3b --device cuda --lengths 262144 \
+        --skip_attention_kernel --mtp_mode eagle_with_att --mtp_step "$k" --mtp_force_acceptance "$rates" \
+        --out "$out/long_context_qwen3.5-35b-a3b_mtp_k${k}_h200.json"
+    done ;;
+  *) echo "usage: $0 tests|27b|27b_k1|27b_large_batch|35b|35b_k1|peer|prefill16k|35b_prefill|gemv|moe_kernels|moe_prefill|profile_35b|latency_floor|draft_cost|draft_vocab|adaptive_grid|draft_model_cost|train_mtp3_ptd|train_drafts|prefix_cache|moe_prefill_graphs|prefix_sync_sites|multi_turn_steps|serving_27b|serving_35b|serving_tiny|prefix_serving|prefix_serving_27b|mixed|tp2_tests|tp2_27b|pp2_27b|tp2_35b|pp_one_gpu|long_context_27b|long_context_27b_prefill512k|long_context_27b_k1|long_context_27b_k3|long_context_27b_adaptive|long_context_35b|long_context_35b_mtp" >&2; exit 2 ;;
 esac

@@ -73,6 +73,7 @@ class RadixCache:
         self.snapshot_allocator = SlotAllocator(num_snapshots, "state snapshots")
         self.num_tokens = 0  # KV slots owned by the tree
         self.num_locked = 0  # of which in locked nodes
+        self._snapshot_holders: dict[Node, None] = {}  # the nodes with a snapshot (eviction scans these only)
         self._clock = itertools.count(1)
         self._serials = itertools.count(1)
 
@@ -93,16 +94,19 @@ class RadixCache:
         return path
 
     @staticmethod
-    def path_slots(node: Node) -> torch.Tensor:
+    def path_slots(node: Node, above: Node | None = None) -> torch.Tensor:
+        """The KV slots of the positions from below `above` (default: the root) down to node's end."""
         parts = []
-        while node.parent is not None:
+        while node.parent is not None and node is not above:
             parts.append(node.slots)
             node = node.parent
         return torch.cat(parts[::-1]) if parts else torch.empty(0, dtype=torch.int32)
 
     # ---- locks --------------------------------------------------------------------------------------------------
-    def lock(self, node: Node) -> None:
-        while node is not self.root:
+    def lock(self, node: Node, until: Node | None = None) -> None:
+        """Locks node and its ancestors up to `until` (excluded; default: the root). A holder that locked `until`
+        moves its lock down to a descendant `node` with lock(node, until): the path above stays counted once."""
+        while node is not self.root and node is not until:
             if node.lock_ref == 0:
                 self.num_locked += len(node.key)
             node.lock_ref += 1
@@ -121,36 +125,42 @@ class RadixCache:
         return self.num_tokens - self.num_locked
 
     # ---- insertion ----------------------------------------------------------------------------------------------
-    def insert(self, keys: list[Key], slots: torch.Tensor, snapshots: dict[int, Snapshot]) -> tuple[Node, torch.Tensor, list[Snapshot]]:
-        """Adds the path `keys` with KV `slots` (host int32); positions already in the tree keep the tree's slots.
-        snapshots: depth -> snapshot to attach at that depth (a node boundary is made there). Returns the node at
-        len(keys), the tree's slots of every position (the caller frees its own where they differ) and the
-        snapshots not attached (a snapshot was there already): the caller frees them."""
+    def insert(self, keys: list[Key], slots: torch.Tensor, snapshots: dict[int, Snapshot],
+               below: Node | None = None) -> tuple[Node, torch.Tensor, list[Snapshot]]:  # fmt: skip
+        """Adds the path `keys` with KV `slots` (host int32) below node `below` (default: the root; keys and slots
+        then start at position below.depth, so that a growing prompt adds only its new positions); positions already
+        in the tree keep the tree's slots. snapshots: depth -> snapshot to attach at that depth (a node boundary is
+        made there). Returns the node at below.depth + len(keys), the tree's slots of the positions of `keys` (the
+        caller frees its own where they differ) and the snapshots not attached (a snapshot was there already, or the
+        depth is outside the keys): the caller frees them."""
         assert len(keys) == slots.numel()
-        node, i, now = self.root, 0, next(self._clock)
-        cuts = sorted(d for d in snapshots if 0 < d <= len(keys))
-        while i < len(keys):
-            stop = next((d for d in cuts if d > i), len(keys))  # do not cross a snapshot depth inside one node
-            child = node.children.get(keys[i])
+        top = self.root if below is None else below
+        base, end, now = top.depth, top.depth + len(keys), next(self._clock)
+        node, i = top, base
+        cuts = sorted(d for d in snapshots if base < d <= end)
+        while i < end:
+            stop = next((d for d in cuts if d > i), end)  # do not cross a snapshot depth inside one node
+            child = node.children.get(keys[i - base])
             if child is None:
-                child = Node(keys[i:stop], slots[i:stop].clone(), node, stop, serial=next(self._serials))
-                node.children[keys[i]] = child
+                child = Node(keys[i - base : stop - base], slots[i - base : stop - base].clone(), node, stop,
+                             serial=next(self._serials))  # fmt: skip
+                node.children[keys[i - base]] = child
                 self.num_tokens += stop - i
             else:
-                n = _common_prefix(child.key, keys[i:stop])
+                n = _common_prefix(child.key, keys[i - base : stop - base])
                 if n < len(child.key):
                     child = self._split(child, n)
             child.last_access = now
             node, i = child, child.depth
-        unused = [s for d, s in snapshots.items() if not 0 < d <= len(keys)]
+        unused = [s for d, s in snapshots.items() if not base < d <= end]
         for d in cuts:
             owner = self._node_at(node, d)
             if owner.snapshot is None:
                 snapshots[d].last_access = now
-                owner.snapshot = snapshots[d]
+                self.attach_snapshot(owner, snapshots[d])
             else:
                 unused.append(snapshots[d])
-        return node, self.path_slots(node), unused
+        return node, self.path_slots(node, above=top), unused
 
     def _node_at(self, node: Node, depth: int) -> Node:
         while node.depth != depth:
@@ -168,6 +178,12 @@ class RadixCache:
         return upper
 
     # ---- snapshots ----------------------------------------------------------------------------------------------
+    def attach_snapshot(self, node: Node, snapshot: Snapshot) -> None:
+        """node (without one) now carries snapshot."""
+        assert node.snapshot is None
+        node.snapshot = snapshot
+        self._snapshot_holders[node] = None
+
     def alloc_snapshot(self) -> Snapshot | None:
         """A free snapshot slot, evicting the least recently used unpinned snapshot if needed; None if all pinned."""
         if self.snapshot_allocator.num_free == 0 and not self._evict_one_snapshot():
@@ -200,11 +216,12 @@ class RadixCache:
         return True
 
     def _snapshot_nodes(self, on_host: bool) -> list[Node]:
-        return [n for n in self._nodes() if n.snapshot is not None and n.snapshot.on_host == on_host]
+        return [n for n in self._snapshot_holders if n.snapshot.on_host == on_host]
 
     def _drop_snapshot(self, node: Node) -> None:
         self.free_snapshot(node.snapshot)
         node.snapshot = None
+        del self._snapshot_holders[node]
         self._drop_useless(node)
 
     def fetch(self, node: Node) -> bool:
@@ -262,6 +279,7 @@ class RadixCache:
             assert node.snapshot.pins == 0
             self.free_snapshot(node.snapshot)
             node.snapshot = None
+            del self._snapshot_holders[node]
         del node.parent.children[node.key[0]]
         self.kv_pool.free(node.slots)
         self.num_tokens -= len(node.key)
@@ -286,6 +304,7 @@ class RadixCache:
             assert all(bool(allocator._in_use[s]) for s in snaps), "a tree snapshot is free"
         for n in nodes:
             assert n.parent.children[n.key[0]] is n and n.depth == n.parent.depth + len(n.key)
+        assert set(self._snapshot_holders) == {n for n in nodes if n.snapshot is not None}, "snapshot holders drifted"
 
     @property
     def num_snapshots(self) -> int:

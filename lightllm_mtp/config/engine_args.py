@@ -9,12 +9,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+import json
 import os
 from pathlib import Path
 
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.config.options import option
 from lightllm_mtp.config.parallel_config import ParallelConfig
+from lightllm_mtp.config.rope_scaling import RopeScalingError, rope_type_of
 from lightllm_mtp.config.runtime import LoadFormat
 from lightllm_mtp.config.spec_config import MAX_MTP_STEP, MtpMode, SpecConfig
 
@@ -47,6 +49,28 @@ def parse_device(value: str | torch.device) -> torch.device:
     return device
 
 
+def parse_rope_override(value: dict | str | None) -> dict | None:
+    """The rope_scaling option: a JSON object (text on the CLI, a dict from LLM(...)) naming a supported rope_type;
+    its other keys are checked against the model's config at start-up (config/rope_scaling.py)."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as e:
+            raise ValueError(f"rope_scaling must be a JSON object, e.g. '{{\"rope_type\":\"yarn\",\"factor\":4,"
+                             f"\"original_max_position_embeddings\":262144}}': {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"rope_scaling must be a JSON object, got {value!r}")
+    if "rope_type" not in value and "type" not in value:
+        raise ValueError(f"rope_scaling needs a 'rope_type' (yarn, linear, llama3 or default), got {value!r}")
+    try:
+        rope_type_of(value)
+    except RopeScalingError as e:
+        raise ValueError(f"rope_scaling: {e}") from None
+    return dict(value)
+
+
 logger = logging.getLogger("lightllm_mtp.config")
 
 MODEL, MEMORY, SPEC, PARALLEL, CACHE = ("model", "batching and memory", "MTP speculative decoding", "parallelism",
@@ -70,6 +94,12 @@ class EngineArgs:
     load_format: LoadFormat | str = option(LoadFormat.AUTO, "auto: the checkpoint's safetensors; dummy: random "
                                            "weights of the checkpoint's shapes (benchmarks)", group=MODEL,
                                            choices=tuple(f.value for f in LoadFormat))
+    rope_scaling: dict | str | None = option(None, "RoPE scaling replacing the checkpoint's, as JSON, e.g. "
+                                             "'{\"rope_type\":\"yarn\",\"factor\":4,"
+                                             "\"original_max_position_embeddings\":262144}' (yarn, linear, llama3; "
+                                             "the checkpoint's rope_theta and M-RoPE fields are kept); max_model_len "
+                                             "may then reach factor x original (docs/long_context.md)", group=MODEL,
+                                             aliases=("rope_parameters",))
     cpu_threads: int | None = option(None, "torch threads of each process on CPU (none: 1 for models with hidden "
                                      f"size < {SMALL_MODEL_HIDDEN}, which are latency-bound, else the cores divided "
                                      "among this host's engine processes)", group=MODEL)
@@ -153,6 +183,7 @@ class EngineArgs:
             set_field(self, "load_format", LoadFormat(self.load_format))
         except ValueError:
             raise ValueError(f"load_format must be one of {[f.value for f in LoadFormat]}, got {self.load_format!r}")
+        set_field(self, "rope_scaling", parse_rope_override(self.rope_scaling))
         if self.mtp_mode in (None, "none"):
             set_field(self, "mtp_mode", None)
             if self.mtp_step or self.mtp_draft_model_dir:
@@ -220,7 +251,7 @@ class EngineArgs:
         self.parallel.check_model(cfg)
         if self.mtp_draft_model_dir is not None and not Path(self.mtp_draft_model_dir).is_dir():
             raise ValueError(f"mtp_draft_model_dir {self.mtp_draft_model_dir} is not a directory")
-        max_len = self.resolved_max_model_len(cfg.max_position_embeddings)
+        max_len = self.resolved_max_model_len(cfg)
         if self.max_total_token_num is not None and self.max_total_token_num < max_len:
             raise ValueError(
                 f"max_total_token_num {self.max_total_token_num} is below max_model_len {max_len}: a request of "
@@ -228,14 +259,24 @@ class EngineArgs:
             )
         return max_len
 
-    def resolved_max_model_len(self, max_position_embeddings: int) -> int:
+    def model_config(self) -> ModelConfig:
+        """The checkpoint's config with this engine's overrides (rope_scaling)."""
+        return ModelConfig.from_model_dir(self.model_dir, rope_scaling=self.rope_scaling)
+
+    def resolved_max_model_len(self, cfg: ModelConfig) -> int:
+        """max_model_len, or min(the model's context window, 4096); above the window (max_position_embeddings, or
+        with RoPE scaling factor x original_max_position_embeddings) is an error."""
+        window = cfg.max_context_len
         if self.max_model_len is None:
-            return min(max_position_embeddings, 4096)
-        if self.max_model_len > max_position_embeddings:
-            raise ValueError(
-                f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings "
-                f"{max_position_embeddings}"
-            )
+            return min(window, 4096)
+        if self.max_model_len > window:
+            s = cfg.rope_scaling
+            if s is None:
+                raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings "
+                                 f"{window}; longer contexts need RoPE scaling (--rope_scaling, docs/long_context.md)")
+            raise ValueError(f"max_model_len {self.max_model_len} exceeds the scaled context window {window} "
+                             f"({s.rope_type} factor {s.factor:g} x original_max_position_embeddings "
+                             f"{s.original_max_position_embeddings})")
         return self.max_model_len
 
     def resolved_kv_pool_size(self, max_model_len: int, lookahead_slots: int = 0) -> int:

@@ -13,6 +13,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from lightllm_mtp.config.rope_scaling import RopeScaling, RopeScalingError, merge_override, parse_rope_scaling
+
 
 class ModelConfigError(ValueError):
     """A config.json that this engine cannot serve; the message names the offending field."""
@@ -80,6 +82,7 @@ class ModelConfig:
     head_dim: int
     rotary_dim: int
     rope_theta: float
+    rope_scaling: RopeScaling | None  # None: plain RoPE (rope_type 'default')
     attn_output_gate: bool
     # Gated DeltaNet
     linear_num_key_heads: int
@@ -107,6 +110,12 @@ class ModelConfig:
         return tuple(i for i, t in enumerate(self.layer_types) if t is LayerType.LINEAR_ATTENTION)
 
     @property
+    def max_context_len(self) -> int:
+        """The longest request the model's positions serve: the scaled window (factor x the original one) with RoPE
+        scaling, else max_position_embeddings."""
+        return self.rope_scaling.max_positions if self.rope_scaling is not None else self.max_position_embeddings
+
+    @property
     def linear_key_dim(self) -> int:
         return self.linear_num_key_heads * self.linear_key_head_dim
 
@@ -119,7 +128,8 @@ class ModelConfig:
         return 2 * self.linear_key_dim + self.linear_value_dim
 
     @classmethod
-    def from_model_dir(cls, model_dir: str | Path) -> "ModelConfig":
+    def from_model_dir(cls, model_dir: str | Path, rope_scaling: dict[str, Any] | None = None) -> "ModelConfig":
+        """rope_scaling: the engine's override of the checkpoint's RoPE scaling (config/rope_scaling.py)."""
         path = Path(model_dir) / "config.json"
         if not Path(model_dir).is_dir():
             raise ModelConfigError(missing_model_dir_message(str(model_dir)))
@@ -133,17 +143,17 @@ class ModelConfig:
         if not isinstance(hf, dict):
             raise ModelConfigError(f"{path}: the top level must be a JSON object")
         try:
-            return cls.from_hf(hf)
+            return cls.from_hf(hf, rope_scaling)
         except ModelConfigError as e:
             raise ModelConfigError(f"{path}: {e}") from e
 
     @classmethod
-    def from_hf(cls, hf: dict[str, Any]) -> "ModelConfig":
+    def from_hf(cls, hf: dict[str, Any], rope_scaling: dict[str, Any] | None = None) -> "ModelConfig":
         model_type, wrapped, architecture = _resolve_architecture(hf)
         text = hf.get("text_config") if wrapped else hf
         if not isinstance(text, dict):
             raise ModelConfigError(f"'text_config' must be an object for architecture {architecture}")
-        return _parse_text_config(text, hf, model_type, wrapped, architecture)
+        return _parse_text_config(text, hf, model_type, wrapped, architecture, rope_scaling)
 
 
 def _resolve_architecture(hf: dict[str, Any]) -> tuple[ModelType, bool, str]:
@@ -192,17 +202,20 @@ def _layer_types(text: dict[str, Any], num_layers: int) -> tuple[LayerType, ...]
         raise ModelConfigError(f"field 'layer_types': {e}; allowed {[t.value for t in LayerType]}") from None
 
 
-def _rope(text: dict[str, Any], head_dim: int) -> tuple[int, float]:
-    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-        raise ModelConfigError(f"field 'rope_parameters.rope_type' = {rope_type!r} is not supported (only 'default')")
+def _rope(text: dict[str, Any], head_dim: int, override: dict[str, Any] | None,
+          max_position_embeddings: int) -> tuple[int, float, RopeScaling | None]:  # fmt: skip
+    rope = merge_override(text.get("rope_parameters") or text.get("rope_scaling") or {}, override)
+    where = "the rope_scaling option" if override is not None else "field 'rope_parameters'"
+    try:
+        scaling = parse_rope_scaling(rope, max_position_embeddings, text.get("original_max_position_embeddings"))
+    except RopeScalingError as e:
+        raise ModelConfigError(f"{where}: {e}") from None
     theta = rope.get("rope_theta", text.get("rope_theta", 10000.0))
     factor = rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25))
     rotary_dim = int(head_dim * factor)
     if rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > head_dim:
         raise ModelConfigError(f"field 'partial_rotary_factor' = {factor} gives an invalid rotary dim {rotary_dim}")
-    return rotary_dim, float(theta)
+    return rotary_dim, float(theta), scaling
 
 
 def _eos_ids(text: dict[str, Any], hf: dict[str, Any]) -> tuple[int, ...]:
@@ -213,14 +226,16 @@ def _eos_ids(text: dict[str, Any], hf: dict[str, Any]) -> tuple[int, ...]:
 
 
 def _parse_text_config(
-    text: dict[str, Any], hf: dict[str, Any], model_type: ModelType, wrapped: bool, architecture: str
+    text: dict[str, Any], hf: dict[str, Any], model_type: ModelType, wrapped: bool, architecture: str,
+    rope_override: dict[str, Any] | None = None,
 ) -> ModelConfig:
     act = text.get("hidden_act", "silu")
     if act != "silu":
         raise ModelConfigError(f"field 'hidden_act' = {act!r} is not supported (only 'silu')")
     num_layers = _require(text, "num_hidden_layers")
     head_dim = text.get("head_dim") or _require(text, "hidden_size") // _require(text, "num_attention_heads")
-    rotary_dim, theta = _rope(text, head_dim)
+    max_positions = int(text.get("max_position_embeddings", 262144))
+    rotary_dim, theta, rope_scaling = _rope(text, head_dim, rope_override, max_positions)
     moe = None
     intermediate = None
     if model_type is ModelType.QWEN3_5_MOE:
@@ -244,13 +259,14 @@ def _parse_text_config(
         num_hidden_layers=num_layers,
         layer_types=_layer_types(text, num_layers),
         rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
-        max_position_embeddings=int(text.get("max_position_embeddings", 262144)),
+        max_position_embeddings=max_positions,
         tie_word_embeddings=bool(tie),
         num_attention_heads=_require(text, "num_attention_heads"),
         num_key_value_heads=_require(text, "num_key_value_heads"),
         head_dim=head_dim,
         rotary_dim=rotary_dim,
         rope_theta=theta,
+        rope_scaling=rope_scaling,
         attn_output_gate=bool(text.get("attn_output_gate", True)),
         linear_num_key_heads=_require(text, "linear_num_key_heads"),
         linear_num_value_heads=_require(text, "linear_num_value_heads"),

@@ -52,10 +52,10 @@ class EngineUsage:
 class LLMEngine:
     def __init__(self, args: EngineArgs):
         self.args = args
-        self.model_config = cfg = ModelConfig.from_model_dir(args.model_dir)
+        self.model_config = cfg = args.model_config()
         if args.device.type == "cpu":  # tp / pp followers take the driver's count (engine/parallel/group.py)
             torch.set_num_threads(args.resolved_cpu_threads(cfg.hidden_size, args.parallel.world_size))
-        self.max_model_len = args.resolved_max_model_len(cfg.max_position_embeddings)
+        self.max_model_len = args.resolved_max_model_len(cfg)
         self.cache_budget = budget = cache_budget_of(args, cfg, self.max_model_len)
         kv_pool_size = budget.kv_tokens
         self.spec = args.spec

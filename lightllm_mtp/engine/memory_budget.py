@@ -69,7 +69,7 @@ def weight_bytes(args: EngineArgs, cfg: ModelConfig) -> int:
 def activation_reserve(args: EngineArgs, cfg: ModelConfig) -> int:
     """A prefill chunk's activations and the logits of a full verify batch, plus the fixed reserve."""
     elem = torch.empty((), dtype=args.dtype).element_size()
-    ffn = cfg.intermediate_size or (cfg.moe_intermediate_size * cfg.num_experts_per_tok)
+    ffn = cfg.intermediate_size or (cfg.moe.moe_intermediate_size * cfg.moe.num_experts_per_tok)
     rows = args.chunked_prefill_size
     activations = rows * (ACTIVATION_ROWS_FACTOR * cfg.hidden_size + 3 * ffn) * elem // args.parallel.tp
     k = args.spec.num_draft_tokens if args.spec is not None else 0

@@ -113,7 +113,7 @@ class ModelRunner:
                 from_device.append((len(input_ids), on_device[id(req)]))
                 input_ids.append(0)
             else:
-                input_ids += [req.token_at(p) for p in range(start, start + n)]
+                input_ids += req.tokens(start, start + n)
             positions += range(start, start + n)
             req_idx.append(req.req_idx)
             seq_len.append(start + n)

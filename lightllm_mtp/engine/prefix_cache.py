@@ -227,27 +227,30 @@ class PrefixCache:
                 self._adopt(req, now[-1][0], dict(now))
 
     def _adopt(self, req: Request, depth: int, snaps: dict[int, Snapshot]) -> None:
-        kv = torch.cat(req.kv_slots)
-        keys = key_elements(req.prompt_ids, depth, self.lookahead, req.params.cache_salt)
-        node, tree_slots = self._insert(keys, kv[:depth], snaps)
-        own = kv[:depth]
+        """Only the positions past the node the request holds are keyed and inserted (below that node), and its lock
+        moves down the path: the host work of a prompt chunk does not grow with the prompt's cached length."""
+        hold = req.cache_hold
+        start = hold.cached_len
+        held, new = split_slots(req.kv_slots, start)  # kv_slots[..][:start] are the tree's already
+        tokens = req.prompt_ids[start : depth + self.lookahead]
+        keys = key_elements(tokens, depth - start, self.lookahead, req.params.cache_salt if start == 0 else None)
+        own = new[: depth - start]
+        node, tree_slots = self._insert(keys, own, snaps, below=hold.node)
         dup = own != tree_slots
         if bool(dup.any()):
             table = self.req_manager.req_to_token
-            pos = dup.nonzero().flatten()
+            pos = dup.nonzero().flatten() + start
             dev = table.device  # non-blocking: a blocking copy would wait for the forward just queued
             table[req.req_idx, to_device_async(pos, dev)] = to_device_async(tree_slots[dup], dev)
             self.tree.kv_pool.free(own[dup])
-        req.kv_slots = [tree_slots, kv[depth:]]
-        self.tree.lock(node)
-        hold = req.cache_hold
-        if hold.node is not None:
-            self.tree.unlock(hold.node)
+        req.kv_slots = held + [tree_slots, new[depth - start :]]
+        self.tree.lock(node, until=hold.node)  # the path above hold.node stays locked by this request once
         hold.node = node
 
-    def _insert(self, keys: list, slots: torch.Tensor, snaps: dict[int, Snapshot]) -> tuple[Node, torch.Tensor]:
+    def _insert(self, keys: list, slots: torch.Tensor, snaps: dict[int, Snapshot],
+                below: Node | None = None) -> tuple[Node, torch.Tensor]:  # fmt: skip
         """tree.insert, freeing the snapshots the tree did not take (a snapshot was there already)."""
-        node, tree_slots, unused = self.tree.insert(keys, slots, snaps)
+        node, tree_slots, unused = self.tree.insert(keys, slots, snaps, below)
         for s in unused:
             self.tree.free_snapshot(s)
         return node, tree_slots
@@ -331,7 +334,7 @@ class PrefixCache:
                 snap.partial = True
             else:
                 self.draft_snapshots.save(snap.slot, req.req_idx, draft_offset)
-        node.snapshot = snap
+        self.tree.attach_snapshot(node, snap)
 
     def _join_queued_row(self, req: Request, tokens: list[int], depth: int, tree_slots: torch.Tensor,
                          held: torch.Tensor) -> torch.Tensor | None:  # fmt: skip
@@ -401,3 +404,21 @@ class PrefixCache:
         return PrefixCacheStats(self._queries, self._hits, self._prompt_tokens, self._cached_tokens,
                                 self.tree.num_tokens, self.tree.num_snapshots, self.snapshots.size,
                                 self.tree.num_host_snapshots, self._host_hits, self._catch_up_tokens)  # fmt: skip
+
+
+def split_slots(parts: list[torch.Tensor], n: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """A request's KV slot pieces (position order) cut at position n: (the pieces of positions 0..n-1, the slots from
+    n on in one tensor). Only the pieces past n are concatenated."""
+    head, offset = [], 0
+    for i, part in enumerate(parts):
+        if offset + part.numel() > n:
+            cut = n - offset
+            if cut > 0:
+                head.append(part[:cut])
+            rest = [part[cut:], *parts[i + 1 :]]
+            return head, torch.cat(rest) if len(rest) > 1 else rest[0]
+        head.append(part)
+        offset += part.numel()
+    if offset < n:
+        raise ValueError(f"split_slots: {offset} slots, cut at {n}")
+    return head, torch.empty(0, dtype=torch.int32)

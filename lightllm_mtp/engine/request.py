@@ -135,6 +135,13 @@ class Request:
         n = len(self.prompt_ids)
         return self.prompt_ids[pos] if pos < n else self.output_ids[pos - n]
 
+    def tokens(self, start: int, end: int) -> list[int]:
+        """The tokens of positions start..end-1 (prompt then output), by slicing."""
+        n = len(self.prompt_ids)
+        if end <= n:
+            return self.prompt_ids[start:end]
+        return self.prompt_ids[start:] + self.output_ids[max(0, start - n) : end - n]
+
     def pending_tokens(self) -> list[int]:
         """Tokens whose KV is not stored yet (a prompt remainder, or the last sampled token)."""
-        return [self.token_at(p) for p in range(self.num_computed, self.num_tokens)]
+        return self.tokens(self.num_computed, self.num_tokens)

@@ -29,7 +29,12 @@ from lightllm_mtp.spec_decode.draft_factory import create_proposer
 from lightllm_mtp.spec_decode.draft_state import DraftState
 from lightllm_mtp.spec_decode.proposer import Proposer
 from lightllm_mtp.spec_decode.step_builder import StepBuilder
-from lightllm_mtp.spec_decode.step_cost import measured_step_costs, row_count_step_costs
+from lightllm_mtp.spec_decode.step_cost import (
+    CONTEXT_PROBE_TOKENS,
+    context_cost_per_row,
+    measured_step_costs,
+    row_count_step_costs,
+)
 from lightllm_mtp.spec_decode.verify import ForcedAcceptRule
 
 logger = logging.getLogger("lightllm_mtp.engine")
@@ -161,9 +166,11 @@ def _step_costs(graphs: ModelGraphs, model: TpPartBaseModel, proposer: Proposer,
         windows = [m.graph_sets[0] for m in proposer.modules]
         chain = proposer.modules[0].graph_sets[1] if eagle_chain and k > 1 else None
         kv_only = [g for g in proposer.modules[0].graph_sets if not g.logits]
-        return measured_step_costs(verify, windows, chain, k, kv_only[0] if kv_only else None)
+        context = min(CONTEXT_PROBE_TOKENS, model.rt.max_model_len - k - 1)
+        return measured_step_costs(verify, windows, chain, k, kv_only[0] if kv_only else None, context)
     sizes = graph_batch_sizes(model.caches.req_manager.max_reqs)
-    return row_count_step_costs(sizes, k, proposer.window_rows, len(proposer.modules), eagle_chain)
+    return row_count_step_costs(sizes, k, proposer.window_rows, len(proposer.modules), eagle_chain,
+                                context_cost_per_row(model.cfg))  # fmt: skip
 
 
 def rank_args(args: EngineArgs, rank: int, shared_device: bool = False) -> EngineArgs:

@@ -53,10 +53,12 @@ class Scheduler:
 
     def check_fits(self, num_prompt_tokens: int, max_new_tokens: int) -> None:
         need = self.kv_need(num_prompt_tokens, max_new_tokens)
-        if need > self.kv_capacity:
+        if need > self.kv_capacity:  # refused before admission: a running request never runs out of KV slots
             raise ValueError(
                 f"a request of {num_prompt_tokens} prompt tokens and max_new_tokens={max_new_tokens} needs {need} KV "
-                f"slots; the pool has {self.kv_capacity}"
+                f"slots (its tokens up to max_model_len {self.max_model_len}, plus {self.lookahead_slots} lookahead "
+                f"slots); the pool has {self.kv_capacity}: lower max_new_tokens, or raise max_total_token_num / "
+                "mem_fraction"
             )
 
     def add(self, req: Request) -> None:

@@ -78,7 +78,7 @@ class SpecRunner:
         """Drafts of the blocks this launch opens: k, or the adaptive controller's pick for these requests."""
         if self.controller is None:
             return self.num_draft_tokens
-        return self.controller.choose([r.acceptance for r in reqs])
+        return self.controller.choose([r.acceptance for r in reqs], sum(r.num_tokens for r in reqs))
 
     def end_state(self, req: Request) -> EndState:
         """Where the request's committed conv window / SSM row sits: 0 during its prompt, accept_len - 1 after a verify

@@ -18,7 +18,6 @@ import torch
 
 from lightllm_mtp.config.cli import add_options, values_given
 from lightllm_mtp.config.engine_args import EngineArgs
-from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.config.options import option
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -143,7 +142,7 @@ def parse_server_args(argv: list[str] | None = None) -> ServerArgs:
 
 def server_args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
     engine = EngineArgs(**values_given(ns, EngineArgs))
-    cfg = ModelConfig.from_model_dir(engine.model_dir)  # a missing directory or hub id is named here
+    cfg = engine.model_config()  # a missing directory or hub id is named here
     if not any((Path(engine.model_dir) / f).is_file() for f in TOKENIZER_FILES):
         raise ValueError(f"--model_dir {engine.model_dir}: the server needs a tokenizer ({' or '.join(TOKENIZER_FILES)})")
     engine.check_model(cfg)

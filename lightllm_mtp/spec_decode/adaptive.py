@@ -4,9 +4,11 @@ hold, the k that maximizes the batch's expected tokens per millisecond.
 Expected tokens of a request drafting k: E(k) = 1 + sum_{j<=k} prod_{i<=j} a_i, where a_i is its conditional
 acceptance at draft position i (accepted / reached, decayed so that a request whose acceptance falls with its
 context drafts less; a new request starts from the engine-wide estimate). Step cost: `StepCostTable`, milliseconds
-per (batch-size bucket, k), measured at start-up from the captured CUDA graphs (spec_decode/step_cost.py).
-k = argmax_k sum_r E_r(k) / cost(B, k). k = 0 is a verify block of one row (a plain decode step on the verify
-layout, with the draft pass that keeps the draft KV current). Positions past the chosen k are never verified, so
+per (batch-size bucket, k) plus milliseconds per context token (the KV the batch's requests hold: a verify row's
+attention, and the drafts', grow with it), measured at start-up from the captured CUDA graphs
+(spec_decode/step_cost.py). k = argmax_k sum_r E_r(k) / cost(B, k, C), C the batch's context tokens. k = 0 is a
+verify block of one row (a plain decode step on the verify layout, with the draft pass that keeps the draft KV
+current). Positions past the chosen k are never verified, so
 every `probe_interval` launches one more draft is verified than chosen: estimates of longer drafts stay live and
 a batch at k = 0 (drafts never accepted) finds out when they start being accepted.
 
@@ -26,10 +28,13 @@ _INITIAL_WEIGHT = 0.5  # the initial guess only counts until the first verify st
 
 @dataclass(frozen=True)
 class StepCostTable:
-    """cost_ms[i][k]: milliseconds of a step of batch_sizes[i] requests with blocks of k drafts (k = 0..K)."""
+    """cost_ms[i][k]: milliseconds of a step of batch_sizes[i] requests with blocks of k drafts (k = 0..K) at a short
+    context; ms_per_context_token[i][k]: what each token of context the batch's requests hold adds to it (None:
+    nothing)."""
 
     batch_sizes: tuple[int, ...]
     cost_ms: tuple[tuple[float, ...], ...]
+    ms_per_context_token: tuple[tuple[float, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.batch_sizes or len(self.batch_sizes) != len(self.cost_ms):
@@ -39,15 +44,22 @@ class StepCostTable:
         widths = {len(row) for row in self.cost_ms}
         if len(widths) != 1 or min(min(row) for row in self.cost_ms) <= 0:
             raise ValueError("StepCostTable: every row holds K + 1 positive costs")
+        slopes = self.ms_per_context_token
+        if slopes is not None and (len(slopes) != len(self.cost_ms) or {len(r) for r in slopes} != widths
+                                   or min(min(r) for r in slopes) < 0):  # fmt: skip
+            raise ValueError("StepCostTable: ms_per_context_token holds K + 1 costs >= 0 per batch size")
 
     @property
     def max_drafts(self) -> int:
         return len(self.cost_ms[0]) - 1
 
-    def row(self, batch_size: int) -> tuple[float, ...]:
-        """Costs of the smallest measured batch size >= batch_size (the CUDA-graph bucket it replays in)."""
+    def row(self, batch_size: int, context_tokens: int = 0) -> tuple[float, ...]:
+        """Costs by k of the smallest measured batch size >= batch_size (the CUDA-graph bucket it replays in), for
+        a batch whose requests hold context_tokens tokens of KV in all."""
         i = min(bisect.bisect_left(self.batch_sizes, batch_size), len(self.batch_sizes) - 1)
-        return self.cost_ms[i]
+        if self.ms_per_context_token is None or context_tokens <= 0:
+            return self.cost_ms[i]
+        return tuple(c + s * context_tokens for c, s in zip(self.cost_ms[i], self.ms_per_context_token[i]))
 
 
 @dataclass
@@ -109,18 +121,19 @@ class SpecLengthController:
         request.observe(num_drafts, accepted_drafts)
         self.engine.observe(num_drafts, accepted_drafts)
 
-    def best(self, requests: list[AcceptanceEstimate]) -> int:
-        """argmax_k of expected tokens per millisecond for these requests (ties: the smaller k)."""
+    def best(self, requests: list[AcceptanceEstimate], context_tokens: int = 0) -> int:
+        """argmax_k of expected tokens per millisecond for these requests, which hold context_tokens tokens of KV in
+        all (ties: the smaller k)."""
         prior = self.prior()
         rates = [r.rates(self.max_drafts, prior) for r in requests]
-        cost = self.costs.row(len(requests))
+        cost = self.costs.row(len(requests), context_tokens)
         scores = [sum(expected_tokens(r, k) for r in rates) / cost[k] for k in range(self.max_drafts + 1)]
         return max(range(len(scores)), key=lambda k: (scores[k], -k))
 
-    def choose(self, requests: list[AcceptanceEstimate]) -> int:
+    def choose(self, requests: list[AcceptanceEstimate], context_tokens: int = 0) -> int:
         """The k of the blocks this launch opens for `requests`: the best one, one more on probe launches."""
         self._launches += 1
-        k = self.best(requests)
+        k = self.best(requests, context_tokens)
         if self._launches % self.probe_interval == 0:
             k = min(k + 1, self.max_drafts)
         return k

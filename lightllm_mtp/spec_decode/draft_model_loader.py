@@ -44,10 +44,12 @@ def load_draft_model(main: TpPartBaseModel, main_model_dir: str, spec: SpecConfi
     mismatch = tokenizer_mismatch(Path(main_model_dir), path)
     if mismatch:
         raise ValueError(f"draft model {path} and target {main_model_dir} have different tokenizers: {mismatch}")
-    if cfg.max_position_embeddings < main.rt.max_model_len:
+    if cfg.max_context_len < main.rt.max_model_len:
+        window = (f"max_position_embeddings {cfg.max_position_embeddings}" if cfg.rope_scaling is None else
+                  f"a RoPE-scaled window of {cfg.max_context_len}")  # fmt: skip
         raise ValueError(
-            f"draft model {path} has max_position_embeddings {cfg.max_position_embeddings} < max_model_len "
-            f"{main.rt.max_model_len}: the draft must cover the target's context (lower max_model_len)"
+            f"draft model {path} has {window} < max_model_len {main.rt.max_model_len}: the draft must cover the "
+            "target's context (lower max_model_len)"
         )
     rt = dataclasses.replace(main.rt, num_draft_tokens=draft_state_tokens(spec.num_draft_tokens), draft_kv_layers=0)
     draft = create_model(path, cfg, rt)

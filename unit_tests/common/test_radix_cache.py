@@ -109,3 +109,30 @@ def test_partial_snapshots_stay_partial_through_the_host_tier():
     for i, p in enumerate(pools):
         slot = node.snapshot.slot
         assert bool((p.conv[:, slot] == i + 1.0).all()) and bool((p.ssm[:, slot] == i + 3.0).all())
+
+
+def test_insert_below_a_node_adds_only_the_new_positions_and_the_lock_moves_down():
+    """A growing prompt extends the path below the node it holds (engine/prefix_cache.py _adopt): the same tree as
+    inserting the whole prefix from the root, the slots of the new positions only, and lock(node, until=held) leaves
+    the path above counted once."""
+    tokens = list(range(10, 40))
+    pool, tree = make()
+    held, _ = insert(tree, pool, tokens[:12], snap_at=[8, 12])
+    tree.lock(held)
+    slots = pool.alloc(18)
+    snaps = {16: tree.alloc_snapshot(), 30: tree.alloc_snapshot(), 4: tree.alloc_snapshot()}
+    node, new_slots, unused = tree.insert(key_elements(tokens[12:], 18, 0), slots, snaps, below=held)
+    assert torch.equal(new_slots, slots) and node.depth == 30 and unused == [snaps[4]]  # depth 4 is above `held`
+    tree.free_snapshot(snaps[4])
+    tree.lock(node, until=held)
+    assert tree.num_locked == 30
+    path = tree.match(key_elements(tokens, 30, 0))
+    assert [n.depth for n in path] == [8, 12, 16, 30] and all(n.lock_ref == 1 for n in path)
+    twin_pool, twin = make()  # the whole prompt inserted from the root in one go
+    insert(twin, twin_pool, tokens, snap_at=[8, 12, 16, 30])
+    assert [n.depth for n in twin.match(key_elements(tokens, 30, 0))] == [8, 12, 16, 30]
+    tree.unlock(node)
+    assert tree.num_locked == 0
+    tree.check()
+    tree.evict_all()
+    assert pool.num_free == 64 and tree.snapshot_allocator.num_free == 4

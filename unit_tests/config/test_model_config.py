@@ -83,7 +83,7 @@ def test_partial_rotary_factor_at_top_level():
         (lambda h: h["text_config"].update(layer_types=["full_attention"] * 3), "layer_types"),
         (lambda h: h["text_config"].update(layer_types=["sliding"] * 8), "layer_types"),
         (lambda h: h["text_config"].update(hidden_act="gelu"), "hidden_act"),
-        (lambda h: h["text_config"]["rope_parameters"].update(rope_type="yarn"), "rope_type"),
+        (lambda h: h["text_config"]["rope_parameters"].update(rope_type="dynamic"), "rope_type"),
         (lambda h: h["text_config"].update(linear_num_value_heads=3), "linear_num_value_heads"),
         (lambda h: h["text_config"].update(vocab_size="big"), "vocab_size"),
         (lambda h: h.update(text_config=None), "text_config"),

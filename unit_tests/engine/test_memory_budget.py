@@ -43,3 +43,19 @@ def test_the_plan_leaves_less_cache_at_a_lower_fraction_and_counts_mtp():
     assert with_mtp.weights > plan.weights and with_mtp.request_state > plan.request_state
     busy = memory_plan(args, cfg, snap, 0.9, total=H200, free=H200 - 10 * GIB)  # another process holds 10 GiB
     assert busy.cache_bytes == plan.cache_bytes - 10 * GIB
+
+
+def test_moe_plan_and_one_long_request():
+    """The MoE shape's reserve (its feed-forward: top-k experts per row), and a 1M-token request on one H200
+    (docs/long_context.md): 35B-A3B at 0.9 holds its KV (20 KiB/token) twice over; 27B bf16 (53.8 GB of weights) at 0.9
+    holds a plain request's 1M x 64 KiB but not MTP's 1M x 68 KiB (its draft layer), which 0.95 holds."""
+    moe = _cfg("qwen3.5-35b-a3b")
+    args = EngineArgs(model_dir="-", dtype="bf16", max_batch_size=1, chunked_prefill_size=4096)
+    plan = memory_plan(args, moe, snapshot_bytes(moe, 2), 0.9, total=H200, free=H200)
+    assert 2 * GIB < plan.reserve < 4 * GIB and plan.cache_bytes > 2 * 1048576 * 22528
+    dense = _cfg("qwen3.5-27b")
+
+    def cache(fraction):
+        return memory_plan(args, dense, snapshot_bytes(dense, 2), fraction, total=H200, free=H200).cache_bytes
+
+    assert 1048576 * 65536 < cache(0.9) < 1048576 * 69632 < cache(0.95)

@@ -82,7 +82,8 @@ def test_controller_follows_a_request_whose_acceptance_decays():
 def force_schedule(monkeypatch, schedule):
     """Every launch takes the next k of `schedule` (cycled): each transition between draft counts is exercised."""
     ks = itertools.cycle(schedule)
-    monkeypatch.setattr(SpecLengthController, "choose", lambda self, reqs: min(next(ks), self.max_drafts))
+    monkeypatch.setattr(SpecLengthController, "choose",
+                        lambda self, reqs, context_tokens=0: min(next(ks), self.max_drafts))  # fmt: skip
 
 
 @pytest.fixture(params=["dense", "moe"])

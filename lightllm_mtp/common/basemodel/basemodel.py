@@ -124,7 +124,8 @@ class TpPartBaseModel:
         # positions past max_model_len: padding rows of verify blocks and draft windows (at most 2k rows from a
         # block start) near the end (ReqManager.padding_columns)
         req_manager = ReqManager(rt.max_reqs, rt.max_model_len, rt.device, linear_state, 2 * rt.num_draft_tokens)
-        cos, sin = build_rope_cache(cfg.rotary_dim, req_manager.req_to_token.shape[1], cfg.rope_theta, rt.device)
+        cos, sin = build_rope_cache(cfg.rotary_dim, req_manager.req_to_token.shape[1], cfg.rope_theta, rt.device,
+                                    cfg.rope_scaling)
         return ModelCaches(kv_pool=kv_pool, req_manager=req_manager, rope_cos=cos, rope_sin=sin)
 
     # ---- forward -----------------------------------------------------------------------------------

@@ -154,20 +154,34 @@ class CudaGraphSet:
             to_next_stage=tuple(t[:rows] for t in out.to_next_stage) if out.to_next_stage is not None else None,
         )
 
-    def replay_ms(self, size: int, iters: int = 10) -> float:
+    def replay_ms(self, size: int, iters: int = 10, context: int = 0) -> float:
         """Median milliseconds of one replay of the bucket of `size` requests, every row padding (the reserved
-        request and KV slots): the step-cost measurement of adaptive speculation."""
+        request and KV slots): the step-cost measurement of adaptive speculation. context > 0: each padding request
+        holds `context` tokens before its rows, read from distinct KV slots through the reserved request's page-table
+        row (restored afterwards), so that the time includes attending over that much KV."""
         self._reset_padding(0, size)
-        graph = self.graphs[size][0]
-        graph.replay()
-        times = []
-        for _ in range(iters):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+        table, hold = self.caches.req_manager.req_to_token, self.caches.req_manager.hold_req
+        length = min(context + self.q, table.shape[1])
+        saved = table[hold, :length].clone() if context > 0 else None
+        if context > 0:
+            slots = torch.arange(length, device=table.device) % self.caches.kv_pool.size
+            table[hold, :length] = slots.to(table.dtype)
+            self.b_seq_len[:size].fill_(length)
+        try:
+            graph = self.graphs[size][0]
             graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
+            times = []
+            for _ in range(iters):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                graph.replay()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+        finally:
+            if saved is not None:
+                table[hold, :length] = saved
+                self.b_seq_len[:size].fill_(self.q)
         return sorted(times)[len(times) // 2]
 
     def _reset_padding(self, b: int, size: int) -> None:

@@ -14,7 +14,6 @@ import torch
 import torch.distributed as dist
 
 from lightllm_mtp.config.engine_args import EngineArgs
-from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.config.parallel_config import RankInfo
 from lightllm_mtp.engine.parallel.membership import (
     describe, exchange_status, join_group, leave_group, recv_ops, watch_parent,
@@ -39,8 +38,8 @@ def follower_main(args: EngineArgs, rank: int, link: tuple[int, str, bool], num_
     control = join_group(args, rank, port, backend, host_staged)
     status, built = "ok", None
     try:
-        cfg = ModelConfig.from_model_dir(args.model_dir)
-        built = build_runner(args, cfg, args.resolved_max_model_len(cfg.max_position_embeddings),
+        cfg = args.model_config()
+        built = build_runner(args, cfg, args.resolved_max_model_len(cfg),
                              RankInfo(args.parallel, rank))  # fmt: skip
     except Exception as e:
         status = describe(e)

@@ -17,22 +17,25 @@ from lightllm_mtp.kernels._validate import (
     check_same_dtype,
     check_shape,
 )
+from lightllm_mtp.config.rope_scaling import RopeScaling
+from lightllm_mtp.kernels.attention.rope_frequencies import rope_inv_freq
 from lightllm_mtp.kernels.triton_utils import triton_available, use_triton
 
 _OP = "apply_partial_rope"
 
 
 def build_rope_cache(
-    rotary_dim: int, max_positions: int, theta: float, device: torch.device | str | None = None
+    rotary_dim: int, max_positions: int, theta: float, device: torch.device | str | None = None,
+    scaling: RopeScaling | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (cos, sin), each [max_positions, rotary_dim // 2] fp32; inv_freq_j = theta^(-2j / rotary_dim)."""
-    if rotary_dim <= 0 or rotary_dim % 2:
-        raise ValueError(f"build_rope_cache: rotary_dim must be a positive even number, got {rotary_dim}")
+    """-> (cos, sin), each [max_positions, rotary_dim // 2] fp32; inv_freq_j = theta^(-2j / rotary_dim), or those of
+    a RoPE scaling (kernels/attention/rope_frequencies.py), whose attention factor (YaRN's mscale) multiplies cos and
+    sin here, as in HF, before the kernels round them to the activation dtype."""
     if max_positions <= 0:
         raise ValueError(f"build_rope_cache: max_positions must be positive, got {max_positions}")
-    inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
+    inv_freq, attention_factor = rope_inv_freq(rotary_dim, theta, scaling)
     freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
-    return freqs.cos().to(device), freqs.sin().to(device)
+    return (freqs.cos() * attention_factor).to(device), (freqs.sin() * attention_factor).to(device)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
