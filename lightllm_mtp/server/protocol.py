@@ -2,8 +2,10 @@
 
 Bodies are parsed here, not by FastAPI, so that every bad input (invalid JSON, a wrong type, an out-of-range
 value, an unsupported feature) becomes one `ApiError`: HTTP 4xx with
-`{"error": {"message", "type", "param", "code"}}`. Unknown fields are ignored, as OpenAI-compatible servers do; known
-ones are strictly typed ("16" is not a number, true is not a token id or a count, "yes" is not a boolean).
+`{"error": {"message", "type", "param", "code"}}`. Every field of the OpenAI schemas and the common vLLM / SGLang
+extensions is in request_fields.py's catalogue: honored (declared here, strictly typed: "16" is not a number, true is
+not a token id or a count, "yes" is not a boolean), refused with a 400 naming it, or informational; fields the
+catalogue does not know are ignored with a logged warning.
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, ClassVar, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
 from lightllm_mtp.sampling_params import MAX_CACHE_SALT_CHARS, MAX_STOP_TOKEN_IDS, SamplingParams, check_stop_strings
+from lightllm_mtp.server.request_fields import CHAT, COMPLETIONS, UnsupportedField, check_fields
+
 STRICT = ConfigDict(extra="ignore", strict=True)
 
 # Every collection stops at its first bad item: an 8 MiB body of 1.6M `true`s as token ids otherwise builds an error
@@ -56,6 +60,8 @@ def parse_body(model: type[M], raw: bytes) -> M:
         _reject_lone_surrogates(data)
     try:
         return model.model_validate(data)
+    except UnsupportedField as e:
+        raise ApiError(400, str(e), param=e.key, code="unsupported_field") from None
     except ValidationError as e:
         errors = e.errors()
         param = str(errors[0]["loc"][0]) if errors[0]["loc"] else None  # the top-level field
@@ -109,28 +115,34 @@ class SamplingRequest(BaseModel):
     """Fields shared by /v1/completions and /v1/chat/completions (OpenAI names; vLLM-style extensions)."""
 
     model_config = STRICT
+    ENDPOINT: ClassVar[str]  # the request_fields catalogue's endpoint
 
     model: str | None = None
     max_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1  # extension: -1 or 0 disables
-    n: int = 1
     seed: int | None = None
     stop: str | Strings | None = None
     stop_token_ids: TokenIds | None = None  # extension
     ignore_eos: bool = False  # extension
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: dict | None = None  # not supported: any non-empty map is refused unread (no per-item errors)
     return_mtp_stats: bool = False  # extension: the request's MTP acceptance in usage["mtp"]
     # extension (vLLM's name): each choice carries the generated `token_ids` (per chunk when streaming), the first
     # response also `prompt_token_ids`: a client can resend a conversation without re-tokenizing the answers
     return_token_ids: bool = False
     # extension (vLLM's name): the prefix cache is shared only between requests of the same salt (multi-tenant use)
     cache_salt: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _catalogue(cls, data):
+        """Refused fields are a 400 (UnsupportedField), informational ones dropped, unknown ones logged."""
+        if isinstance(data, dict):
+            data = dict(data)
+            check_fields(cls.ENDPOINT, data)
+        return data
 
     @field_validator("max_tokens")
     @classmethod
@@ -160,13 +172,6 @@ class SamplingRequest(BaseModel):
             raise ValueError(f"must be -1, 0 (disabled) or positive, got {v}")
         return v
 
-    @field_validator("n")
-    @classmethod
-    def _n(cls, v):
-        if v != 1:
-            raise ValueError(f"only n=1 is supported, got {v}")
-        return v
-
     @field_validator("stop")
     @classmethod
     def _stop(cls, v):
@@ -189,20 +194,6 @@ class SamplingRequest(BaseModel):
             raise ValueError(f"at most {MAX_STOP_TOKEN_IDS} stop token ids, got {len(v)}")
         if v is not None and any(t < 0 for t in v):
             raise ValueError("token ids must be >= 0")
-        return v
-
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _penalty(cls, v):
-        if v != 0:
-            raise ValueError("penalties are not supported")
-        return v
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _logit_bias(cls, v):
-        if v:
-            raise ValueError("logit_bias is not supported")
         return v
 
     @property
@@ -231,11 +222,8 @@ class SamplingRequest(BaseModel):
 
 
 class CompletionRequest(SamplingRequest):
+    ENDPOINT = COMPLETIONS
     prompt: str | TokenIds | Strings | Annotated[list[TokenIds], FIRST_ERROR]  # strict: true is not a token id
-    echo: bool = False
-    logprobs: int | None = None
-    best_of: int | None = None
-    suffix: str | None = None
 
     @field_validator("prompt")
     @classmethod
@@ -246,20 +234,6 @@ class CompletionRequest(SamplingRequest):
             v = v[0]
         if not v:
             raise ValueError("the prompt is empty")
-        return v
-
-    @field_validator("echo", "suffix", "logprobs")
-    @classmethod
-    def _unsupported(cls, v, info):
-        if v:
-            raise ValueError(f"{info.field_name} is not supported")
-        return v
-
-    @field_validator("best_of")
-    @classmethod
-    def _best_of(cls, v):
-        if v not in (None, 1):
-            raise ValueError(f"only best_of=1 is supported, got {v}")
         return v
 
 
@@ -284,22 +258,14 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(SamplingRequest):
+    ENDPOINT = CHAT
     messages: list[ChatMessage] = Field(min_length=1, fail_fast=True)
     max_completion_tokens: int | None = None
-    logprobs: bool = False
-    tools: Objects | None = None
 
     @field_validator("max_completion_tokens")
     @classmethod
     def _max_completion_tokens(cls, v):
         return cls._max_tokens(v)
-
-    @field_validator("logprobs", "tools")
-    @classmethod
-    def _unsupported(cls, v, info):
-        if v:
-            raise ValueError(f"{info.field_name} is not supported")
-        return v
 
     @property
     def max_new_tokens(self) -> int | None:
