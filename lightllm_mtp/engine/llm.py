@@ -30,6 +30,8 @@ class RequestOutput:
     finish_reason: str  # "stop" | "length"
     spec: SpecStats  # MTP acceptance (all zero without MTP)
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    # SamplingParams.logprobs: per token (its logprob, ((id, logprob) of the top alternatives)); None: not asked
+    logprobs: list | None = None
 
 
 class LLM:
@@ -103,6 +105,7 @@ class LLM:
             finish_reason=reason,
             spec=req.spec_stats,
             num_cached_tokens=req.num_cached_tokens,
+            logprobs=req.output_logprobs[: len(token_ids)] if req.params.logprobs is not None else None,
         )
 
     def _encode(self, prompt: PromptInput) -> list[int]:
@@ -127,7 +130,8 @@ class _StopStrings:
     """One request's stop strings, matched on its text as the server matches them (engine/detokenizer.py)."""
 
     def __init__(self, tokenizer, req: Request):
-        self.detok = IncrementalDetokenizer(tokenizer, req.prompt_ids, req.params.stop)
+        self.detok = IncrementalDetokenizer(tokenizer, req.prompt_ids, req.params.stop,
+                                            req.params.include_stop_str_in_output)  # fmt: skip
         self.kept = 0  # output tokens up to the one completing a stop string
 
     def push(self, tokens: list[int], final: bool) -> bool:

@@ -25,6 +25,8 @@ from lightllm_mtp.engine.request import EndState, Request, RequestStatus
 from lightllm_mtp.engine.request_end import verify_arrived
 from lightllm_mtp.engine.scheduler import ScheduledRequest
 from lightllm_mtp.engine.step import HostCopy, PromptChunksLaunch, SpecStep, VerifyLaunch, kv_lookahead_slots
+from lightllm_mtp.sampling.draft_choice import DraftChooser
+from lightllm_mtp.sampling.logprobs import emitted_logprobs
 from lightllm_mtp.spec_decode.adaptive import SpecLengthController
 from lightllm_mtp.spec_decode.draft_state import DRAFTS, NUM_DRAFTS, START
 from lightllm_mtp.spec_decode.proposer import CommittedBlocks, DraftInput, Proposer
@@ -66,6 +68,7 @@ class SpecRunner:
     def collect(self, step: SpecStep) -> list[tuple[Request, list[int]]]:
         out = []
         if step.prompt is not None and step.prompt.host_tokens is not None:
+            self.runner.deliver_logprobs(step.prompt.sampled, step.prompt.host_logprobs)
             out += [(r, [t]) for r, t in zip(step.prompt.sampled, step.prompt.host_tokens.tolist())]
         if step.verify is not None:
             out += self._collect_verify(step.verify)
@@ -157,9 +160,19 @@ class SpecRunner:
             b_row0=self._device(anchors, torch.int64),
             b_tokens=torch.stack([self._device([r.prompt_ids[-1] for r in sampled], torch.int64), tokens], dim=1),
         )
+        chooser = None
+        if self.model.is_last_stage:
+            chooser = self._chooser(sampled, out.logits.shape[-1], tokens[:, None])
         self._propose(batch, out.hidden, ahead, anchors, sampled, b_req_idx, sampled_tokens=tokens, blocks=blocks,
-                      num_drafts=num_drafts)  # fmt: skip
-        return PromptChunksLaunch(sampled, HostCopy(tokens))
+                      num_drafts=num_drafts, chooser=chooser)  # fmt: skip
+        return PromptChunksLaunch(sampled, HostCopy(tokens), self.runner.logprobs_copy(out.logits, tokens, sampled))
+
+    def _chooser(self, reqs: list[Request], vocab_size: int, emitted: torch.Tensor) -> DraftChooser | None:
+        """How the proposer chooses the drafts of `reqs` (their logits processing after the `emitted` tokens)."""
+        processing = self.runner.processing(reqs, vocab_size)
+        if processing is None:
+            return None
+        return DraftChooser(processing, torch.arange(len(reqs), device=self.device), emitted)
 
     def _prompt_next_tokens(self, chunks, sampled) -> tuple[list[list[int]], list[range]]:
         """Per row, the tokens 1..lookahead positions after its input: the prompt's, the sampled first token
@@ -184,7 +197,7 @@ class SpecRunner:
         return ahead, rows
 
     def _propose(self, batch, hidden, ahead, anchors, reqs, b_req_idx, sampled_tokens=None, blocks=None,
-                 num_drafts=None) -> None:  # fmt: skip
+                 num_drafts=None, chooser=None) -> None:  # fmt: skip
         """Proposer pass over prompt-chunk rows; drafts for `reqs` (anchor rows `anchors`) into DraftState."""
         need = sorted(set(anchors) | {i for i, row in enumerate(ahead) if row[-1] == _NOT_COMMITTED})
         position = {row: i for i, row in enumerate(need)}
@@ -202,6 +215,7 @@ class SpecRunner:
             b_req_idx=b_req_idx if b_req_idx is not None else self._device([]),
             blocks=blocks,
             num_drafts=num_drafts,
+            chooser=chooser,
         )
         drafts = self._drafts_on_every_stage(lambda: self.proposer.propose(inp), len(reqs))
         if reqs:
@@ -227,14 +241,24 @@ class SpecRunner:
         batch, rows = self.builder.verify_batch(b_req_idx, rows=q)
         out = self.runner.forward(batch)
         drafts, num_drafts = rows[:, DRAFTS : DRAFTS + q - 1], rows[:, NUM_DRAFTS]
-        result = None
+        result = chooser = logprobs = None
         if self.model.is_last_stage:  # verify where the logits are
             greedy = all(r.params.temperature <= 0 for r in reqs)
             temps, top_ps, top_ks = (None, None, None) if greedy else self.runner.sampling_tensors(reqs)
+            logits, processing = out.logits.view(bsz, q, -1), self.runner.processing(reqs, out.logits.shape[-1])
+            if processing is not None:  # row i sees the drafts d_1..d_i as output
+                logits = self._process_rows(processing, logits, drafts)
             result = verify_block(
-                out.logits.view(bsz, q, -1), drafts, num_drafts, temps, top_ps, top_ks, [r.generator for r in reqs],
+                logits, drafts, num_drafts, temps, top_ps, top_ks, [r.generator for r in reqs],
                 greedy_only=greedy, draw_width=self.num_draft_tokens, forced=self.forced,
+                min_ps=None if greedy else self.runner.min_ps(reqs),
             )  # fmt: skip
+            if processing is not None:
+                chooser = DraftChooser(processing, torch.arange(bsz, device=self.device), result.emitted)
+            asked = [r.params.logprobs for r in reqs if r.params.logprobs is not None]
+            if asked:
+                per_row = emitted_logprobs(out.logits.view(bsz * q, -1), result.emitted.reshape(-1), max(asked))
+                logprobs = HostCopy(per_row.view(bsz, q, -1))
             verified = torch.cat([result.b_accept_len[:, None].to(torch.int64), result.emitted], dim=1)
         else:
             verified = torch.empty(bsz, 1 + q, dtype=torch.int64, device=self.device)
@@ -247,12 +271,23 @@ class SpecRunner:
                           last_token=last_token, accept_len=accept)  # fmt: skip
         drafts = self._drafts_on_every_stage(
             lambda: self.proposer.propose(dataclasses.replace(
-                self._verified_rows(batch, q, rows, out.hidden, result, b_req_idx), num_drafts=next_drafts)),
+                self._verified_rows(batch, q, rows, out.hidden, result, b_req_idx), num_drafts=next_drafts,
+                chooser=chooser)),
             bsz,
         )  # fmt: skip
         self.state.write_drafts(b_req_idx, drafts)
         host = torch.cat([verified, num_drafts[:, None]], dim=1)
-        return VerifyLaunch(list(reqs), blocks, batch, HostCopy(host))
+        return VerifyLaunch(list(reqs), blocks, batch, HostCopy(host), logprobs)
+
+    @staticmethod
+    def _process_rows(processing, logits: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+        """Every verify row's logits processed as plain decoding processes that position: row i's output so far
+        ends with the drafts d_1..d_i (logits [B, q, V], drafts [B, q-1])."""
+        bsz, q, vocab = logits.shape
+        cols = torch.arange(q - 1, device=drafts.device)
+        before = torch.where(cols[None, :] < torch.arange(q, device=drafts.device)[:, None], drafts[:, None, :], -1)
+        rows = torch.arange(bsz, device=logits.device).repeat_interleave(q)
+        return processing.apply(logits.reshape(bsz * q, vocab), rows, before.reshape(bsz * q, q - 1)).view(bsz, q, -1)
 
     def _verified_rows(self, batch, q, rows, hidden, result, b_req_idx) -> DraftInput:
         """The proposer's view of a verify step: the verified blocks (`rows`: their DraftState rows, row 0 at
@@ -273,7 +308,9 @@ class SpecRunner:
     def _collect_verify(self, v: VerifyLaunch) -> list[tuple[Request, list[int]]]:
         """Commits accepted rows' KV slots, frees the others, records acceptance; waits for this step's copy only."""
         out, rejected = [], []
-        for r, block, row in zip(v.reqs, v.blocks, v.host.tolist()):
+        rows = v.host.tolist()
+        self.runner.deliver_logprobs(v.reqs, v.host_logprobs, [row[0] for row in rows])
+        for r, block, row in zip(v.reqs, v.blocks, rows):
             if r.ended:  # ended since the launch: release freed its blocks
                 if r.status is RequestStatus.AWAITING_VERIFY:  # the prefix cache waits for the token after its newest
                     verify_arrived(r, row[1 : 1 + row[0]], self.runner.prefix_cache)

@@ -17,10 +17,17 @@ from typing import Annotated, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
-from lightllm_mtp.sampling_params import MAX_CACHE_SALT_CHARS, MAX_STOP_TOKEN_IDS, SamplingParams, check_stop_strings
+from lightllm_mtp.sampling_params import (
+    MAX_CACHE_SALT_CHARS,
+    MAX_STOP_TOKEN_IDS,
+    MAX_TOP_LOGPROBS,
+    SamplingParams,
+    check_stop_strings,
+)
 from lightllm_mtp.server.request_fields import CHAT, COMPLETIONS, UnsupportedField, check_fields
 
 STRICT = ConfigDict(extra="ignore", strict=True)
+MAX_CHOICES = 16  # n
 
 # Every collection stops at its first bad item: an 8 MiB body of 1.6M `true`s as token ids otherwise builds an error
 # per item and union member (a minute of CPU in the front), and a million bad messages several seconds.
@@ -122,6 +129,14 @@ class SamplingRequest(BaseModel):
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1  # extension: -1 or 0 disables
+    n: int = 1  # choices: n engine requests (seed s: choice i samples with seed s + i)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # extension (vLLM)
+    min_p: float = 0.0  # extension (vLLM)
+    min_tokens: int = 0  # extension (vLLM)
+    logit_bias: dict[str, float] | None = None  # {"token id": bias in [-100, 100]}
+    include_stop_str_in_output: bool = False  # extension (vLLM)
     seed: int | None = None
     stop: str | Strings | None = None
     stop_token_ids: TokenIds | None = None  # extension
@@ -172,6 +187,53 @@ class SamplingRequest(BaseModel):
             raise ValueError(f"must be -1, 0 (disabled) or positive, got {v}")
         return v
 
+    @field_validator("n")
+    @classmethod
+    def _n(cls, v):
+        if not 1 <= v <= MAX_CHOICES:
+            raise ValueError(f"must be in [1, {MAX_CHOICES}], got {v}")
+        return v
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _penalty(cls, v):
+        if not -2.0 <= v <= 2.0:
+            raise ValueError(f"must be in [-2, 2], got {v}")
+        return v
+
+    @field_validator("repetition_penalty")
+    @classmethod
+    def _repetition_penalty(cls, v):
+        if not math.isfinite(v) or v <= 0:
+            raise ValueError(f"must be a finite number > 0, got {v}")
+        return v
+
+    @field_validator("min_p")
+    @classmethod
+    def _min_p(cls, v):
+        if not 0.0 <= v <= 1.0:
+            raise ValueError(f"must be in [0, 1], got {v}")
+        return v
+
+    @field_validator("min_tokens")
+    @classmethod
+    def _min_tokens(cls, v):
+        if v < 0:
+            raise ValueError(f"must be >= 0, got {v}")
+        return v
+
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _logit_bias(cls, v):
+        if isinstance(v, dict):
+            for key, bias in v.items():  # the first bad item stops the check (no error per item)
+                if not key.isdigit() or len(key) > 9:
+                    raise ValueError(f"keys must be token ids (decimal strings), got {key[:16]!r}")
+                if not isinstance(bias, (int, float)) or isinstance(bias, bool) or not -100 <= bias <= 100:
+                    raise ValueError(f"values must be numbers in [-100, 100], got {bias!r} for {key}")
+            v = {key: float(bias) for key, bias in v.items()}
+        return v
+
     @field_validator("stop")
     @classmethod
     def _stop(cls, v):
@@ -208,22 +270,56 @@ class SamplingRequest(BaseModel):
     def continuous_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.continuous_usage_stats
 
-    def sampling_params(self, max_new_tokens: int) -> SamplingParams:
+    @property
+    def num_logprobs(self) -> int | None:
+        """Top alternatives per token when the request asks for logprobs (None: it does not)."""
+        return None
+
+    def sampling_params(self, max_new_tokens: int, choice: int = 0) -> SamplingParams:
+        """The engine request of choice `choice` (of n): a seeded request's choices sample from seeds s, s + 1, .."""
         return SamplingParams(
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,
             max_new_tokens=max_new_tokens,
-            seed=self.seed,
+            seed=None if self.seed is None else (self.seed + choice + 2**63) % 2**64 - 2**63,
             stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos,
             cache_salt=self.cache_salt,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            min_p=self.min_p,
+            min_tokens=self.min_tokens,
+            logit_bias={int(k): b for k, b in (self.logit_bias or {}).items()},
+            logprobs=self.num_logprobs,
+            include_stop_str_in_output=self.include_stop_str_in_output,
         )
 
 
 class CompletionRequest(SamplingRequest):
     ENDPOINT = COMPLETIONS
     prompt: str | TokenIds | Strings | Annotated[list[TokenIds], FIRST_ERROR]  # strict: true is not a token id
+    logprobs: int | None = None  # the chosen token's logprob and this many top alternatives (0: none)
+    best_of: int | None = None  # only n (no server-side candidate ranking)
+
+    @field_validator("logprobs")
+    @classmethod
+    def _logprobs(cls, v):
+        if v is not None and not 0 <= v <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"must be in [0, {MAX_TOP_LOGPROBS}], got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _best_of(self):
+        if self.best_of is not None and self.best_of != self.n:
+            raise UnsupportedField("best_of", None, f"best_of {self.best_of} != n {self.n}: candidates are not "
+                                   "ranked by this server; ask for n choices")  # fmt: skip
+        return self
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt")
     @classmethod
@@ -261,6 +357,25 @@ class ChatCompletionRequest(SamplingRequest):
     ENDPOINT = CHAT
     messages: list[ChatMessage] = Field(min_length=1, fail_fast=True)
     max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None  # with logprobs: alternatives per token
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs(cls, v):
+        if v is not None and not 0 <= v <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"must be in [0, {MAX_TOP_LOGPROBS}], got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self):
+        if self.top_logprobs and not self.logprobs:
+            raise UnsupportedField("top_logprobs", None, "top_logprobs needs logprobs: true")
+        return self
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @field_validator("max_completion_tokens")
     @classmethod

@@ -29,10 +29,11 @@ class FieldInfo:
     endpoints: tuple[str, ...] = ENDPOINTS
     neutral: tuple = (None,)  # REFUSED: the values that ask for nothing (the request is served)
     example: object = None  # HONORED / INFORMATIONAL: a value that parses (the schema walk sends it)
+    alongside: tuple = ()  # (name, value) pairs the example needs beside it
 
 
-def _f(status, source, note, endpoints=ENDPOINTS, neutral=(None,), example=None) -> FieldInfo:
-    return FieldInfo(status, source, note, tuple(endpoints), tuple(neutral), example)
+def _f(status, source, note, endpoints=ENDPOINTS, neutral=(None,), example=None, alongside=()) -> FieldInfo:
+    return FieldInfo(status, source, note, tuple(endpoints), tuple(neutral), example, tuple(alongside))
 
 
 C, H, R = (COMPLETIONS,), (CHAT,), (RESPONSES,)
@@ -61,15 +62,16 @@ FIELDS: list[tuple[str, FieldInfo]] = [*{
     "prompt": _f(HONORED, "openai", "text or token ids; one prompt per request", C, example="b"),
     "max_tokens": _f(HONORED, "openai", "", CH, example=5),
     "stop": _f(HONORED, "openai", "up to 4 strings", CH, example=["x"]),
-    "n": _f(REFUSED, "openai", "only 1", CH, neutral=(None, 1)),
-    "best_of": _f(REFUSED, "openai", "only 1 (or n)", C, neutral=(None, 1)),
+    "n": _f(HONORED, "openai", "up to 16 choices (n engine requests; seeded: seeds s, s+1, ..)", CH, example=2),
+    "best_of": _f(HONORED, "openai", "equal to n only (a 400 otherwise: no candidate ranking)", C, example=1),
     "echo": _f(REFUSED, "openai", NOT_BUILT, CH, neutral=(None, False)),
     "suffix": _f(REFUSED, "openai", NOT_BUILT, C, neutral=(None, "")),
-    "logprobs": _f(REFUSED, "openai", NOT_BUILT, CH, neutral=(None, False)),
-    "top_logprobs": _f(REFUSED, "openai", NOT_BUILT, H + R, neutral=(None, 0)),
-    "presence_penalty": _f(REFUSED, "openai", NOT_BUILT, CH, neutral=(None, 0, 0.0)),
-    "frequency_penalty": _f(REFUSED, "openai", NOT_BUILT, CH, neutral=(None, 0, 0.0)),
-    "logit_bias": _f(REFUSED, "openai", NOT_BUILT, CH, neutral=(None, {})),
+    "logprobs": _f(HONORED, "openai", "raw logprobs of the target (MTP: the verify row's), streaming too; "
+                   "completions: the number of alternatives", C, example=2),  # fmt: skip
+    "top_logprobs": _f(HONORED, "openai", "0..20, with logprobs", H, example=2, alongside=(("logprobs", True),)),
+    "presence_penalty": _f(HONORED, "openai", "every verify row and draft choice too", CH, example=0.5),
+    "frequency_penalty": _f(HONORED, "openai", "every verify row and draft choice too", CH, example=0.5),
+    "logit_bias": _f(HONORED, "openai", "{token id: bias}", CH, example={"7": 5}),
     # ---- OpenAI chat ----
     "messages": _f(HONORED, "openai", "text content; the tokenizer's chat template", H,
                    example=[{"role": "user", "content": "b"}]),  # fmt: skip
@@ -108,10 +110,10 @@ FIELDS: list[tuple[str, FieldInfo]] = [*{
     "ignore_eos": _f(HONORED, "vllm", "", example=True),
     "return_token_ids": _f(HONORED, "vllm", "token ids in each choice", CH, example=True),
     "cache_salt": _f(HONORED, "vllm", "prefix-cache partition", example="tenant"),
-    "min_p": _f(REFUSED, "vllm", NOT_BUILT, neutral=(None, 0, 0.0)),
-    "repetition_penalty": _f(REFUSED, "vllm", NOT_BUILT, neutral=(None, 1, 1.0)),
-    "min_tokens": _f(REFUSED, "vllm", NOT_BUILT, neutral=(None, 0)),
-    "include_stop_str_in_output": _f(REFUSED, "vllm", NOT_BUILT, neutral=(None, False)),
+    "min_p": _f(HONORED, "vllm", "sampling (greedy keeps the argmax)", CH, example=0.1),
+    "repetition_penalty": _f(HONORED, "vllm", "every verify row and draft choice too", CH, example=1.2),
+    "min_tokens": _f(HONORED, "vllm", "eos and stop_token_ids masked until then", CH, example=2),
+    "include_stop_str_in_output": _f(HONORED, "vllm", "", CH, example=True),
     "use_beam_search": _f(REFUSED, "vllm", NOT_BUILT, neutral=(None, False)),
     "length_penalty": _f(REFUSED, "vllm", "beam search only", neutral=(None, 1, 1.0)),
     "skip_special_tokens": _f(REFUSED, "vllm", "special tokens are always skipped", neutral=(None, True)),
@@ -155,7 +157,10 @@ FIELDS: list[tuple[str, FieldInfo]] = [*{
     "rid": _f(INFORMATIONAL, "sglang", "accepted; responses carry their own id", example="r1"),
     "session_params": _f(REFUSED, "sglang", NOT_BUILT),
     "return_hidden_states": _f(REFUSED, "sglang", NOT_BUILT, neutral=(None, False)),
-}.items(), ("prompt", _f(REFUSED, "openai", "prompt templates are not stored", R))]
+}.items(), ("prompt", _f(REFUSED, "openai", "prompt templates are not stored", R)),
+  ("top_logprobs", _f(REFUSED, "openai", NOT_BUILT, R, neutral=(None, 0))),
+  ("logprobs", _f(HONORED, "openai", "raw logprobs of the target (MTP: the verify row's), streaming too", H,
+                  example=True))]
 
 
 def fields_of(endpoint: str) -> dict[str, FieldInfo]:
@@ -189,9 +194,13 @@ def check_fields(endpoint: str, data: dict) -> list[str]:
 
 
 class UnsupportedField(Exception):
-    def __init__(self, key: str, info: FieldInfo):
-        super().__init__(f"{key} is not supported by this server ({info.note})" if info.note != NOT_BUILT
-                         else f"{key} is not supported by this server")  # fmt: skip
+    """A 400 naming the field `key` (the catalogue's refusal, or `message` for a value this server cannot serve)."""
+
+    def __init__(self, key: str, info: FieldInfo | None, message: str | None = None):
+        if message is None:
+            message = (f"{key} is not supported by this server ({info.note})" if info.note != NOT_BUILT
+                       else f"{key} is not supported by this server")  # fmt: skip
+        super().__init__(message)
         self.key = key
 
 

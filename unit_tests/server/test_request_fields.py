@@ -64,11 +64,11 @@ def test_each_field_is_honored_refused_or_informational(endpoint, name, info, ca
         return
     assert info.example is not None, f"{name}: an honored field needs an example"
     with caplog.at_level(logging.WARNING, logger="lightllm_mtp.server"):
-        req = parse(endpoint, {name: info.example})
+        req = parse(endpoint, {**dict(info.alongside), name: info.example})
     assert "unknown" not in caplog.text
     if info.status == HONORED:
         assert name in model.model_fields, f"{name} is honored but {model.__name__} does not declare it"
-        default = parse(endpoint, {})
+        default = parse(endpoint, dict(info.alongside))
         assert getattr(req, name) != getattr(default, name), f"{name}: the example changes nothing"
     else:
         assert info.status == INFORMATIONAL and name not in model.model_fields
