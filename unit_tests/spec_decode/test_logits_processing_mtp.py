@@ -103,3 +103,32 @@ def test_min_p_keeps_greedy_and_narrows_sampling(plain, prompts):
     out = plain.generate(prompts[:1], sampled)[0]  # min_p 1: only the most likely token survives
     assert all(t == top[0][0] for t, (_, top) in zip(out.token_ids, out.logprobs))
     assert dataclasses.replace(sampled, min_p=0.0).min_p == 0.0
+
+
+PENALISED = dict(temperature=1.0, top_k=3, max_new_tokens=3, ignore_eos=True, repetition_penalty=1.5,
+                 presence_penalty=1.0, logit_bias={11: 1.0})  # fmt: skip
+
+
+def _counts(model_dir, prompt, params, samples=600, **mtp) -> dict[tuple, int]:
+    import torch
+
+    torch.manual_seed(0)
+    out: dict[tuple, int] = {}
+    for o in LLM(model_dir, max_model_len=64, max_batch_size=64, **mtp).generate([prompt] * samples, params):
+        out[tuple(o.token_ids)] = out.get(tuple(o.token_ids), 0) + 1
+    return out
+
+
+@pytest.mark.parametrize("mode", ["eagle2", pytest.param("multi_layer3", marks=pytest.mark.slow),
+                                  pytest.param("ptd3", marks=pytest.mark.slow)])  # fmt: skip
+def test_speculative_sampling_with_penalties_is_exact(trained_mtp3_ptd_dir, prompts, mode):
+    """Temperature 1, top-k 3, penalties and a bias: the joint distribution of the first three tokens under MTP equals
+    plain sampling's (chi-square homogeneity, p > 1e-3), and differs from the unpenalised one (p < 1e-3)."""
+    from unit_tests.spec_decode.test_trained_drafting import _chi2_homogeneity_p
+
+    prompt = prompts[0][:24]
+    plain = _counts(trained_mtp3_ptd_dir, prompt, SamplingParams(**PENALISED))
+    spec = _counts(trained_mtp3_ptd_dir, prompt, SamplingParams(**PENALISED), **MODES[mode])
+    assert _chi2_homogeneity_p(plain, spec) > 1e-3, (plain, spec)
+    free = {k: v for k, v in PENALISED.items() if k not in ("repetition_penalty", "presence_penalty", "logit_bias")}
+    assert _chi2_homogeneity_p(plain, _counts(trained_mtp3_ptd_dir, prompt, SamplingParams(**free))) < 1e-3
