@@ -23,6 +23,23 @@ def check_stop_strings(stop: str | list[str] | tuple[str, ...] | None) -> tuple[
         raise ValueError(f"stop strings are at most {MAX_STOP_STRING_CHARS} characters long")
     return stops
 MAX_CACHE_SALT_CHARS = 1024
+STRUCTURED_KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """A grammar the output must follow (sampling/grammar.py compiles it with xgrammar): `json_schema` (spec: the
+    schema as JSON text), `json_object` (any JSON object; spec ""), `regex`, `choice` (spec: a JSON list of the
+    allowed strings) or `grammar` (EBNF, xgrammar's GBNF dialect)."""
+
+    kind: str
+    spec: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in STRUCTURED_KINDS:
+            raise ValueError(f"structured output kind must be one of {STRUCTURED_KINDS}, got {self.kind!r}")
+        if not isinstance(self.spec, str):
+            raise ValueError(f"structured output spec must be a string, got {type(self.spec).__name__}")
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range: [-100, 100]
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 
@@ -67,6 +84,7 @@ class SamplingParams:
     # many top alternatives each; None: none
     logprobs: int | None = None
     include_stop_str_in_output: bool = False  # the matched stop string stays in the text
+    structured: StructuredOutput | None = None  # the output follows this grammar (masked at every token choice)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens is not None and self.max_tokens is not None and self.max_new_tokens != self.max_tokens:
@@ -113,6 +131,11 @@ class SamplingParams:
         lp = self.logprobs
         if lp is not None and (not isinstance(lp, int) or isinstance(lp, bool) or not 0 <= lp <= MAX_TOP_LOGPROBS):
             raise ValueError(f"logprobs must be an int in [0, {MAX_TOP_LOGPROBS}] (or None), got {lp!r}")
+        if self.structured is not None:
+            if not isinstance(self.structured, StructuredOutput):
+                raise ValueError(f"structured must be a StructuredOutput, got {type(self.structured).__name__}")
+            if self.ignore_eos:
+                raise ValueError("ignore_eos cannot be combined with a structured output (a grammar ends at eos)")
         salt = self.cache_salt
         if salt is not None and (not isinstance(salt, str) or not 1 <= len(salt) <= MAX_CACHE_SALT_CHARS):
             raise ValueError(f"cache_salt must be a non-empty string of at most {MAX_CACHE_SALT_CHARS} characters "
@@ -133,4 +156,4 @@ class SamplingParams:
         """Whether choosing its next token needs its committed output on the host: such a request is left out of a
         step launched while one of its steps is in flight (overlap scheduling)."""
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
-                    or self.min_tokens)  # fmt: skip
+                    or self.min_tokens or self.structured is not None)  # fmt: skip

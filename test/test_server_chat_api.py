@@ -80,3 +80,33 @@ def test_refused_fields_are_400s_naming_them(servers):
     with pytest.raises(openai.BadRequestError) as e:
         complete(servers["plain"], max_tokens=2, n=2, best_of=3)
     assert "best_of" in str(e.value)
+
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
+                                           "kind": {"enum": ["file", "dir"]},
+                                           "sizes": {"type": "array", "items": {"type": "integer"}, "maxItems": 3}},
+          "required": ["name", "kind", "sizes"]}  # fmt: skip
+
+
+def test_structured_outputs_through_the_client(servers):
+    import json
+
+    fmt = {"type": "json_schema", "json_schema": {"name": "entry", "schema": SCHEMA, "strict": True}}
+    texts = {}
+    for name, server in servers.items():
+        c = client(server)
+        out = c.chat.completions.create(model=c.models.list().data[0].id, temperature=0, max_tokens=80,
+                                        messages=[{"role": "user", "content": "Describe a file."}],
+                                        response_format=fmt)  # fmt: skip
+        texts[name] = out.choices[0].message.content
+        value = json.loads(texts[name])
+        assert value["kind"] in ("file", "dir") and isinstance(value["sizes"], list) and len(value["name"]) <= 10
+    assert texts["mtp"] == texts["plain"]
+    for extra, check in [({"guided_choice": ["alpha", "beta"]}, lambda t: t in ("alpha", "beta")),
+                         ({"regex": "[0-9]{4}"}, lambda t: len(t) == 4 and t.isdigit()),
+                         ({"structured_outputs": {"json_object": True}}, lambda t: isinstance(json.loads(t), dict))]:
+        out = complete(servers["mtp"], max_tokens=40, extra_body=extra).choices[0].text
+        assert check(out), (extra, out)
+    with pytest.raises(openai.BadRequestError) as e:
+        complete(servers["mtp"], max_tokens=4, extra_body={"guided_json": "{oops"})
+    assert "guided_json" in str(e.value)

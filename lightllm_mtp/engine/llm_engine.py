@@ -22,6 +22,7 @@ from lightllm_mtp.engine.prefix_cache import PrefixCacheStats
 from lightllm_mtp.engine.request import FinishReason, Request
 from lightllm_mtp.engine.request_end import end_request
 from lightllm_mtp.engine.scheduler import Scheduler
+from lightllm_mtp.sampling.grammar import GrammarCompiler, grammar_text
 from lightllm_mtp.sampling_params import SamplingParams
 
 
@@ -83,6 +84,7 @@ class LLMEngine:
         self._ids = itertools.count()
         self.overlap = not args.disable_overlap
         self._inflight: LaunchedStep | None = None  # a step queued on the device whose tokens are not read yet
+        self._grammars: GrammarCompiler | None = None  # built with the first structured-output request
 
     def _build(self, args: EngineArgs, cfg: ModelConfig, journal: StepJournal | None) -> BuiltRunner:
         if self.parallel_group is None:
@@ -143,6 +145,10 @@ class LLMEngine:
         bad = [t for t, _ in params.logit_bias if t >= self.model_config.vocab_size]
         if bad:
             raise ValueError(f"logit_bias token ids out of range [0, {self.model_config.vocab_size}): {bad[:8]}")
+        if params.structured is not None:
+            if self.parallel_group is not None:
+                raise ValueError("structured outputs are not supported with tp / pp > 1")
+            grammar_text(params.structured)  # ValueError naming what is wrong
         self.scheduler.check_fits(len(prompt_ids), params.max_new_tokens)
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Request:
@@ -151,8 +157,19 @@ class LLMEngine:
         if params.seed is not None:
             generator = torch.Generator(device=self.args.device).manual_seed(params.seed)
         req = Request(request_id=next(self._ids), prompt_ids=list(prompt_ids), params=params, generator=generator)
+        if params.structured is not None:
+            req.grammar = self.grammar_compiler().matcher(params.structured)
         self.scheduler.add(req)
         return req
+
+    def grammar_compiler(self) -> GrammarCompiler:
+        """The model tokenizer's grammar compiler (xgrammar), made on first use."""
+        if self._grammars is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(self.args.model_dir)
+            self._grammars = GrammarCompiler(tokenizer, self.model_config.vocab_size)
+        return self._grammars
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
@@ -189,6 +206,8 @@ class LLMEngine:
             logprobs, req.pending_logprobs = req.pending_logprobs, None
             for token in tokens:  # an accepted MTP block may end early at a stop token or a length limit
                 req.output_ids.append(token)
+                if req.grammar is not None:
+                    req.grammar.advance(token)
                 if logprobs is not None:
                     req.output_logprobs.append(logprobs[len(new)])
                 new.append(token)

@@ -17,7 +17,8 @@ from lightllm_mtp.engine.step import DecodeStep, HostCopy, kv_lookahead_slots
 from lightllm_mtp.engine.request import EndState, Request
 from lightllm_mtp.engine.scheduler import ScheduledRequest
 from lightllm_mtp.kernels.sampling.sampling import greedy_sample, sample
-from lightllm_mtp.sampling.logits_processing import LogitsProcessing
+from lightllm_mtp.engine.grammar_rows import sampling_masks
+from lightllm_mtp.sampling.logits_processing import LogitsProcessing, process_logits
 from lightllm_mtp.sampling.logprobs import emitted_logprobs, unpack
 
 
@@ -217,10 +218,11 @@ class ModelRunner:
         return LogitsProcessing.for_requests(histories, self.eos_token_ids, vocab_size, self.device)
 
     def sample(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
-        """Tokens [B] on the device, without a host sync: each request's processed logits, sampled."""
+        """Tokens [B] on the device, without a host sync: each request's processed logits (and grammar), sampled."""
         processing = self.processing(reqs, logits.shape[-1])
-        if processing is not None:
-            logits = processing.apply(logits, torch.arange(len(reqs), device=logits.device))
+        masks = sampling_masks(reqs, logits.shape[-1], self.device)
+        if processing is not None or masks is not None:
+            logits = process_logits(logits, processing, torch.arange(len(reqs), device=logits.device), masks=masks)
         sampled_rows = [i for i, r in enumerate(reqs) if r.params.temperature > 0]
         if not sampled_rows:
             return greedy_sample(logits)

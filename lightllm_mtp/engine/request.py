@@ -6,6 +6,7 @@ from enum import Enum
 import torch
 
 from lightllm_mtp.common.radix_cache import Node, Snapshot
+from lightllm_mtp.sampling.grammar import RequestGrammar
 from lightllm_mtp.sampling.logprobs import TokenLogprob
 from lightllm_mtp.sampling_params import SamplingParams
 from lightllm_mtp.spec_decode.adaptive import AcceptanceEstimate
@@ -116,6 +117,8 @@ class Request:
     # moves those of the tokens it keeps into output_logprobs
     output_logprobs: list[TokenLogprob] = field(default_factory=list)
     pending_logprobs: list[TokenLogprob] | None = None
+    grammar: RequestGrammar | None = None  # params.structured: its matcher over the committed output
+    next_drafts: list[int] = field(default_factory=list)  # MTP: the drafts of its newest open block, as last collected
 
     @property
     def num_tokens(self) -> int:

@@ -25,7 +25,9 @@ from lightllm_mtp.engine.request import EndState, Request, RequestStatus
 from lightllm_mtp.engine.request_end import verify_arrived
 from lightllm_mtp.engine.scheduler import ScheduledRequest
 from lightllm_mtp.engine.step import HostCopy, PromptChunksLaunch, SpecStep, VerifyLaunch, kv_lookahead_slots
+from lightllm_mtp.engine.grammar_rows import draft_masks, verify_masks
 from lightllm_mtp.sampling.draft_choice import DraftChooser
+from lightllm_mtp.sampling.logits_processing import process_logits
 from lightllm_mtp.sampling.logprobs import emitted_logprobs
 from lightllm_mtp.spec_decode.adaptive import SpecLengthController
 from lightllm_mtp.spec_decode.draft_state import DRAFTS, NUM_DRAFTS, START
@@ -69,7 +71,9 @@ class SpecRunner:
         out = []
         if step.prompt is not None and step.prompt.host_tokens is not None:
             self.runner.deliver_logprobs(step.prompt.sampled, step.prompt.host_logprobs)
-            out += [(r, [t]) for r, t in zip(step.prompt.sampled, step.prompt.host_tokens.tolist())]
+            for r, row in zip(step.prompt.sampled, step.prompt.host_tokens.tolist()):
+                r.next_drafts = row[1:]
+                out.append((r, row[:1]))
         if step.verify is not None:
             out += self._collect_verify(step.verify)
         return out
@@ -163,16 +167,21 @@ class SpecRunner:
         chooser = None
         if self.model.is_last_stage:
             chooser = self._chooser(sampled, out.logits.shape[-1], tokens[:, None])
-        self._propose(batch, out.hidden, ahead, anchors, sampled, b_req_idx, sampled_tokens=tokens, blocks=blocks,
-                      num_drafts=num_drafts, chooser=chooser)  # fmt: skip
-        return PromptChunksLaunch(sampled, HostCopy(tokens), self.runner.logprobs_copy(out.logits, tokens, sampled))
+        drafts = self._propose(batch, out.hidden, ahead, anchors, sampled, b_req_idx, sampled_tokens=tokens,
+                               blocks=blocks, num_drafts=num_drafts, chooser=chooser)  # fmt: skip
+        host = HostCopy(torch.cat([tokens[:, None], drafts], dim=1))  # the first token, the first block's drafts
+        return PromptChunksLaunch(sampled, host, self.runner.logprobs_copy(out.logits, tokens, sampled))
 
-    def _chooser(self, reqs: list[Request], vocab_size: int, emitted: torch.Tensor) -> DraftChooser | None:
-        """How the proposer chooses the drafts of `reqs` (their logits processing after the `emitted` tokens)."""
-        processing = self.runner.processing(reqs, vocab_size)
-        if processing is None:
+    def _chooser(self, reqs: list[Request], vocab_size: int, emitted: torch.Tensor, processing="build"
+                 ) -> DraftChooser | None:  # fmt: skip
+        """How the proposer chooses the drafts of `reqs`: their logits processing and grammars after the `emitted`
+        tokens ([B, E], -1 padded); None when they need neither."""
+        if processing == "build":
+            processing = self.runner.processing(reqs, vocab_size)
+        masks = draft_masks(reqs, emitted, vocab_size, self.device)
+        if processing is None and masks is None:
             return None
-        return DraftChooser(processing, torch.arange(len(reqs), device=self.device), emitted)
+        return DraftChooser(processing, torch.arange(len(reqs), device=self.device), emitted, masks)
 
     def _prompt_next_tokens(self, chunks, sampled) -> tuple[list[list[int]], list[range]]:
         """Per row, the tokens 1..lookahead positions after its input: the prompt's, the sampled first token
@@ -220,6 +229,7 @@ class SpecRunner:
         drafts = self._drafts_on_every_stage(lambda: self.proposer.propose(inp), len(reqs))
         if reqs:
             self.state.write_drafts(b_req_idx, drafts)
+        return drafts
 
     def _drafts_on_every_stage(self, propose, num_reqs: int) -> torch.Tensor:
         """The proposer runs where the final hidden is (the last pipeline stage); its drafts [B, k] reach every
@@ -245,16 +255,17 @@ class SpecRunner:
         if self.model.is_last_stage:  # verify where the logits are
             greedy = all(r.params.temperature <= 0 for r in reqs)
             temps, top_ps, top_ks = (None, None, None) if greedy else self.runner.sampling_tensors(reqs)
-            logits, processing = out.logits.view(bsz, q, -1), self.runner.processing(reqs, out.logits.shape[-1])
-            if processing is not None:  # row i sees the drafts d_1..d_i as output
-                logits = self._process_rows(processing, logits, drafts)
+            vocab = out.logits.shape[-1]
+            logits, processing = out.logits.view(bsz, q, -1), self.runner.processing(reqs, vocab)
+            masks = verify_masks(reqs, q, vocab, self.device)
+            if processing is not None or masks is not None:  # row i sees the drafts d_1..d_i as output
+                logits = self._process_rows(processing, logits, drafts, masks)
             result = verify_block(
                 logits, drafts, num_drafts, temps, top_ps, top_ks, [r.generator for r in reqs],
                 greedy_only=greedy, draw_width=self.num_draft_tokens, forced=self.forced,
                 min_ps=None if greedy else self.runner.min_ps(reqs),
             )  # fmt: skip
-            if processing is not None:
-                chooser = DraftChooser(processing, torch.arange(bsz, device=self.device), result.emitted)
+            chooser = self._chooser(reqs, vocab, result.emitted, processing)
             asked = [r.params.logprobs for r in reqs if r.params.logprobs is not None]
             if asked:
                 per_row = emitted_logprobs(out.logits.view(bsz * q, -1), result.emitted.reshape(-1), max(asked))
@@ -276,18 +287,19 @@ class SpecRunner:
             bsz,
         )  # fmt: skip
         self.state.write_drafts(b_req_idx, drafts)
-        host = torch.cat([verified, num_drafts[:, None]], dim=1)
+        host = torch.cat([verified, num_drafts[:, None], drafts], dim=1)  # and the next block's drafts
         return VerifyLaunch(list(reqs), blocks, batch, HostCopy(host), logprobs)
 
     @staticmethod
-    def _process_rows(processing, logits: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+    def _process_rows(processing, logits: torch.Tensor, drafts: torch.Tensor, masks) -> torch.Tensor:
         """Every verify row's logits processed as plain decoding processes that position: row i's output so far
-        ends with the drafts d_1..d_i (logits [B, q, V], drafts [B, q-1])."""
+        ends with the drafts d_1..d_i (logits [B, q, V], drafts [B, q-1]; masks: q grammar rows per request)."""
         bsz, q, vocab = logits.shape
         cols = torch.arange(q - 1, device=drafts.device)
         before = torch.where(cols[None, :] < torch.arange(q, device=drafts.device)[:, None], drafts[:, None, :], -1)
         rows = torch.arange(bsz, device=logits.device).repeat_interleave(q)
-        return processing.apply(logits.reshape(bsz * q, vocab), rows, before.reshape(bsz * q, q - 1)).view(bsz, q, -1)
+        flat = logits.reshape(bsz * q, vocab)
+        return process_logits(flat, processing, rows, before.reshape(bsz * q, q - 1), masks=masks).view(bsz, q, -1)
 
     def _verified_rows(self, batch, q, rows, hidden, result, b_req_idx) -> DraftInput:
         """The proposer's view of a verify step: the verified blocks (`rows`: their DraftState rows, row 0 at
@@ -310,7 +322,9 @@ class SpecRunner:
         out, rejected = [], []
         rows = v.host.tolist()
         self.runner.deliver_logprobs(v.reqs, v.host_logprobs, [row[0] for row in rows])
+        q = len(rows[0]) - 2 - self.num_draft_tokens  # a row: accept, emitted (q), num_drafts, the next drafts (k)
         for r, block, row in zip(v.reqs, v.blocks, rows):
+            num_drafts = row[1 + q]
             if r.ended:  # ended since the launch: release freed its blocks
                 if r.status is RequestStatus.AWAITING_VERIFY:  # the prefix cache waits for the token after its newest
                     verify_arrived(r, row[1 : 1 + row[0]], self.runner.prefix_cache)
@@ -322,9 +336,10 @@ class SpecRunner:
             rejected.append(block[accept:])
             r.num_computed += accept
             r.last_accept = accept
-            r.spec_stats = r.spec_stats.after_step(row[-1], accept - 1, len(block) - 1)
+            r.spec_stats = r.spec_stats.after_step(num_drafts, accept - 1, len(block) - 1)
+            r.next_drafts = row[2 + q :]
             if self.controller is not None:
-                self.controller.observe(r.acceptance, row[-1], accept - 1)
+                self.controller.observe(r.acceptance, num_drafts, accept - 1)
             out.append((r, row[1 : 1 + accept]))
         if rejected:
             self.runner.kv_pool.free(torch.cat(rejected))

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lightllm_mtp.sampling.logits_processing import LogitsProcessing, RowMasks
+from lightllm_mtp.sampling.logits_processing import LogitsProcessing, RowMasks, process_logits
 
 
 @dataclass(frozen=True)
@@ -32,10 +32,6 @@ def choose_draft(logits: torch.Tensor, token_map: torch.Tensor | None, chooser: 
         parts = ([chooser.emitted] if chooser.emitted is not None else []) + [d[:, None] for d in before]
         extra = torch.cat(parts, dim=1) if parts else None
         masks = chooser.masks(before) if chooser.masks is not None else None
-        if chooser.processing is not None:
-            logits = chooser.processing.apply(logits, chooser.rows, extra, token_map, masks)
-        elif masks is not None:
-            allowed = masks.allowed if token_map is None else masks.allowed.index_select(1, token_map)
-            logits = logits.masked_fill(~allowed, float("-inf"))
+        logits = process_logits(logits, chooser.processing, chooser.rows, extra, token_map, masks)
     best = logits.argmax(dim=-1)
     return best if token_map is None else token_map[best]

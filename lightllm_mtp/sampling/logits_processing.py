@@ -31,6 +31,18 @@ class RowMasks:
     allowed: torch.Tensor
 
 
+def process_logits(logits: torch.Tensor, processing: LogitsProcessing | None, rows: torch.Tensor,
+                   extra: torch.Tensor | None = None, token_map: torch.Tensor | None = None,
+                   masks: RowMasks | None = None) -> torch.Tensor:  # fmt: skip
+    """The one entry point: `processing.apply` (see there), or only the grammar masks without processing."""
+    if processing is not None:
+        return processing.apply(logits, rows, extra, token_map, masks)
+    if masks is None:
+        return logits
+    allowed = masks.allowed if token_map is None else masks.allowed.index_select(1, token_map)
+    return logits.float().masked_fill(~allowed, float("-inf"))
+
+
 @dataclass
 class LogitsProcessing:
     """The device tensors of one batch's processing (B requests); build it with `for_requests`."""

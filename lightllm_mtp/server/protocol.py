@@ -15,7 +15,7 @@ import math
 import re
 from typing import Annotated, ClassVar, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictInt, ValidationError, field_validator, model_validator
 
 from lightllm_mtp.sampling_params import (
     MAX_CACHE_SALT_CHARS,
@@ -24,7 +24,9 @@ from lightllm_mtp.sampling_params import (
     SamplingParams,
     check_stop_strings,
 )
+from lightllm_mtp.sampling_params import StructuredOutput
 from lightllm_mtp.server.request_fields import CHAT, COMPLETIONS, UnsupportedField, check_fields
+from lightllm_mtp.server.structured_fields import structured_output
 
 STRICT = ConfigDict(extra="ignore", strict=True)
 MAX_CHOICES = 16  # n
@@ -149,6 +151,22 @@ class SamplingRequest(BaseModel):
     return_token_ids: bool = False
     # extension (vLLM's name): the prefix cache is shared only between requests of the same salt (multi-tenant use)
     cache_salt: str | None = None
+    # structured outputs (server/structured_fields.py reads them into one StructuredOutput)
+    response_format: dict | None = None
+    guided_json: dict | str | None = None  # vLLM
+    guided_regex: str | None = None
+    guided_choice: Strings | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
+    structured_outputs: dict | None = None
+    json_schema: dict | str | None = None  # SGLang
+    regex: str | None = None
+    ebnf: str | None = None
+    _structured: StructuredOutput | None = PrivateAttr(None)
+    STRUCTURED_FIELDS: ClassVar[tuple[str, ...]] = (
+        "response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
+        "structured_outputs", "json_schema", "regex", "ebnf", "text",
+    )  # fmt: skip
 
     @model_validator(mode="before")
     @classmethod
@@ -158,6 +176,16 @@ class SamplingRequest(BaseModel):
             data = dict(data)
             check_fields(cls.ENDPOINT, data)
         return data
+
+    @model_validator(mode="after")
+    def _structured_output(self):
+        fields = {k: getattr(self, k) for k in self.STRUCTURED_FIELDS if k in type(self).model_fields}
+        self._structured = structured_output(fields)
+        return self
+
+    @property
+    def structured(self) -> StructuredOutput | None:
+        return self._structured
 
     @field_validator("max_tokens")
     @classmethod
@@ -294,6 +322,7 @@ class SamplingRequest(BaseModel):
             logit_bias={int(k): b for k, b in (self.logit_bias or {}).items()},
             logprobs=self.num_logprobs,
             include_stop_str_in_output=self.include_stop_str_in_output,
+            structured=self._structured,
         )
 
 

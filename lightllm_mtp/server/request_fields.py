@@ -76,7 +76,8 @@ FIELDS: list[tuple[str, FieldInfo]] = [*{
     "messages": _f(HONORED, "openai", "text content; the tokenizer's chat template", H,
                    example=[{"role": "user", "content": "b"}]),  # fmt: skip
     "max_completion_tokens": _f(HONORED, "openai", "", H, example=5),
-    "response_format": _f(REFUSED, "openai", NOT_BUILT, H, neutral=(None, {"type": "text"})),
+    "response_format": _f(HONORED, "openai", "json_object / json_schema (strict): xgrammar, under MTP too", CH,
+                          example={"type": "json_object"}),  # fmt: skip
     "tools": _f(REFUSED, "openai", NOT_BUILT, H + R, neutral=(None, [])),
     "tool_choice": _f(REFUSED, "openai", NOT_BUILT, H + R, neutral=(None, "none")),
     "parallel_tool_calls": _f(REFUSED, "openai", "no tools", H + R, neutral=(None, True, False)),
@@ -92,7 +93,8 @@ FIELDS: list[tuple[str, FieldInfo]] = [*{
     "input": _f(HONORED, "openai", "text or text messages", R, example="b"),
     "instructions": _f(HONORED, "openai", "a system message", R, example="be brief"),
     "max_output_tokens": _f(HONORED, "openai", "", R, example=5),
-    "text": _f(REFUSED, "openai", NOT_BUILT, R, neutral=(None, {"format": {"type": "text"}})),
+    "text": _f(HONORED, "openai", "format: json_object / json_schema", R,
+               example={"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}),  # fmt: skip
     "reasoning": _f(REFUSED, "openai", NOT_BUILT, R),
     "include": _f(REFUSED, "openai", NOT_BUILT, R, neutral=(None, [])),
     "previous_response_id": _f(REFUSED, "openai", "nothing is stored", R),
@@ -138,17 +140,18 @@ FIELDS: list[tuple[str, FieldInfo]] = [*{
     "continue_final_message": _f(REFUSED, "vllm", NOT_BUILT, H, neutral=(None, False)),
     "documents": _f(REFUSED, "vllm", NOT_BUILT, H),
     # ---- structured outputs (vLLM, SGLang) ----
-    "guided_json": _f(REFUSED, "vllm", NOT_BUILT, CH),
-    "guided_regex": _f(REFUSED, "vllm", NOT_BUILT, CH),
-    "guided_choice": _f(REFUSED, "vllm", NOT_BUILT, CH),
-    "guided_grammar": _f(REFUSED, "vllm", NOT_BUILT, CH),
-    "guided_decoding_backend": _f(REFUSED, "vllm", NOT_BUILT, CH),
-    "guided_whitespace_pattern": _f(REFUSED, "vllm", NOT_BUILT, CH),
+    "guided_json": _f(HONORED, "vllm", "a JSON schema", CH, example={"type": "object"}),
+    "guided_regex": _f(HONORED, "vllm", "", CH, example="[0-9]+"),
+    "guided_choice": _f(HONORED, "vllm", "", CH, example=["yes", "no"]),
+    "guided_grammar": _f(HONORED, "vllm", "EBNF (xgrammar's GBNF dialect)", CH, example='root ::= "a"'),
+    "guided_decoding_backend": _f(HONORED, "vllm", "xgrammar or auto (others: 400)", CH, example="xgrammar"),
+    "guided_whitespace_pattern": _f(REFUSED, "vllm", "JSON is generated without free whitespace", CH),
     "structural_tag": _f(REFUSED, "vllm", NOT_BUILT, CH),
-    "structured_outputs": _f(REFUSED, "vllm", NOT_BUILT, CH),
-    "regex": _f(REFUSED, "sglang", NOT_BUILT, CH),
-    "json_schema": _f(REFUSED, "sglang", NOT_BUILT, CH),
-    "ebnf": _f(REFUSED, "sglang", NOT_BUILT, CH),
+    "structured_outputs": _f(HONORED, "vllm", "json / regex / choice / grammar / json_object", CH,
+                             example={"regex": "[a-z]+"}),  # fmt: skip
+    "regex": _f(HONORED, "sglang", "", CH, example="[0-9]+"),
+    "json_schema": _f(HONORED, "sglang", "a JSON schema (object or text)", CH, example='{"type": "object"}'),
+    "ebnf": _f(HONORED, "sglang", "xgrammar's GBNF dialect", CH, example='root ::= "a"'),
     # ---- SGLang others ----
     "no_stop_trim": _f(REFUSED, "sglang", NOT_BUILT, neutral=(None, False)),
     "separate_reasoning": _f(REFUSED, "sglang", NOT_BUILT, H, neutral=(None, True)),

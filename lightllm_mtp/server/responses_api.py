@@ -44,6 +44,7 @@ class ResponsesRequest(SamplingRequest):
     input: str | Annotated[list[InputMessage], FIRST_ERROR] = Field(min_length=1)
     instructions: str | None = None
     max_output_tokens: int | None = None
+    text: dict | None = None  # {"format": {"type": "text" | "json_object" | "json_schema", ...}}
 
     @field_validator("max_output_tokens")
     @classmethod

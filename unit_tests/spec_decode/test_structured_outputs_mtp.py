@@ -1,0 +1,131 @@
+"""Issue 32 item 3 on the trained fixtures: structured outputs (xgrammar) mask every token choice (plain sampling,
+every verify row, every proposer's drafts), so greedy MTP output equals plain decoding under a grammar, JSON
+outputs parse and follow their schema, a grammar that ends inside a verify window ends the request there, and a
+step whose drafts are all illegal still emits the grammar's tokens."""
+
+import json
+import re
+
+import pytest
+import torch
+
+from lightllm_mtp import LLM, SamplingParams
+from lightllm_mtp.engine.spec_runner import SpecRunner
+from lightllm_mtp.sampling_params import StructuredOutput
+
+MAX_MODEL_LEN = 160
+PROMPTS = ["def load(path):\n    return {", "import json\nconfig = ", "# the answer\nresult = "]
+SCHEMAS = {
+    "nested": {"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "owner": {"type": "object", "properties": {"id": {"type": "integer"}, "admin": {"type": "boolean"}},
+                  "required": ["id", "admin"]}},
+        "required": ["name", "owner"]},
+    "enum_array": {"type": "object", "properties": {
+        "kind": {"enum": ["file", "dir", "link"]},
+        "sizes": {"type": "array", "items": {"type": "integer"}, "maxItems": 4}},
+        "required": ["kind", "sizes"]},
+}  # fmt: skip
+MTP_MODES = {
+    "eagle2": dict(mtp_mode="eagle_with_att", mtp_step=2),
+    "multi_layer3": dict(mtp_mode="vanilla_with_att", mtp_step=3),
+    "ptd3": dict(mtp_mode="eagle_with_att", mtp_step=3, parallel_drafting=True),
+}
+
+
+def follows(value, schema) -> bool:
+    """The subset of JSON schema used here: type, properties, required, enum, items, maxItems, maxLength."""
+    if "enum" in schema:
+        return value in schema["enum"]
+    kind = schema.get("type")
+    if kind == "object":
+        return (isinstance(value, dict) and all(k in value for k in schema.get("required", []))
+                and all(follows(value[k], s) for k, s in schema.get("properties", {}).items() if k in value))
+    if kind == "array":
+        return (isinstance(value, list) and len(value) <= schema.get("maxItems", len(value))
+                and all(follows(v, schema["items"]) for v in value))  # fmt: skip
+    if kind == "string":
+        return isinstance(value, str) and len(value) <= schema.get("maxLength", len(value))
+    return {"integer": int, "boolean": bool}[kind] is type(value)
+
+
+def greedy(so: StructuredOutput, n=80):
+    return SamplingParams(temperature=0.0, max_new_tokens=n, structured=so)
+
+
+def schema_output(name):
+    return StructuredOutput("json_schema", json.dumps(SCHEMAS[name]))
+
+
+@pytest.fixture(scope="module")
+def plain(trained_mtp3_ptd_dir):
+    return LLM(trained_mtp3_ptd_dir, max_model_len=MAX_MODEL_LEN)
+
+
+@pytest.mark.parametrize("schema", list(SCHEMAS))
+def test_json_outputs_follow_their_schema(plain, schema):
+    outs = plain.generate(PROMPTS, greedy(schema_output(schema)))
+    for o in outs:
+        assert o.finish_reason == "stop", o.text
+        assert follows(json.loads(o.text), SCHEMAS[schema]), o.text
+    sampled = SamplingParams(temperature=1.0, max_new_tokens=80, seed=3, structured=schema_output(schema))
+    for o in plain.generate(PROMPTS, sampled):
+        assert o.finish_reason == "length" or follows(json.loads(o.text), SCHEMAS[schema]), o.text
+    obj = plain.generate(PROMPTS[:1], greedy(StructuredOutput("json_object")))[0]
+    assert isinstance(json.loads(obj.text), dict)
+
+
+@pytest.mark.parametrize("mode", list(MTP_MODES))
+def test_mtp_greedy_equals_plain_under_a_schema(plain, trained_mtp3_ptd_dir, mode):
+    params = [greedy(schema_output(s)) for s in ("nested", "enum_array", "nested")]
+    expect = [o.token_ids for o in plain.generate(PROMPTS, params)]
+    outs = LLM(trained_mtp3_ptd_dir, max_model_len=MAX_MODEL_LEN, **MTP_MODES[mode]).generate(PROMPTS, params)
+    assert [o.token_ids for o in outs] == expect
+    assert sum(o.spec.accepted_drafts for o in outs) > 0  # masked drafts keep being accepted
+
+
+def test_draft_model_greedy_equals_plain_under_a_schema(trained_dense_dir, trained_draft_dir):
+    params = greedy(schema_output("enum_array"))
+    expect = LLM(trained_dense_dir, max_model_len=MAX_MODEL_LEN).generate(PROMPTS, params)
+    llm = LLM(trained_dense_dir, max_model_len=MAX_MODEL_LEN, mtp_mode="draft_model", mtp_step=2,
+              mtp_draft_model_dir=str(trained_draft_dir))  # fmt: skip
+    assert [o.token_ids for o in llm.generate(PROMPTS, params)] == [o.token_ids for o in expect]
+
+
+def test_a_grammar_that_ends_inside_the_window(plain, trained_mtp3_ptd_dir):
+    """k = 3: two digits then eos, so the eos row lies inside a verify block (or right after the prompt)."""
+    params = [greedy(StructuredOutput("regex", "[0-9]{2}")), greedy(StructuredOutput("choice", '["yes", "no"]'))]
+    expect = plain.generate(PROMPTS[:2], params)
+    for mode in ("eagle2", "multi_layer3"):
+        outs = LLM(trained_mtp3_ptd_dir, max_model_len=MAX_MODEL_LEN, **MTP_MODES[mode]).generate(PROMPTS[:2], params)
+        assert [o.token_ids for o in outs] == [o.token_ids for o in expect]
+        assert re.fullmatch("[0-9]{2}", outs[0].text) and outs[1].text in ("yes", "no")
+        assert all(o.finish_reason == "stop" for o in outs)
+
+
+def test_every_draft_illegal(monkeypatch, plain, trained_mtp3_ptd_dir):
+    """The proposer's drafts replaced by a token the grammar never allows: every draft is rejected at its row, each
+    step emits the target's grammar token, and the output equals plain decoding's."""
+    bad = plain.tokenizer.encode("zz", add_special_tokens=False)[0]
+    propose = SpecRunner._drafts_on_every_stage
+
+    def illegal(self, fn, num_reqs):
+        drafts = propose(self, fn, num_reqs)
+        return torch.full_like(drafts, bad)
+
+    monkeypatch.setattr(SpecRunner, "_drafts_on_every_stage", illegal)
+    params = greedy(StructuredOutput("regex", "[0-9]{6}"))
+    expect = plain.generate(PROMPTS, params)
+    outs = LLM(trained_mtp3_ptd_dir, max_model_len=MAX_MODEL_LEN, **MTP_MODES["eagle2"]).generate(PROMPTS, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in expect]
+    assert all(re.fullmatch("[0-9]{6}", o.text) for o in outs)
+    assert sum(o.spec.accepted_drafts for o in outs) == 0 and all(o.spec.verify_steps > 0 for o in outs)
+
+
+def test_invalid_grammars_are_refused_before_queuing(plain):
+    for so in (StructuredOutput("json_schema", "{nope"), StructuredOutput("regex", "(["),
+               StructuredOutput("choice", "[]"), StructuredOutput("grammar", "root ::= ")):  # fmt: skip
+        with pytest.raises(ValueError, match="invalid"):
+            plain.generate(PROMPTS[:1], greedy(so))
+    with pytest.raises(ValueError, match="ignore_eos"):
+        SamplingParams(ignore_eos=True, structured=StructuredOutput("json_object"))
