@@ -129,3 +129,33 @@ def test_invalid_grammars_are_refused_before_queuing(plain):
             plain.generate(PROMPTS[:1], greedy(so))
     with pytest.raises(ValueError, match="ignore_eos"):
         SamplingParams(ignore_eos=True, structured=StructuredOutput("json_object"))
+
+
+def test_reduced_draft_vocabulary_under_a_schema(monkeypatch, plain, trained_mtp3_ptd_dir, tmp_path):
+    """The draft logits cover a quarter of the ids: the grammar's mask is taken at those ids (token_map), drafts come
+    from the subset, and the output equals plain decoding's."""
+    from lightllm_mtp.spec_decode.draft_state import DraftState
+    from lightllm_mtp.spec_decode.draft_vocab import load_draft_vocab
+    from lightllm_mtp.tools.build_draft_vocab import build
+    from lightllm_mtp.tools.tiny_corpus import split_corpus
+
+    data = build(trained_mtp3_ptd_dir, [f.text for f in split_corpus().train[:40]], "40 stdlib files")
+    path = tmp_path / "vocab.json"
+    path.write_text(json.dumps(data))
+    size = data["vocab_size"] // 4
+    drafted = []
+    real = DraftState.write_drafts
+
+    def recording(self, b_req_idx, drafts):
+        drafted.append(drafts.clone())
+        return real(self, b_req_idx, drafts)
+
+    params = greedy(schema_output("enum_array"))
+    expect = [o.token_ids for o in plain.generate(PROMPTS, params)]
+    monkeypatch.setattr(DraftState, "write_drafts", recording)
+    llm = LLM(trained_mtp3_ptd_dir, max_model_len=MAX_MODEL_LEN, mtp_draft_vocab_file=str(path),
+              mtp_draft_vocab_size=size, **MTP_MODES["eagle2"])  # fmt: skip
+    outs = llm.generate(PROMPTS, params)
+    assert [o.token_ids for o in outs] == expect and sum(o.spec.accepted_drafts for o in outs) > 0
+    subset = set(load_draft_vocab(path, size, data["vocab_size"], llm.engine.model_config.eos_token_ids).tolist())
+    assert set(torch.cat(drafted).flatten().tolist()) <= subset
