@@ -5,7 +5,8 @@ setup(
     version="0.1.0",
     description="LightLLM-style inference engine for Qwen3.5 (dense and MoE) with MTP speculative decoding",
     packages=find_packages(include=["lightllm_mtp", "lightllm_mtp.*"]),
-    package_data={"lightllm_mtp": ["fixtures/*.md", "fixtures/*/*"]},  # the main job's trained tiny checkpoint
+    # the main job's trained tiny checkpoint; the shipped chat templates
+    package_data={"lightllm_mtp": ["fixtures/*.md", "fixtures/*/*", "chat_templates/*.jinja"]},
     python_requires=">=3.10",
     install_requires=[
         "torch>=2.4",

@@ -34,6 +34,9 @@ class StructuredOutput:
 
     kind: str
     spec: str = ""
+    # the grammar applies from the token after the output first holds this text (a reasoning parser's end of
+    # thinking, "</think>"); "": from the first token
+    starts_after: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in STRUCTURED_KINDS:

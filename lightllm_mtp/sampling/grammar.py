@@ -4,6 +4,10 @@ Why xgrammar: it is the default grammar engine of vLLM, SGLang and TensorRT-LLM,
 3.12 on the package index (llguidance's newest wheels did not resolve there; outlines-core has no EBNF), compiles
 JSON schema, regex and EBNF, and its matcher rolls back: exactly what speculative decoding needs.
 
+With `starts_after` (the end of a reasoning block) the output is free until that text has appeared (found in the
+tokens' bytes, so a marker split over several tokens or landing inside a verify block is found where it ends); the
+grammar applies from the next token, row by row inside a verify block too.
+
 Under speculative decoding the matcher only ever holds the committed output: a verify block's row masks come from
 accepting the block's drafts one by one (row i: the state after d_1..d_i; the rows past the first illegal draft
 allow everything, as that draft is rejected at its row) and rolling them back; a draft position's mask from
@@ -61,46 +65,93 @@ class GrammarCompiler:
 
     def matcher(self, so: StructuredOutput) -> RequestGrammar:
         compiled = self.compiler.compile_grammar(grammar_text(so))
-        return RequestGrammar(_xgr().GrammarMatcher(compiled), self.vocab_size)
+        gate = Gate(so.starts_after.encode(), self.info.decoded_vocab) if so.starts_after else None
+        return RequestGrammar(_xgr().GrammarMatcher(compiled), self.vocab_size, gate)
+
+
+@dataclass
+class Gate:
+    """Whether the output has reached the text after which the grammar applies (found in the tokens' bytes)."""
+
+    marker: bytes
+    token_bytes: list  # token id -> its bytes (xgrammar's decoded vocabulary)
+    tail: bytes = b""  # the output's last bytes, fewer than the marker's
+    open: bool = False
+
+    def after(self, tokens: list[int]) -> list[bool]:
+        """Whether the grammar applies to the token after each prefix of `tokens` (the state is not changed)."""
+        tail, is_open, out = self.tail, self.open, []
+        for t in tokens:
+            if not is_open:
+                tail += self.token_bytes[t] if t < len(self.token_bytes) else b""
+                is_open = self.marker in tail
+                tail = tail[-(len(self.marker) - 1) :] if len(self.marker) > 1 else b""
+            out.append(is_open)
+        return out
+
+    def advance(self, token: int) -> bool:
+        """A committed token; True when it belongs to the grammar (the marker ended before it)."""
+        if self.open:
+            return True
+        self.open = self.after([token])[0]
+        tail = self.tail + (self.token_bytes[token] if token < len(self.token_bytes) else b"")
+        self.tail = tail[-(len(self.marker) - 1) :] if len(self.marker) > 1 else b""
+        return False
 
 
 @dataclass
 class RequestGrammar:
     matcher: object  # xgrammar.GrammarMatcher over the committed output
     vocab_size: int
+    gate: Gate | None = None  # StructuredOutput.starts_after
 
     def advance(self, token: int) -> None:
         """A committed output token (the engine's append)."""
+        if self.gate is not None and not self.gate.advance(token):
+            return
         if not self.matcher.is_terminated() and not self.matcher.accept_token(token):
             raise RuntimeError(f"token {token} was committed against its grammar")
+
+    def _walk(self, tokens: list[int], fill, first_row: int | None) -> tuple[int, bool]:
+        """Accepts `tokens` into the matcher (past the gate); fill(row, applies) after each when first_row is set.
+        Returns (tokens the matcher took, whether all were legal)."""
+        opened = self.gate.after(tokens) if self.gate is not None else [True] * len(tokens)
+        applies = self.gate is None or self.gate.open
+        m, taken = self.matcher, 0
+        for i, t in enumerate(tokens):
+            if applies:  # t belongs to the grammar
+                if m.is_terminated() or not m.accept_token(t):
+                    return taken, False
+                taken += 1
+            applies = opened[i]
+            if first_row is not None:
+                fill(first_row + i + 1, applies)
+        return taken, True
 
     def fill_after(self, tokens: list[int], bitmask: torch.Tensor, row: int) -> bool:
         """bitmask[row] = the tokens allowed after the committed output + `tokens`; False (row left allowing all)
         when `tokens` themselves break the grammar."""
-        m, taken, ok = self.matcher, 0, True
-        for t in tokens:
-            if m.is_terminated() or not m.accept_token(t):
-                ok = False
-                break
-            taken += 1
-        if ok:
+        taken, ok = self._walk(tokens, None, None)
+        applies = self.gate is None or (self.gate.after(tokens)[-1] if tokens else self.gate.open)
+        if ok and applies:
             self._fill(bitmask, row)
         if taken:
-            m.rollback(taken)
+            self.matcher.rollback(taken)
         return ok
 
     def fill_block(self, drafts: list[int], bitmask: torch.Tensor, row0: int) -> None:
         """Rows row0..row0 + len(drafts) of a verify block: row i after d_1..d_i; rows past the first illegal draft
-        keep allowing all (that draft is rejected at its own row)."""
-        m, taken = self.matcher, 0
-        self._fill(bitmask, row0)
-        for i, d in enumerate(drafts):
-            if m.is_terminated() or not m.accept_token(d):
-                break
-            taken += 1
-            self._fill(bitmask, row0 + i + 1)
+        keep allowing all (that draft is rejected at its own row), as do rows still before the gate's marker."""
+        if self.gate is None or self.gate.open:
+            self._fill(bitmask, row0)
+
+        def fill(row: int, applies: bool) -> None:
+            if applies:
+                self._fill(bitmask, row)
+
+        taken, _ = self._walk(drafts, fill, row0)
         if taken:
-            m.rollback(taken)
+            self.matcher.rollback(taken)
 
     def _fill(self, bitmask: torch.Tensor, row: int) -> None:
         if self.matcher.is_terminated():  # past the grammar's end (eos accepted): nothing but eos

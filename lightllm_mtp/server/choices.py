@@ -4,20 +4,25 @@ choice index) and the logprobs blocks of completions and chat choices."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import AsyncIterator
 
 from fastapi import Request
 
+from lightllm_mtp.sampling_params import StructuredOutput
 from lightllm_mtp.server.engine_client import Delta, EngineClient, RequestStream
 from lightllm_mtp.server.protocol import ApiError, SamplingRequest
 from lightllm_mtp.server.streaming import Collected, collect
 
 
-def submit_choices(client: EngineClient, req: SamplingRequest, prompt_ids: list[int], max_new: int,
-                   endpoint: str) -> list[RequestStream]:  # fmt: skip
-    """One engine request per choice (every one validated before any is queued)."""
+def submit_choices(client: EngineClient, req: SamplingRequest, prompt_ids: list[int], max_new: int, endpoint: str,
+                   structured: StructuredOutput | None | str = "request") -> list[RequestStream]:  # fmt: skip
+    """One engine request per choice (every one validated before any is queued). structured: the grammar to
+    enforce instead of the request's own (chat: the tool_choice grammar, or one that starts after the reasoning)."""
     try:
         params = [req.sampling_params(max_new, choice=i) for i in range(req.n)]
+        if structured != "request":
+            params = [dataclasses.replace(p, structured=structured) for p in params]
     except ValueError as e:
         raise ApiError(400, str(e)) from None
     streams: list[RequestStream] = []

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Annotated, ClassVar, Literal, TypeVar
+from typing import Annotated, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictInt, ValidationError, field_validator, model_validator
 
@@ -22,10 +22,10 @@ from lightllm_mtp.sampling_params import (
     MAX_STOP_TOKEN_IDS,
     MAX_TOP_LOGPROBS,
     SamplingParams,
+    StructuredOutput,
     check_stop_strings,
 )
-from lightllm_mtp.sampling_params import StructuredOutput
-from lightllm_mtp.server.request_fields import CHAT, COMPLETIONS, UnsupportedField, check_fields
+from lightllm_mtp.server.request_fields import COMPLETIONS, UnsupportedField, check_fields
 from lightllm_mtp.server.structured_fields import structured_output
 
 STRICT = ConfigDict(extra="ignore", strict=True)
@@ -360,57 +360,3 @@ class CompletionRequest(SamplingRequest):
         if not v:
             raise ValueError("the prompt is empty")
         return v
-
-
-class ContentPart(BaseModel):
-    model_config = STRICT
-    type: str
-    text: str | None = None
-
-
-class ChatMessage(BaseModel):
-    model_config = STRICT
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | Annotated[list[ContentPart], FIRST_ERROR] | None = None
-
-    def text(self) -> str:
-        if self.content is None or isinstance(self.content, str):
-            return self.content or ""
-        bad = [p.type for p in self.content if p.type != "text"]
-        if bad:
-            raise ValueError(f"only text content parts are supported, got {bad[0]!r}")
-        return "".join(p.text or "" for p in self.content)
-
-
-class ChatCompletionRequest(SamplingRequest):
-    ENDPOINT = CHAT
-    messages: list[ChatMessage] = Field(min_length=1, fail_fast=True)
-    max_completion_tokens: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = None  # with logprobs: alternatives per token
-
-    @field_validator("top_logprobs")
-    @classmethod
-    def _top_logprobs(cls, v):
-        if v is not None and not 0 <= v <= MAX_TOP_LOGPROBS:
-            raise ValueError(f"must be in [0, {MAX_TOP_LOGPROBS}], got {v}")
-        return v
-
-    @model_validator(mode="after")
-    def _top_logprobs_need_logprobs(self):
-        if self.top_logprobs and not self.logprobs:
-            raise UnsupportedField("top_logprobs", None, "top_logprobs needs logprobs: true")
-        return self
-
-    @property
-    def num_logprobs(self) -> int | None:
-        return (self.top_logprobs or 0) if self.logprobs else None
-
-    @field_validator("max_completion_tokens")
-    @classmethod
-    def _max_completion_tokens(cls, v):
-        return cls._max_tokens(v)
-
-    @property
-    def max_new_tokens(self) -> int | None:
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

@@ -78,9 +78,11 @@ FIELDS: list[tuple[str, FieldInfo]] = [*{
     "max_completion_tokens": _f(HONORED, "openai", "", H, example=5),
     "response_format": _f(HONORED, "openai", "json_object / json_schema (strict): xgrammar, under MTP too", CH,
                           example={"type": "json_object"}),  # fmt: skip
-    "tools": _f(REFUSED, "openai", NOT_BUILT, H + R, neutral=(None, [])),
-    "tool_choice": _f(REFUSED, "openai", NOT_BUILT, H + R, neutral=(None, "none")),
-    "parallel_tool_calls": _f(REFUSED, "openai", "no tools", H + R, neutral=(None, True, False)),
+    "tools": _f(HONORED, "openai", "rendered by the chat template; calls parsed by --tool_call_parser", H,
+                example=[{"type": "function", "function": {"name": "f"}}]),  # fmt: skip
+    "tool_choice": _f(HONORED, "openai", "none / auto (--enable_auto_tool_choice) / required / named: the last two "
+                      "enforced by a grammar", H, example="none"),  # fmt: skip
+    "parallel_tool_calls": _f(HONORED, "openai", "false: at most one call", H, example=False),
     "functions": _f(REFUSED, "openai", "deprecated: use tools", H, neutral=(None, [])),
     "function_call": _f(REFUSED, "openai", "deprecated: use tool_choice", H, neutral=(None, "none")),
     "reasoning_effort": _f(REFUSED, "openai", NOT_BUILT, H),
@@ -134,7 +136,8 @@ FIELDS: list[tuple[str, FieldInfo]] = [*{
     "mm_processor_kwargs": _f(REFUSED, "vllm", "text only"),
     "return_mtp_stats": _f(HONORED, "lightllm_mtp", "the request's acceptance in usage.mtp", example=True),
     # ---- chat template extensions ----
-    "chat_template_kwargs": _f(REFUSED, "vllm", NOT_BUILT, H, neutral=(None, {})),
+    "chat_template_kwargs": _f(HONORED, "vllm", "passed to the template (enable_thinking)", H,
+                               example={"enable_thinking": False}),  # fmt: skip
     "chat_template": _f(REFUSED, "vllm", "per request: use the server's --chat_template", H),
     "add_generation_prompt": _f(REFUSED, "vllm", "always on", H, neutral=(None, True)),
     "continue_final_message": _f(REFUSED, "vllm", NOT_BUILT, H, neutral=(None, False)),
@@ -162,6 +165,9 @@ FIELDS: list[tuple[str, FieldInfo]] = [*{
     "return_hidden_states": _f(REFUSED, "sglang", NOT_BUILT, neutral=(None, False)),
 }.items(), ("prompt", _f(REFUSED, "openai", "prompt templates are not stored", R)),
   ("top_logprobs", _f(REFUSED, "openai", NOT_BUILT, R, neutral=(None, 0))),
+  ("tools", _f(REFUSED, "openai", NOT_BUILT, R, neutral=(None, []))),
+  ("tool_choice", _f(REFUSED, "openai", NOT_BUILT, R, neutral=(None, "none"))),
+  ("parallel_tool_calls", _f(REFUSED, "openai", "no tools", R, neutral=(None, True, False))),
   ("logprobs", _f(HONORED, "openai", "raw logprobs of the target (MTP: the verify row's), streaming too", H,
                   example=True))]
 

@@ -17,7 +17,8 @@ from pydantic import BaseModel, Field, field_validator
 
 from lightllm_mtp.server.engine_client import EngineClient, RequestStream
 from lightllm_mtp.server.openai_api import check_model, completion_budget, submit
-from lightllm_mtp.server.protocol import FIRST_ERROR, STRICT, ChatCompletionRequest, SamplingRequest
+from lightllm_mtp.server.chat_protocol import ChatCompletionRequest
+from lightllm_mtp.server.protocol import FIRST_ERROR, STRICT, SamplingRequest
 from lightllm_mtp.server.request_fields import RESPONSES
 from lightllm_mtp.server.request_input import BodyLimits, PromptEncoder, read_body
 from lightllm_mtp.server.streaming import ClientDisconnected, collect, mtp_usage, sse_response

@@ -6,7 +6,8 @@ import time
 import pytest
 
 from lightllm_mtp.server.generate_protocol import GenerateRequest
-from lightllm_mtp.server.protocol import ApiError, ChatCompletionRequest, CompletionRequest, parse_body
+from lightllm_mtp.server.chat_protocol import ChatCompletionRequest
+from lightllm_mtp.server.protocol import ApiError, CompletionRequest, parse_body
 
 
 def parse(model, body):
@@ -68,7 +69,13 @@ def test_valid_requests_and_their_sampling_params():
         (CompletionRequest, {"prompt": "a", "best_of": 2}, "best_of", "best_of 2 != n 1"),
         (ChatCompletionRequest, {"messages": []}, "messages", "at least 1 item"),
         (ChatCompletionRequest, {"messages": [{"role": "user"}], "tools": [{"type": "function"}]}, "tools",
-         "not supported"),
+         "each tool must be"),
+        (ChatCompletionRequest, {"messages": [{"role": "user"}], "tool_choice": "required"}, "tool_choice",
+         "needs tools"),
+        (ChatCompletionRequest, {"messages": [{"role": "user"}], "tools": [{"type": "function", "function": {
+            "name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice", "'g'"),
+        (ChatCompletionRequest, {"messages": [{"role": "user"}], "chat_template_kwargs": {"tools": []}},
+         "chat_template_kwargs", "set by the server"),
         (GenerateRequest, {"inputs": ""}, "inputs", "at least 1 character"),
         (GenerateRequest, {"inputs": "a", "parameters": {"stop_sequences": [""]}}, "parameters", "non-empty"),
     ],

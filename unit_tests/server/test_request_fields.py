@@ -10,7 +10,8 @@ from openai.types import completion_create_params as completion_params
 from openai.types.chat import completion_create_params as chat_params
 from openai.types.responses import response_create_params as response_params
 
-from lightllm_mtp.server.protocol import ApiError, ChatCompletionRequest, CompletionRequest, parse_body
+from lightllm_mtp.server.chat_protocol import ChatCompletionRequest
+from lightllm_mtp.server.protocol import ApiError, CompletionRequest, parse_body
 from lightllm_mtp.server.request_fields import (
     CHAT,
     COMPLETIONS,

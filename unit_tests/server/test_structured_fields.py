@@ -5,7 +5,8 @@ import json
 import pytest
 
 from lightllm_mtp.sampling_params import StructuredOutput
-from lightllm_mtp.server.protocol import ApiError, ChatCompletionRequest, CompletionRequest, parse_body
+from lightllm_mtp.server.chat_protocol import ChatCompletionRequest
+from lightllm_mtp.server.protocol import ApiError, CompletionRequest, parse_body
 from lightllm_mtp.server.responses_api import ResponsesRequest
 
 CHAT = {"messages": [{"role": "user", "content": "a"}]}
