@@ -1,13 +1,21 @@
-"""Issue 32 through the official openai client against real servers on CPU (the trained tiny checkpoint): MTP (eagle,
-k=2) and plain decoding give the same greedy text and logprobs under penalties, bias and min_tokens; n choices,
-streamed or not; include_stop_str_in_output; a refused field is a 400 naming it."""
+"""Issue 32 through the official openai client against real servers on CPU (the trained tiny checkpoint, the shipped
+Qwen3.5-style chat template, the qwen3 reasoning and tool-call parsers): MTP (eagle, k=2) and plain decoding give the
+same greedy text and logprobs under penalties, bias and min_tokens, the same JSON under a schema and the same tool
+calls; n choices, reasoning and tool calls streamed reassemble to the whole answers; include_stop_str_in_output;
+/tokenize, /detokenize, /v1/models/{id}; a refused field is a 400 naming it."""
 
+import json
+
+import httpx
 import openai
 import pytest
 
 from lightllm_mtp.server.launcher import ServerProcess
 
-COMMON = ["--device", "cpu", "--max_req_total_len", "128", "--log_level", "warning", "--running_max_req_size", "8"]
+COMMON = ["--device", "cpu", "--max_req_total_len", "512", "--log_level", "warning", "--running_max_req_size", "8",
+          "--chat_template", "qwen3_5", "--reasoning_parser", "qwen3", "--tool_call_parser", "qwen3_coder",
+          "--enable_auto_tool_choice"]
+NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 PROMPT = "def fibonacci(n):"
 
 
@@ -51,7 +59,7 @@ def test_n_choices_streamed_reassemble_to_the_collected_ones(servers):
     c = client(server)
     model = c.models.list().data[0].id
     kw = dict(model=model, messages=[{"role": "user", "content": "Sort a list."}], max_tokens=12, temperature=0.8,
-              seed=5, n=3, logprobs=True, top_logprobs=1)  # fmt: skip
+              seed=5, n=3, logprobs=True, top_logprobs=1, extra_body=NO_THINKING)  # fmt: skip
     full = c.chat.completions.create(**kw)
     assert [ch.index for ch in full.choices] == [0, 1, 2] and full.usage.completion_tokens == sum(
         len(ch.logprobs.content) for ch in full.choices)
@@ -89,15 +97,13 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
 
 
 def test_structured_outputs_through_the_client(servers):
-    import json
-
     fmt = {"type": "json_schema", "json_schema": {"name": "entry", "schema": SCHEMA, "strict": True}}
     texts = {}
     for name, server in servers.items():
         c = client(server)
         out = c.chat.completions.create(model=c.models.list().data[0].id, temperature=0, max_tokens=80,
                                         messages=[{"role": "user", "content": "Describe a file."}],
-                                        response_format=fmt)  # fmt: skip
+                                        response_format=fmt, extra_body=NO_THINKING)  # fmt: skip
         texts[name] = out.choices[0].message.content
         value = json.loads(texts[name])
         assert value["kind"] in ("file", "dir") and isinstance(value["sizes"], list) and len(value["name"]) <= 10
@@ -110,3 +116,88 @@ def test_structured_outputs_through_the_client(servers):
     with pytest.raises(openai.BadRequestError) as e:
         complete(servers["mtp"], max_tokens=4, extra_body={"guided_json": "{oops"})
     assert "guided_json" in str(e.value)
+
+
+WEATHER = [{"type": "function", "function": {"name": "get_weather", "description": "weather of a city", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}]  # fmt: skip
+
+
+def chat(server, stream=False, **kw):
+    c = client(server)
+    body = dict(model=c.models.list().data[0].id, temperature=0, max_tokens=48,
+                messages=[{"role": "user", "content": "What is the weather in Paris?"}])  # fmt: skip
+    return c.chat.completions.create(**{**body, **kw}, stream=stream)
+
+
+def reassembled(chunks):
+    """The message a stream's deltas add up to (content, reasoning_content, tool calls by index)."""
+    content = reasoning = ""
+    calls: dict[int, dict] = {}
+    finish = None
+    for chunk in chunks:
+        for ch in chunk.choices:
+            d = ch.delta
+            content += d.content or ""
+            reasoning += (d.model_extra or {}).get("reasoning_content") or ""
+            for tc in d.tool_calls or []:
+                call = calls.setdefault(tc.index, {"name": "", "arguments": ""})
+                call["name"] += tc.function.name or ""
+                call["arguments"] += tc.function.arguments or ""
+            finish = ch.finish_reason or finish
+    return content or None, reasoning or None, [calls[i] for i in sorted(calls)], finish
+
+
+def whole(out):
+    m = out.choices[0].message
+    calls = [{"name": t.function.name, "arguments": t.function.arguments} for t in m.tool_calls or []]
+    return m.content, (m.model_extra or {}).get("reasoning_content"), calls, out.choices[0].finish_reason
+
+
+def test_reasoning_content_and_enable_thinking(servers):
+    on = chat(servers["mtp"], max_tokens=24)
+    content, reasoning, _, _ = whole(on)
+    assert reasoning and content is None  # thinking on (the template's default): the tiny model never closes it
+    assert reassembled(chat(servers["mtp"], stream=True, max_tokens=24)) == whole(on)
+    off = chat(servers["mtp"], max_tokens=24, extra_body=NO_THINKING)
+    assert whole(off)[0] and whole(off)[1] is None
+    assert whole(off) == whole(chat(servers["plain"], max_tokens=24, extra_body=NO_THINKING))
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_forced_tool_calls_equal_under_mtp_and_streamed(servers, choice):
+    """The grammar (after the reasoning ends: thinking off here) forces one Qwen XML call (parallel_tool_calls false:
+    the tiny model would go on calling); the parser types its arguments by the tool's schema."""
+    kw = dict(tools=WEATHER, tool_choice=choice, extra_body=NO_THINKING, max_tokens=200, parallel_tool_calls=False)
+    mtp, plain = whole(chat(servers["mtp"], **kw)), whole(chat(servers["plain"], **kw))
+    assert mtp == plain and mtp[3] == "tool_calls" and mtp[2][0]["name"] == "get_weather"
+    args = json.loads(mtp[2][0]["arguments"])
+    assert all(isinstance(args[k], {"city": str, "days": int}[k]) for k in args)
+    assert reassembled(chat(servers["mtp"], stream=True, **kw)) == mtp
+
+
+def test_tool_history_and_auto_choice(servers):
+    history = [{"role": "user", "content": "What is the weather in Paris?"},
+               {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}]  # fmt: skip
+    out = chat(servers["mtp"], messages=history, tools=WEATHER, extra_body=NO_THINKING, max_tokens=16)
+    assert out.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert reassembled(chat(servers["mtp"], stream=True, messages=history, tools=WEATHER, extra_body=NO_THINKING,
+                            max_tokens=16)) == whole(out)  # fmt: skip
+    tok = httpx.post(f"{servers['mtp'].url}/tokenize", json={"messages": history, "tools": WEATHER, **NO_THINKING}).json()
+    text = httpx.post(f"{servers['mtp'].url}/detokenize", json={"tokens": tok["tokens"]}).json()["prompt"]
+    assert "<tool_response>\nsunny, 21 C\n</tool_response>" in text and "<parameter=city>\nParis" in text
+    assert tok["count"] == out.usage.prompt_tokens
+
+
+def test_tokenize_detokenize_and_model_card(servers):
+    url = servers["plain"].url
+    tok = httpx.post(f"{url}/tokenize", json={"prompt": PROMPT, "return_token_strs": True}).json()
+    assert tok["count"] == len(tok["tokens"]) == len(tok["token_strs"]) and tok["max_model_len"] == 512
+    assert httpx.post(f"{url}/detokenize", json={"tokens": tok["tokens"]}).json() == {"prompt": PROMPT}
+    c = client(servers["plain"])
+    name = c.models.list().data[0].id
+    assert c.models.retrieve(name).id == name
+    with pytest.raises(openai.NotFoundError):
+        c.models.retrieve("gpt-4")
+    assert httpx.post(f"{url}/detokenize", json={"tokens": [10**7]}).status_code == 400

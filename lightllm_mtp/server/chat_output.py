@@ -79,7 +79,7 @@ def chat_message(plan: ChatPlan, req: ChatCompletionRequest, text: str) -> tuple
     """The non-streaming message of a whole answer."""
     asm = ChatAssembler(plan, req)
     reasoning, content, calls = asm.push(text, final=True)
-    message = {"role": "assistant", "content": content if content or not calls else None}
+    message = {"role": "assistant", "content": content if content or not (calls or reasoning) else None}
     if plan.in_reasoning is not None:
         message["reasoning_content"] = reasoning if plan.in_reasoning or reasoning else None
     if calls:

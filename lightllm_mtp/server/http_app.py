@@ -23,6 +23,7 @@ from lightllm_mtp.server.metrics import ServerMetrics
 from lightllm_mtp.server.chat_api import chat_routes
 from lightllm_mtp.server.chat_output import ChatOptions
 from lightllm_mtp.server.openai_api import openai_routes
+from lightllm_mtp.server.tokenize_api import tokenize_routes
 from lightllm_mtp.server.protocol import ApiError
 from lightllm_mtp.server.request_input import BodyLimits, PromptEncoder
 from lightllm_mtp.server.responses_api import responses_routes
@@ -131,6 +132,7 @@ def create_app(args: ServerArgs, client: EngineClient, metrics: ServerMetrics, o
     app.include_router(openai_routes(client, encoder, args.model_name, auth, body))
     chat = ChatOptions(args.reasoning_parser, args.tool_call_parser, args.enable_auto_tool_choice)
     app.include_router(chat_routes(client, encoder, args.model_name, auth, body, chat))
+    app.include_router(tokenize_routes(client, encoder, args.model_name, auth, body))
     app.include_router(lightllm_routes(client, encoder, auth, body))
     app.include_router(responses_routes(client, encoder, args.model_name, auth, body))
     return app

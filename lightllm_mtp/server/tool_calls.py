@@ -122,17 +122,31 @@ class ToolCallStream:
         return body
 
 
+VALUE_RULES = {  # a parameter's value by its schema type: one line each, so a call always gets to its closing tags
+    "integer": 'value_integer ::= "-"? [0-9]{1,18}',
+    "number": 'value_number ::= "-"? [0-9]{1,18} ("." [0-9]{1,12})?',
+    "boolean": 'value_boolean ::= "true" | "false"',
+    "other": "value_other ::= [^<\\n]{0,256}",
+}
+
+
 def tool_choice_grammar(tools: list[dict], name: str | None, parallel: bool) -> str:
     """EBNF (xgrammar) of answers that are only tool calls: of `name`, or of any tool ("required"); one call, or
-    several separated by newlines when parallel."""
+    several separated by newlines when parallel. Each parameter's value is one line, typed by its schema (integer,
+    number, boolean; anything else: up to 256 characters); a call holds at most as many parameters as its tool has,
+    so every call reaches its closing tags."""
     schemas = tool_schemas(tools)
     names = [name] if name is not None else list(schemas)
     rules = []
     for i, n in enumerate(names):
-        keys = " | ".join(json.dumps(k) for k in schemas.get(n, {}).get("properties", {}))
-        head = json.dumps(f"<tool_call>\n<function={n}>\n")
-        params = f'("<parameter=" ({keys}) ">\\n" value "\\n</parameter>\\n")*' if keys else '""'
-        rules.append(f'call{i} ::= {head} {params} "</function>\\n</tool_call>"')
+        props = schemas.get(n, {}).get("properties", {})
+        alternatives = []
+        for key, schema in props.items():
+            kind = schema.get("type") if schema.get("type") in VALUE_RULES else "other"
+            alternatives.append(f'({json.dumps(f"<parameter={key}>" + chr(10))} value_{kind} "\\n</parameter>\\n")')
+        params = f"({' | '.join(alternatives)}){{0,{len(alternatives)}}}" if alternatives else '""'
+        rules.append(f'call{i} ::= {json.dumps(f"<tool_call>{chr(10)}<function={n}>{chr(10)}")} {params} '
+                     '"</function>\\n</tool_call>"')
     calls = " | ".join(f"call{i}" for i in range(len(names)))
     root = 'root ::= call ("\\n" call)*' if parallel and name is None else "root ::= call"
-    return "\n".join([root, f"call ::= {calls}", *rules, 'value ::= ([^<] | "<" [^/])*'])
+    return "\n".join([root, f"call ::= {calls}", *rules, *VALUE_RULES.values()])

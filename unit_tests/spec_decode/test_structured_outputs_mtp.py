@@ -159,3 +159,23 @@ def test_reduced_draft_vocabulary_under_a_schema(monkeypatch, plain, trained_mtp
     assert [o.token_ids for o in outs] == expect and sum(o.spec.accepted_drafts for o in outs) > 0
     subset = set(load_draft_vocab(path, size, data["vocab_size"], llm.engine.model_config.eos_token_ids).tolist())
     assert set(torch.cat(drafted).flatten().tolist()) <= subset
+
+
+@pytest.mark.parametrize("mode", ["eagle2", "multi_layer3", "ptd3"])
+def test_a_grammar_that_starts_after_a_marker_inside_the_window(plain, trained_mtp3_ptd_dir, mode):
+    """A reasoning end as the grammar's start (StructuredOutput.starts_after), here text the model writes by itself
+    (the first 5 / 7 tokens of its free greedy continuation), so the marker ends inside verify blocks: the output up
+    to the marker is free, the rest follows the schema, and MTP equals plain decoding."""
+    prompts = PROMPTS[:2]
+    free = plain.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True))
+    markers = [plain.tokenizer.decode(o.token_ids[:n]) for o, n in zip(free, (5, 7))]
+    params = [SamplingParams(temperature=0.0, max_new_tokens=60, structured=StructuredOutput(
+        "json_schema", json.dumps(SCHEMAS["enum_array"]), starts_after=m)) for m in markers]  # fmt: skip
+    expect = plain.generate(prompts, params)
+    for o, m in zip(expect, markers):
+        assert m in o.text, o.text
+        head, tail = o.text.split(m, 1)
+        assert follows(json.loads(tail), SCHEMAS["enum_array"]), o.text
+    outs = LLM(trained_mtp3_ptd_dir, max_model_len=MAX_MODEL_LEN, **MTP_MODES[mode]).generate(prompts, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in expect]
+    assert sum(o.spec.accepted_drafts for o in outs) > 0
