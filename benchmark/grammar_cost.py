@@ -2,7 +2,8 @@
 fills, matcher advance / rollback, the draft masks' read-back) with MTP k=2 vs the same steps without a schema, and
 the acceptance (tokens per verify step) with and without it, on the trained tiny fixture.
 
-    python -m benchmark.grammar_cost [--model_dir DIR] [--mtp_step 2] [--batch 4] [--max_tokens 96] [--out FILE]
+    python -m benchmark.grammar_cost [--model_dir DIR] [--mtp_step 2] [--batch 4] [--max_tokens 96]
+        [--disable_overlap] [--device cuda] [--out FILE]
 
 Both runs generate greedily from the same prompts with the same MTP settings, to the same number of tokens
 (ignore_eos without the schema; the schema run ends at its grammar's end, so its steps are counted, not assumed).
@@ -89,17 +90,22 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model_dir", default=str(FIXTURES_DIR / TRAINED_CHECKPOINTS["qwen3_5"]))
     ap.add_argument("--mtp_step", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--max_tokens", type=int, default=96)
+    ap.add_argument("--disable_overlap", action="store_true", help="both runs without overlap scheduling (grammar "
+                    "requests skip the overlapped step: this isolates the grammar's own cost)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
-    llm = LLM(a.model_dir, max_model_len=256, mtp_mode="eagle_with_att", mtp_step=a.mtp_step, prefix_cache=False)
+    llm = LLM(a.model_dir, max_model_len=256, mtp_mode="eagle_with_att", mtp_step=a.mtp_step, prefix_cache=False,
+              disable_overlap=a.disable_overlap, device=a.device)
     prompts = (PROMPTS * a.batch)[: a.batch]
     so = StructuredOutput("json_schema", json.dumps(SCHEMA))
     run(llm, prompts, SamplingParams(temperature=0.0, max_new_tokens=8, structured=so))  # warm-up (compile)
     schema = run(llm, prompts, SamplingParams(temperature=0.0, max_new_tokens=a.max_tokens, structured=so))
     free = run(llm, prompts, SamplingParams(temperature=0.0, max_new_tokens=a.max_tokens, ignore_eos=True))
     report = {"model_dir": a.model_dir, "mtp_step": a.mtp_step, "batch": a.batch, "max_tokens": a.max_tokens,
+              "overlap": not a.disable_overlap,
               "with_schema": schema, "without_schema": free,
               "overhead_ms_per_step": schema["ms_per_step"] - free["ms_per_step"]}  # fmt: skip
     text = json.dumps(report, indent=1)
