@@ -179,3 +179,23 @@ def test_a_grammar_that_starts_after_a_marker_inside_the_window(plain, trained_m
     outs = LLM(trained_mtp3_ptd_dir, max_model_len=MAX_MODEL_LEN, **MTP_MODES[mode]).generate(prompts, params)
     assert [o.token_ids for o in outs] == [o.token_ids for o in expect]
     assert sum(o.spec.accepted_drafts for o in outs) > 0
+
+
+def test_speculative_sampling_under_a_grammar_is_exact(trained_mtp3_ptd_dir):
+    """Temperature 1, top-k 3, a regex of three digits: the joint distribution of the answers under MTP (eagle k=2,
+    masked drafts, masked verify rows) equals plain sampling's (chi-square homogeneity, p > 1e-3)."""
+    from unit_tests.spec_decode.test_trained_drafting import _chi2_homogeneity_p
+
+    params = SamplingParams(temperature=1.0, top_k=3, max_new_tokens=8, structured=StructuredOutput("regex", "[0-9]{3}"))
+
+    def counts(**mtp):
+        torch.manual_seed(0)
+        out: dict[str, int] = {}
+        llm = LLM(trained_mtp3_ptd_dir, max_model_len=64, max_batch_size=64, **mtp)
+        for o in llm.generate([PROMPTS[2]] * 500, params):
+            assert re.fullmatch("[0-9]{3}", o.text), o.text
+            out[o.text] = out.get(o.text, 0) + 1
+        return out
+
+    plain, spec = counts(), counts(**MTP_MODES["eagle2"])
+    assert len(plain) > 5 and _chi2_homogeneity_p(plain, spec) > 1e-3, (plain, spec)
