@@ -5,7 +5,8 @@ setup(
     version="0.1.0",
     description="LightLLM-style inference engine for Qwen3.5 (dense and MoE) with MTP speculative decoding",
     packages=find_packages(include=["lightllm_mtp", "lightllm_mtp.*"]),
-    package_data={"lightllm_mtp": ["fixtures/*.md", "fixtures/*/*"]},  # the main job's trained tiny checkpoint
+    # the main job's trained tiny checkpoint; the shipped chat templates
+    package_data={"lightllm_mtp": ["fixtures/*.md", "fixtures/*/*", "chat_templates/*.jinja"]},
     python_requires=">=3.10",
     install_requires=[
         "torch>=2.4",
@@ -23,8 +24,12 @@ setup(
             "uvicorn>=0.29",
             "prometheus_client>=0.20",
             "triton>=3.0; platform_system == 'Linux'",  # the Triton kernels run under TRITON_INTERPRET=1 on CPU
+            "xgrammar>=0.2.8",  # structured outputs (the `structured` extra): their tests run in CI
         ],
-        "server": ["fastapi>=0.110", "uvicorn>=0.29", "prometheus_client>=0.20", "httpx>=0.27"],
+        # structured outputs (response_format, guided_*, regex / json_schema / ebnf): xgrammar, vLLM's and SGLang's
+        # default grammar engine, with CPU wheels for Python 3.11 / 3.12 (docs/openai_api.md says why)
+        "structured": ["xgrammar>=0.2.8"],
+        "server": ["fastapi>=0.110", "uvicorn>=0.29", "prometheus_client>=0.20", "httpx>=0.27", "xgrammar>=0.2.8"],
         "gpu": ["triton>=3.0", "fla-core>=0.6"],
         "bench": ["matplotlib>=3.5"],  # benchmark/static_inference.py --plot
     },

@@ -23,6 +23,39 @@ def check_stop_strings(stop: str | list[str] | tuple[str, ...] | None) -> tuple[
         raise ValueError(f"stop strings are at most {MAX_STOP_STRING_CHARS} characters long")
     return stops
 MAX_CACHE_SALT_CHARS = 1024
+STRUCTURED_KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """A grammar the output must follow (sampling/grammar.py compiles it with xgrammar): `json_schema` (spec: the
+    schema as JSON text), `json_object` (any JSON object; spec ""), `regex`, `choice` (spec: a JSON list of the
+    allowed strings) or `grammar` (EBNF, xgrammar's GBNF dialect)."""
+
+    kind: str
+    spec: str = ""
+    # the grammar applies from the token after the output first holds this text (a reasoning parser's end of
+    # thinking, "</think>"); "": from the first token
+    starts_after: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in STRUCTURED_KINDS:
+            raise ValueError(f"structured output kind must be one of {STRUCTURED_KINDS}, got {self.kind!r}")
+        if not isinstance(self.spec, str):
+            raise ValueError(f"structured output spec must be a string, got {type(self.spec).__name__}")
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range: [-100, 100]
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+
+
+def _check_logit_bias(bias) -> tuple[tuple[int, float], ...]:
+    """{token id: bias} or (id, bias) pairs -> sorted pairs; ids non-negative ints, biases finite in [-100, 100]."""
+    pairs = sorted((bias.items() if isinstance(bias, dict) else bias) or ())
+    for t, b in pairs:
+        if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+            raise ValueError(f"logit_bias keys must be non-negative token ids, got {t!r}")
+        if not isinstance(b, (int, float)) or isinstance(b, bool) or not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {b!r} for token {t}")
+    return tuple((t, float(b)) for t, b in pairs)
 
 
 @dataclass(frozen=True)
@@ -43,6 +76,18 @@ class SamplingParams:
     # the prefix cache: requests share cached prefixes only with requests of the same salt (None: the unsalted
     # partition), so a tenant's salt keeps its prompts unreachable (and unprobeable via cached_tokens) for others
     cache_salt: str | None = None
+    # logits processing (sampling/logits_processing.py), vLLM's semantics
+    presence_penalty: float = 0.0  # [-2, 2]
+    frequency_penalty: float = 0.0  # [-2, 2]
+    repetition_penalty: float = 1.0  # > 0; 1: off
+    min_p: float = 0.0  # [0, 1]: tokens below min_p x the top token's probability are dropped (sampling only)
+    min_tokens: int = 0  # eos and stop_token_ids are masked until the output has this many tokens
+    logit_bias: tuple[tuple[int, float], ...] = ()  # {token id: bias} or (id, bias) pairs
+    # the generated tokens' logprobs (the target's log-softmax of its raw logits at each emitted position) and this
+    # many top alternatives each; None: none
+    logprobs: int | None = None
+    include_stop_str_in_output: bool = False  # the matched stop string stays in the text
+    structured: StructuredOutput | None = None  # the output follows this grammar (masked at every token choice)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens is not None and self.max_tokens is not None and self.max_new_tokens != self.max_tokens:
@@ -72,6 +117,28 @@ class SamplingParams:
         if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in stops):
             raise ValueError(f"stop_token_ids must be non-negative ints, got {stops[:8]!r}")
         object.__setattr__(self, "stop_token_ids", frozenset(stops))  # membership per token: a set
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not -2.0 <= v <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {v!r}")
+        rp = self.repetition_penalty
+        if not isinstance(rp, (int, float)) or not math.isfinite(rp) or rp <= 0:
+            raise ValueError(f"repetition_penalty must be a finite number > 0, got {rp!r}")
+        if not isinstance(self.min_p, (int, float)) or not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if not isinstance(self.min_tokens, int) or isinstance(self.min_tokens, bool) or self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be a non-negative int, got {self.min_tokens!r}")
+        if self.min_tokens > self.max_new_tokens:
+            raise ValueError(f"min_tokens {self.min_tokens} exceeds max_tokens {self.max_new_tokens}")
+        object.__setattr__(self, "logit_bias", _check_logit_bias(self.logit_bias))
+        lp = self.logprobs
+        if lp is not None and (not isinstance(lp, int) or isinstance(lp, bool) or not 0 <= lp <= MAX_TOP_LOGPROBS):
+            raise ValueError(f"logprobs must be an int in [0, {MAX_TOP_LOGPROBS}] (or None), got {lp!r}")
+        if self.structured is not None:
+            if not isinstance(self.structured, StructuredOutput):
+                raise ValueError(f"structured must be a StructuredOutput, got {type(self.structured).__name__}")
+            if self.ignore_eos:
+                raise ValueError("ignore_eos cannot be combined with a structured output (a grammar ends at eos)")
         salt = self.cache_salt
         if salt is not None and (not isinstance(salt, str) or not 1 <= len(salt) <= MAX_CACHE_SALT_CHARS):
             raise ValueError(f"cache_salt must be a non-empty string of at most {MAX_CACHE_SALT_CHARS} characters "
@@ -80,3 +147,16 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def uses_logits_processing(self) -> bool:
+        """Whether its logits go through sampling/logits_processing.py (penalties, bias, min_tokens)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.min_tokens or self.logit_bias)  # fmt: skip
+
+    @property
+    def reads_history(self) -> bool:
+        """Whether choosing its next token needs its committed output on the host: such a request is left out of a
+        step launched while one of its steps is in flight (overlap scheduling)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.min_tokens or self.structured is not None)  # fmt: skip

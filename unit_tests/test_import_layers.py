@@ -9,8 +9,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "lightllm_mtp"
 # lower layers never import higher ones
 LAYERS = {
-    "env": 0, "config": 0, "sampling_params": 0,
-    "kernels": 1,
+    "env": 0, "config": 0, "sampling_params": 0, "chat_templates": 0,
+    "kernels": 1, "sampling": 1,
     "common": 2,
     "models": 3,
     "spec_decode": 4,

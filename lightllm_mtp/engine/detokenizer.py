@@ -3,7 +3,8 @@
 
 Each push decodes a short sliding window (vLLM's prefix / read offsets) rather than the whole output, so a
 step costs O(window). Text is held back while it ends in an incomplete UTF-8 sequence or in a prefix of a stop
-string; a stop string ends the text just before it (OpenAI semantics: the stop string is not returned).
+string; a stop string ends the text just before it (OpenAI semantics: the stop string is not returned), or just after
+it with vLLM's include_stop_str_in_output.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ CONTEXT_TOKENS = 5  # prompt tokens decoded ahead of the output, so the first wo
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer, prompt_ids: list[int], stop: tuple[str, ...] = ()):
+    def __init__(self, tokenizer, prompt_ids: list[int], stop: tuple[str, ...] = (), include_stop: bool = False):
         self.tokenizer = tokenizer
         self.ids = list(prompt_ids[-CONTEXT_TOKENS:])
         self.prefix_offset = 0  # ids[prefix_offset:read_offset] were decoded already (the window's context)
         self.read_offset = len(self.ids)
         self.stop = tuple(stop)
+        self.include_stop = include_stop  # the text ends after the stop string, not before it
         self.text = ""  # the output text so far (cut at a stop string)
         self.sent = 0  # characters of `text` returned by push
         self.stopped = False  # a stop string was found: nothing more is decoded
@@ -52,9 +54,10 @@ class IncrementalDetokenizer:
         longest = max((len(s) for s in self.stop), default=0)
         start = max(0, len(self.text) - longest + 1)  # a stop string may straddle the old text and the new
         self.text += new
-        hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
+        hits = [(i, len(s)) for i, s in ((self.text.find(s, start), s) for s in self.stop) if i >= 0]
         if hits:
-            self.text = self.text[: min(hits)]
+            at, length = min(hits)
+            self.text = self.text[: at + length * self.include_stop]
             self.stopped = True
 
     def _held_back(self) -> int:

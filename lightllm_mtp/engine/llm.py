@@ -1,4 +1,4 @@
-"""Offline API: `LLM(model_dir, ...).generate(prompts, SamplingParams(...))`."""
+"""Offline API: `LLM(model_dir, ...).generate(prompts, SamplingParams(...))` and `LLM.chat(messages, ...)`."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
+from lightllm_mtp.chat_templates import chat_template_text
 from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.config.options import options_of
 from lightllm_mtp.engine.detokenizer import IncrementalDetokenizer
@@ -30,6 +31,8 @@ class RequestOutput:
     finish_reason: str  # "stop" | "length"
     spec: SpecStats  # MTP acceptance (all zero without MTP)
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    # SamplingParams.logprobs: per token (its logprob, ((id, logprob) of the top alternatives)); None: not asked
+    logprobs: list | None = None
 
 
 class LLM:
@@ -89,6 +92,29 @@ class LLM:
                         bar.update(1)
         return [self._output(r, stops.get(id(r))) for r in reqs]
 
+    def chat(
+        self,
+        messages: list[dict] | Sequence[list[dict]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        tools: list[dict] | None = None,
+        chat_template: str | None = None,
+        chat_template_kwargs: dict | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """One conversation (a list of OpenAI-style message dicts) or a list of them, through the chat template (the
+        tokenizer's, or `chat_template`: a shipped template's name such as "qwen3_5", or a Jinja file) with `tools`
+        and `chat_template_kwargs` (e.g. {"enable_thinking": False}); then `generate`. The text is the raw answer:
+        the server's --reasoning_parser / --tool_call_parser split it."""
+        if self.tokenizer is None:
+            raise ValueError("chat needs a tokenizer: this model directory has none")
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        template = chat_template_text(chat_template) if chat_template is not None else None
+        prompts = [self.tokenizer.apply_chat_template(c, tools=tools, chat_template=template, tokenize=False,
+                                                      add_generation_prompt=True, **(chat_template_kwargs or {}))
+                   for c in conversations]  # fmt: skip
+        ids = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+        return self.generate(ids, sampling_params, use_tqdm=use_tqdm)
+
     def _output(self, req: Request, stop: "_StopStrings | None") -> RequestOutput:
         token_ids, text = list(req.output_ids), None
         reason = req.finish_reason.value if req.finish_reason else "abort"
@@ -103,6 +129,7 @@ class LLM:
             finish_reason=reason,
             spec=req.spec_stats,
             num_cached_tokens=req.num_cached_tokens,
+            logprobs=req.output_logprobs[: len(token_ids)] if req.params.logprobs is not None else None,
         )
 
     def _encode(self, prompt: PromptInput) -> list[int]:
@@ -127,7 +154,8 @@ class _StopStrings:
     """One request's stop strings, matched on its text as the server matches them (engine/detokenizer.py)."""
 
     def __init__(self, tokenizer, req: Request):
-        self.detok = IncrementalDetokenizer(tokenizer, req.prompt_ids, req.params.stop)
+        self.detok = IncrementalDetokenizer(tokenizer, req.prompt_ids, req.params.stop,
+                                            req.params.include_stop_str_in_output)  # fmt: skip
         self.kept = 0  # output tokens up to the one completing a stop string
 
     def push(self, tokens: list[int], final: bool) -> bool:

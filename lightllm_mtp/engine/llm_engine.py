@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from lightllm_mtp.engine.prefix_cache import PrefixCacheStats
 from lightllm_mtp.engine.request import FinishReason, Request
 from lightllm_mtp.engine.request_end import end_request
 from lightllm_mtp.engine.scheduler import Scheduler
+from lightllm_mtp.sampling.grammar import GrammarCompiler, grammar_text
 from lightllm_mtp.sampling_params import SamplingParams
 
 
@@ -33,6 +33,7 @@ class StepOutput:
     request: Request
     new_token_ids: list[int]
     finished: bool
+    new_logprobs: list | None = None  # params.logprobs: one (logprob, top pairs) per new token
 
 
 @dataclass(frozen=True)
@@ -79,10 +80,11 @@ class LLMEngine:
             lookahead_slots=self.runner.lookahead_slots,
             prefix_cache=self.prefix_cache,
         )
-        self.eos_token_ids = frozenset(cfg.eos_token_ids) | _generation_config_eos(Path(args.model_dir))
+        self.eos_token_ids = built.model_runner.eos_token_ids
         self._ids = itertools.count()
         self.overlap = not args.disable_overlap
         self._inflight: LaunchedStep | None = None  # a step queued on the device whose tokens are not read yet
+        self._grammars: GrammarCompiler | None = None  # built with the first structured-output request
 
     def _build(self, args: EngineArgs, cfg: ModelConfig, journal: StepJournal | None) -> BuiltRunner:
         if self.parallel_group is None:
@@ -140,6 +142,15 @@ class LLMEngine:
     def validate_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
         """Everything add_request would reject, checked without queuing anything."""
         self.validate_prompt(prompt_ids)
+        bad = [t for t, _ in params.logit_bias if t >= self.model_config.vocab_size]
+        if bad:
+            raise ValueError(f"logit_bias token ids out of range [0, {self.model_config.vocab_size}): {bad[:8]}")
+        if params.logprobs is not None and self.args.parallel.pp > 1:
+            raise ValueError("logprobs are not supported with pp > 1 (the logits are on the last stage)")
+        if params.structured is not None:
+            if self.parallel_group is not None:
+                raise ValueError("structured outputs are not supported with tp / pp > 1")
+            grammar_text(params.structured)  # ValueError naming what is wrong
         self.scheduler.check_fits(len(prompt_ids), params.max_new_tokens)
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Request:
@@ -148,8 +159,19 @@ class LLMEngine:
         if params.seed is not None:
             generator = torch.Generator(device=self.args.device).manual_seed(params.seed)
         req = Request(request_id=next(self._ids), prompt_ids=list(prompt_ids), params=params, generator=generator)
+        if params.structured is not None:
+            req.grammar = self.grammar_compiler().matcher(params.structured)
         self.scheduler.add(req)
         return req
+
+    def grammar_compiler(self) -> GrammarCompiler:
+        """The model tokenizer's grammar compiler (xgrammar), made on first use."""
+        if self._grammars is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(self.args.model_dir)
+            self._grammars = GrammarCompiler(tokenizer, self.model_config.vocab_size)
+        return self._grammars
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
@@ -183,15 +205,20 @@ class LLMEngine:
                 continue
             new: list[int] = []
             finished = False
+            logprobs, req.pending_logprobs = req.pending_logprobs, None
             for token in tokens:  # an accepted MTP block may end early at a stop token or a length limit
                 req.output_ids.append(token)
+                if req.grammar is not None:
+                    req.grammar.advance(token)
+                if logprobs is not None:
+                    req.output_logprobs.append(logprobs[len(new)])
                 new.append(token)
                 reason = self._finish_reason(req, token)
                 if reason is not None:
                     self._finish(req, reason)
                     finished = True
                     break
-            outputs.append(StepOutput(req, new, finished))
+            outputs.append(StepOutput(req, new, finished, logprobs[: len(new)] if logprobs is not None else None))
         self._drop_idle_inflight()
         return outputs
 
@@ -202,7 +229,9 @@ class LLMEngine:
         committed state is the host's and its end snapshot joins the tree (the next turn of a conversation resumes
         past its answer); one that does not end skips one step."""
         near = self.runner.max_tokens_per_step if self.prefix_cache is not None else 1
-        ends = {id(r) for r in step.reqs if self._room(r) <= near}
+        # also left out: requests whose next token depends on their committed output (penalties, min_tokens): they
+        # wait for this step's results (their own only)
+        ends = {id(r) for r in step.reqs if self._room(r) <= near or r.params.reads_history}
         scheduled = self.scheduler.schedule(skip=ends)
         return self.runner.launch(scheduled, after=step) if scheduled else None
 
@@ -252,15 +281,3 @@ class LLMEngine:
         """Its committed KV and state join the prefix cache's tree, then its slots and reservation go back."""
         req.finish_reason = reason
         end_request(req, self.runner, self.prefix_cache, self.scheduler)
-
-
-def _generation_config_eos(model_dir: Path) -> frozenset[int]:
-    path = model_dir / "generation_config.json"
-    if not path.is_file():
-        return frozenset()
-    with open(path) as f:
-        eos = json.load(f).get("eos_token_id")
-    if eos is None:
-        return frozenset()
-    return frozenset(eos if isinstance(eos, list) else [eos])
-

@@ -17,6 +17,9 @@ from lightllm_mtp.engine.step import DecodeStep, HostCopy, kv_lookahead_slots
 from lightllm_mtp.engine.request import EndState, Request
 from lightllm_mtp.engine.scheduler import ScheduledRequest
 from lightllm_mtp.kernels.sampling.sampling import greedy_sample, sample
+from lightllm_mtp.engine.grammar_rows import sampling_masks
+from lightllm_mtp.sampling.logits_processing import LogitsProcessing, process_logits
+from lightllm_mtp.sampling.logprobs import emitted_logprobs, unpack
 
 
 @dataclass(frozen=True)
@@ -48,8 +51,10 @@ def capture_model_graphs(model: TpPartBaseModel, graph_max_batch_size: int = 0, 
 
 
 class ModelRunner:
-    def __init__(self, model: TpPartBaseModel, graphs: ModelGraphs, prefix_cache: PrefixCache | None = None):
+    def __init__(self, model: TpPartBaseModel, graphs: ModelGraphs, prefix_cache: PrefixCache | None = None,
+                 eos_token_ids: frozenset[int] = frozenset()):  # fmt: skip
         self.model = model
+        self.eos_token_ids = eos_token_ids  # min_tokens masks them
         self.device = model.rt.device
         self.kv_pool = model.caches.kv_pool
         self.req_manager = model.caches.req_manager
@@ -185,12 +190,13 @@ class ModelRunner:
         if not sampled:
             return DecodeStep([])
         tokens = self.sample_on_last_stage(out.logits, sampled)
-        return DecodeStep(sampled, tokens, HostCopy(tokens))
+        return DecodeStep(sampled, tokens, HostCopy(tokens), self.logprobs_copy(out.logits, tokens, sampled))
 
     def collect(self, step: DecodeStep) -> list[tuple[Request, list[int]]]:
         """(request, [sampled token]) for the requests that produced a token; waits for the step's tokens only."""
         if step.host_tokens is None:
             return []
+        self.deliver_logprobs(step.reqs, step.host_logprobs)
         return [(r, [t]) for r, t in zip(step.reqs, step.host_tokens.tolist())]
 
     def sampling_tensors(self, reqs: list[Request]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -200,13 +206,49 @@ class ModelRunner:
         values = torch.tensor(values, dtype=torch.float32).to(dev, non_blocking=True)
         return values[:, 0], values[:, 1], values[:, 2].to(torch.int32)
 
+    def min_ps(self, reqs: list[Request]) -> torch.Tensor | None:
+        """[B] fp32 min-p of each request on the device; None when no request uses it."""
+        if not any(r.params.min_p for r in reqs):
+            return None
+        return torch.tensor([r.params.min_p for r in reqs], dtype=torch.float32).to(self.device, non_blocking=True)
+
+    def processing(self, reqs: list[Request], vocab_size: int) -> LogitsProcessing | None:
+        """The requests' logits processing (penalties, bias, min_tokens) from their committed output; None: none."""
+        histories = [(r.prompt_ids, r.output_ids, r.params) for r in reqs]
+        return LogitsProcessing.for_requests(histories, self.eos_token_ids, vocab_size, self.device)
+
     def sample(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
-        """Tokens [B] on the device, without a host sync."""
+        """Tokens [B] on the device, without a host sync: each request's processed logits (and grammar), sampled."""
+        processing = self.processing(reqs, logits.shape[-1])
+        masks = sampling_masks(reqs, logits.shape[-1], self.device)
+        if processing is not None or masks is not None:
+            logits = process_logits(logits, processing, torch.arange(len(reqs), device=logits.device), masks=masks)
         sampled_rows = [i for i, r in enumerate(reqs) if r.params.temperature > 0]
         if not sampled_rows:
             return greedy_sample(logits)
         temps, top_ps, top_ks = self.sampling_tensors(reqs)
-        return sample(logits, temps, top_ps, top_ks, [r.generator for r in reqs], sampled_rows=sampled_rows)
+        return sample(logits, temps, top_ps, top_ks, [r.generator for r in reqs], sampled_rows=sampled_rows,
+                      min_ps=self.min_ps(reqs))  # fmt: skip
+
+    def logprobs_copy(self, logits: torch.Tensor | None, tokens: torch.Tensor, reqs: list[Request]) -> HostCopy | None:
+        """The sampled tokens' logprobs (sampling/logprobs.py) on their way to the host, when a request asks."""
+        asked = [r.params.logprobs for r in reqs if r.params.logprobs is not None]
+        if not asked or logits is None:
+            return None
+        return HostCopy(emitted_logprobs(logits, tokens, max(asked)))
+
+    @staticmethod
+    def deliver_logprobs(reqs: list[Request], host: HostCopy | None, counts: list[int] | None = None) -> None:
+        """Leaves each asking request's logprobs of this step in pending_logprobs (the engine keeps those of the
+        tokens it appends). host rows: one per request, or (counts) one per emitted token of a verify block."""
+        if host is None:
+            return
+        rows = host.tolist()
+        for b, r in enumerate(reqs):
+            if r.params.logprobs is not None:
+                mine = rows[b] if counts is not None else [rows[b]]
+                n = counts[b] if counts is not None else 1
+                r.pending_logprobs = [unpack(row, r.params.logprobs) for row in mine[:n]]
 
     def sample_on_last_stage(self, logits: torch.Tensor | None, reqs: list[Request]) -> torch.Tensor:
         """Tokens [B] on every pipeline stage: sampled where the logits are (the last stage), broadcast to the

@@ -6,6 +6,8 @@ from enum import Enum
 import torch
 
 from lightllm_mtp.common.radix_cache import Node, Snapshot
+from lightllm_mtp.sampling.grammar import RequestGrammar
+from lightllm_mtp.sampling.logprobs import TokenLogprob
 from lightllm_mtp.sampling_params import SamplingParams
 from lightllm_mtp.spec_decode.adaptive import AcceptanceEstimate
 from lightllm_mtp.spec_decode.stats import SpecStats
@@ -111,6 +113,12 @@ class Request:
     last_accept: int = 0  # MTP: rows its last collected verify committed (the prefix cache's end snapshot)
     num_cached_tokens: int = 0  # prompt tokens it resumed past (the prefix cache's cached_len at admission)
     cache_hold: CacheHold = field(default_factory=CacheHold)
+    # params.logprobs: one per output token; the runner's collect leaves a step's in pending_logprobs, the engine
+    # moves those of the tokens it keeps into output_logprobs
+    output_logprobs: list[TokenLogprob] = field(default_factory=list)
+    pending_logprobs: list[TokenLogprob] | None = None
+    grammar: RequestGrammar | None = None  # params.structured: its matcher over the committed output
+    next_drafts: list[int] = field(default_factory=list)  # MTP: the drafts of its newest open block, as last collected
 
     @property
     def num_tokens(self) -> int:

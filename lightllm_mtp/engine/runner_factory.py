@@ -4,8 +4,10 @@ The memory split (engine/cache_budget.py) is model-wide, so every rank gets the 
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from lightllm_mtp.common.basemodel.basemodel import TpPartBaseModel
 from lightllm_mtp.common.basemodel.cuda_graph import graph_batch_sizes
@@ -93,7 +95,7 @@ def build_runner(args: EngineArgs, cfg: ModelConfig, max_model_len: int, rank: R
                     spec.force_acceptance.mean_accept_length,
                 )  # fmt: skip
     prefix_cache = _build_prefix_cache(args, model, proposer, budget, journal) if args.prefix_cache else None
-    model_runner = ModelRunner(model, graphs, prefix_cache)
+    model_runner = ModelRunner(model, graphs, prefix_cache, eos_token_ids=model_eos_ids(args.model_dir, cfg))
     runner: StepRunner = model_runner
     if spec is not None:
         runner = SpecRunner(model_runner, proposer, builder, controller, forced)
@@ -101,6 +103,14 @@ def build_runner(args: EngineArgs, cfg: ModelConfig, max_model_len: int, rank: R
         model_runner.add_prefill_graphs(keep_all_hidden=spec is not None, max_chunk_rows=args.chunked_prefill_size,
                                         max_model_len=max_model_len)  # fmt: skip
     return BuiltRunner(model, model_runner, runner, budget, prefix_cache)
+
+
+def model_eos_ids(model_dir, cfg: ModelConfig) -> frozenset[int]:
+    """The config's eos ids and generation_config.json's."""
+    path = Path(model_dir) / "generation_config.json"
+    eos = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
+    extra = () if eos is None else eos if isinstance(eos, list) else [eos]
+    return frozenset(cfg.eos_token_ids) | frozenset(extra)
 
 
 def _build_prefix_cache(args: EngineArgs, model: TpPartBaseModel, proposer: Proposer | None, budget: CacheBudget,

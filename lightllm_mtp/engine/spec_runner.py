@@ -25,6 +25,10 @@ from lightllm_mtp.engine.request import EndState, Request, RequestStatus
 from lightllm_mtp.engine.request_end import verify_arrived
 from lightllm_mtp.engine.scheduler import ScheduledRequest
 from lightllm_mtp.engine.step import HostCopy, PromptChunksLaunch, SpecStep, VerifyLaunch, kv_lookahead_slots
+from lightllm_mtp.engine.grammar_rows import draft_masks, verify_masks
+from lightllm_mtp.sampling.draft_choice import DraftChooser
+from lightllm_mtp.sampling.logits_processing import process_logits
+from lightllm_mtp.sampling.logprobs import emitted_logprobs
 from lightllm_mtp.spec_decode.adaptive import SpecLengthController
 from lightllm_mtp.spec_decode.draft_state import DRAFTS, NUM_DRAFTS, START
 from lightllm_mtp.spec_decode.proposer import CommittedBlocks, DraftInput, Proposer
@@ -66,7 +70,10 @@ class SpecRunner:
     def collect(self, step: SpecStep) -> list[tuple[Request, list[int]]]:
         out = []
         if step.prompt is not None and step.prompt.host_tokens is not None:
-            out += [(r, [t]) for r, t in zip(step.prompt.sampled, step.prompt.host_tokens.tolist())]
+            self.runner.deliver_logprobs(step.prompt.sampled, step.prompt.host_logprobs)
+            for r, row in zip(step.prompt.sampled, step.prompt.host_tokens.tolist()):
+                r.next_drafts = row[1:]
+                out.append((r, row[:1]))
         if step.verify is not None:
             out += self._collect_verify(step.verify)
         return out
@@ -157,9 +164,24 @@ class SpecRunner:
             b_row0=self._device(anchors, torch.int64),
             b_tokens=torch.stack([self._device([r.prompt_ids[-1] for r in sampled], torch.int64), tokens], dim=1),
         )
-        self._propose(batch, out.hidden, ahead, anchors, sampled, b_req_idx, sampled_tokens=tokens, blocks=blocks,
-                      num_drafts=num_drafts)  # fmt: skip
-        return PromptChunksLaunch(sampled, HostCopy(tokens))
+        chooser = None
+        if self.model.is_last_stage:
+            chooser = self._chooser(sampled, out.logits.shape[-1], tokens[:, None])
+        drafts = self._propose(batch, out.hidden, ahead, anchors, sampled, b_req_idx, sampled_tokens=tokens,
+                               blocks=blocks, num_drafts=num_drafts, chooser=chooser)  # fmt: skip
+        host = HostCopy(torch.cat([tokens[:, None], drafts], dim=1))  # the first token, the first block's drafts
+        return PromptChunksLaunch(sampled, host, self.runner.logprobs_copy(out.logits, tokens, sampled))
+
+    def _chooser(self, reqs: list[Request], vocab_size: int, emitted: torch.Tensor, processing="build"
+                 ) -> DraftChooser | None:  # fmt: skip
+        """How the proposer chooses the drafts of `reqs`: their logits processing and grammars after the `emitted`
+        tokens ([B, E], -1 padded); None when they need neither."""
+        if processing == "build":
+            processing = self.runner.processing(reqs, vocab_size)
+        masks = draft_masks(reqs, emitted, vocab_size, self.device)
+        if processing is None and masks is None:
+            return None
+        return DraftChooser(processing, torch.arange(len(reqs), device=self.device), emitted, masks)
 
     def _prompt_next_tokens(self, chunks, sampled) -> tuple[list[list[int]], list[range]]:
         """Per row, the tokens 1..lookahead positions after its input: the prompt's, the sampled first token
@@ -184,7 +206,7 @@ class SpecRunner:
         return ahead, rows
 
     def _propose(self, batch, hidden, ahead, anchors, reqs, b_req_idx, sampled_tokens=None, blocks=None,
-                 num_drafts=None) -> None:  # fmt: skip
+                 num_drafts=None, chooser=None) -> None:  # fmt: skip
         """Proposer pass over prompt-chunk rows; drafts for `reqs` (anchor rows `anchors`) into DraftState."""
         need = sorted(set(anchors) | {i for i, row in enumerate(ahead) if row[-1] == _NOT_COMMITTED})
         position = {row: i for i, row in enumerate(need)}
@@ -202,10 +224,12 @@ class SpecRunner:
             b_req_idx=b_req_idx if b_req_idx is not None else self._device([]),
             blocks=blocks,
             num_drafts=num_drafts,
+            chooser=chooser,
         )
         drafts = self._drafts_on_every_stage(lambda: self.proposer.propose(inp), len(reqs))
         if reqs:
             self.state.write_drafts(b_req_idx, drafts)
+        return drafts
 
     def _drafts_on_every_stage(self, propose, num_reqs: int) -> torch.Tensor:
         """The proposer runs where the final hidden is (the last pipeline stage); its drafts [B, k] reach every
@@ -227,14 +251,25 @@ class SpecRunner:
         batch, rows = self.builder.verify_batch(b_req_idx, rows=q)
         out = self.runner.forward(batch)
         drafts, num_drafts = rows[:, DRAFTS : DRAFTS + q - 1], rows[:, NUM_DRAFTS]
-        result = None
+        result = chooser = logprobs = None
         if self.model.is_last_stage:  # verify where the logits are
             greedy = all(r.params.temperature <= 0 for r in reqs)
             temps, top_ps, top_ks = (None, None, None) if greedy else self.runner.sampling_tensors(reqs)
+            vocab = out.logits.shape[-1]
+            logits, processing = out.logits.view(bsz, q, -1), self.runner.processing(reqs, vocab)
+            masks = verify_masks(reqs, q, vocab, self.device)
+            if processing is not None or masks is not None:  # row i sees the drafts d_1..d_i as output
+                logits = self._process_rows(processing, logits, drafts, masks)
             result = verify_block(
-                out.logits.view(bsz, q, -1), drafts, num_drafts, temps, top_ps, top_ks, [r.generator for r in reqs],
+                logits, drafts, num_drafts, temps, top_ps, top_ks, [r.generator for r in reqs],
                 greedy_only=greedy, draw_width=self.num_draft_tokens, forced=self.forced,
+                min_ps=None if greedy else self.runner.min_ps(reqs),
             )  # fmt: skip
+            chooser = self._chooser(reqs, vocab, result.emitted, processing)
+            asked = [r.params.logprobs for r in reqs if r.params.logprobs is not None]
+            if asked:
+                per_row = emitted_logprobs(out.logits.view(bsz * q, -1), result.emitted.reshape(-1), max(asked))
+                logprobs = HostCopy(per_row.view(bsz, q, -1))
             verified = torch.cat([result.b_accept_len[:, None].to(torch.int64), result.emitted], dim=1)
         else:
             verified = torch.empty(bsz, 1 + q, dtype=torch.int64, device=self.device)
@@ -247,12 +282,24 @@ class SpecRunner:
                           last_token=last_token, accept_len=accept)  # fmt: skip
         drafts = self._drafts_on_every_stage(
             lambda: self.proposer.propose(dataclasses.replace(
-                self._verified_rows(batch, q, rows, out.hidden, result, b_req_idx), num_drafts=next_drafts)),
+                self._verified_rows(batch, q, rows, out.hidden, result, b_req_idx), num_drafts=next_drafts,
+                chooser=chooser)),
             bsz,
         )  # fmt: skip
         self.state.write_drafts(b_req_idx, drafts)
-        host = torch.cat([verified, num_drafts[:, None]], dim=1)
-        return VerifyLaunch(list(reqs), blocks, batch, HostCopy(host))
+        host = torch.cat([verified, num_drafts[:, None], drafts], dim=1)  # and the next block's drafts
+        return VerifyLaunch(list(reqs), blocks, batch, HostCopy(host), logprobs)
+
+    @staticmethod
+    def _process_rows(processing, logits: torch.Tensor, drafts: torch.Tensor, masks) -> torch.Tensor:
+        """Every verify row's logits processed as plain decoding processes that position: row i's output so far
+        ends with the drafts d_1..d_i (logits [B, q, V], drafts [B, q-1]; masks: q grammar rows per request)."""
+        bsz, q, vocab = logits.shape
+        cols = torch.arange(q - 1, device=drafts.device)
+        before = torch.where(cols[None, :] < torch.arange(q, device=drafts.device)[:, None], drafts[:, None, :], -1)
+        rows = torch.arange(bsz, device=logits.device).repeat_interleave(q)
+        flat = logits.reshape(bsz * q, vocab)
+        return process_logits(flat, processing, rows, before.reshape(bsz * q, q - 1), masks=masks).view(bsz, q, -1)
 
     def _verified_rows(self, batch, q, rows, hidden, result, b_req_idx) -> DraftInput:
         """The proposer's view of a verify step: the verified blocks (`rows`: their DraftState rows, row 0 at
@@ -273,7 +320,11 @@ class SpecRunner:
     def _collect_verify(self, v: VerifyLaunch) -> list[tuple[Request, list[int]]]:
         """Commits accepted rows' KV slots, frees the others, records acceptance; waits for this step's copy only."""
         out, rejected = [], []
-        for r, block, row in zip(v.reqs, v.blocks, v.host.tolist()):
+        rows = v.host.tolist()
+        self.runner.deliver_logprobs(v.reqs, v.host_logprobs, [row[0] for row in rows])
+        q = len(rows[0]) - 2 - self.num_draft_tokens  # a row: accept, emitted (q), num_drafts, the next drafts (k)
+        for r, block, row in zip(v.reqs, v.blocks, rows):
+            num_drafts = row[1 + q]
             if r.ended:  # ended since the launch: release freed its blocks
                 if r.status is RequestStatus.AWAITING_VERIFY:  # the prefix cache waits for the token after its newest
                     verify_arrived(r, row[1 : 1 + row[0]], self.runner.prefix_cache)
@@ -285,9 +336,10 @@ class SpecRunner:
             rejected.append(block[accept:])
             r.num_computed += accept
             r.last_accept = accept
-            r.spec_stats = r.spec_stats.after_step(row[-1], accept - 1, len(block) - 1)
+            r.spec_stats = r.spec_stats.after_step(num_drafts, accept - 1, len(block) - 1)
+            r.next_drafts = row[2 + q :]
             if self.controller is not None:
-                self.controller.observe(r.acceptance, row[-1], accept - 1)
+                self.controller.observe(r.acceptance, num_drafts, accept - 1)
             out.append((r, row[1 : 1 + accept]))
         if rejected:
             self.runner.kv_pool.free(torch.cat(rejected))

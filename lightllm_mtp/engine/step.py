@@ -43,6 +43,7 @@ class DecodeStep:
     reqs: list[Request]
     tokens: torch.Tensor | None = None
     host_tokens: HostCopy | None = None
+    host_logprobs: HostCopy | None = None  # sampling/logprobs.py rows, when a request asks for logprobs
 
 
 @dataclass
@@ -51,6 +52,7 @@ class PromptChunksLaunch:
 
     sampled: list[Request]
     host_tokens: HostCopy | None
+    host_logprobs: HostCopy | None = None
 
 
 @dataclass
@@ -62,6 +64,7 @@ class VerifyLaunch:
     blocks: list[torch.Tensor]
     batch: ForwardBatch
     host: HostCopy
+    host_logprobs: HostCopy | None = None  # [B, q, 1 + 2 top] (sampling/logprobs.py) per verify row
 
 
 @dataclass

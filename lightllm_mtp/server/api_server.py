@@ -12,6 +12,7 @@ import signal
 import socket
 import sys
 
+from lightllm_mtp.chat_templates import chat_template_text
 from lightllm_mtp.server.args import ServerArgs, parse_server_args
 
 logger = logging.getLogger("lightllm_mtp.server")
@@ -48,6 +49,8 @@ def serve(args: ServerArgs) -> int:
         logger.error("cannot listen on %s:%d: %s", args.host, args.port, e)
         return 1
     tokenizer = AutoTokenizer.from_pretrained(args.engine.model_dir)
+    if args.chat_template is not None:
+        tokenizer.chat_template = chat_template_text(args.chat_template)
     pool = WorkerPool(args)
     try:
         try:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from lightllm_mtp.chat_templates import chat_template_text
 from lightllm_mtp.config.cli import add_options, values_given
 from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.config.options import option
@@ -23,7 +24,7 @@ from lightllm_mtp.config.options import option
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
-SERVER, HTTP, RELIABILITY = "model", "HTTP", "reliability"
+SERVER, HTTP, RELIABILITY, CHAT = "model", "HTTP", "reliability", "chat"
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,16 @@ class ServerArgs:
     limit_concurrency: int | None = option(None, "open connections + running requests past which new requests get "
                                            "503 at once (none: 2048, or fewer under a lower open-file limit)",
                                            group=RELIABILITY)
+    chat_template: str | None = option(None, "the chat template instead of the tokenizer's: a Jinja file, or a "
+                                       "template shipped in lightllm_mtp/chat_templates (qwen3_5: thinking + tools)",
+                                       group=CHAT)
+    reasoning_parser: str | None = option(None, "split chat answers into reasoning_content and content (qwen3: at "
+                                          "</think>)", group=CHAT, choices=("qwen3",))
+    tool_call_parser: str | None = option(None, "parse tool calls of chat answers into tool_calls (qwen3_coder / "
+                                          "qwen3_xml: Qwen's XML format)", group=CHAT,
+                                          choices=("qwen3_coder", "qwen3_xml"))
+    enable_auto_tool_choice: bool = option(False, "allow tool_choice auto (the model decides; needs "
+                                           "--tool_call_parser)", group=CHAT)
 
     def __post_init__(self) -> None:
         if self.model_name is None:
@@ -96,6 +107,10 @@ class ServerArgs:
         if self.engine.parallel.world_size > 1 and self.worker_watchdog_s <= self.engine.dist_timeout_s:
             raise ValueError(f"--worker_watchdog_s {self.worker_watchdog_s:g} must exceed --dist_timeout_s "
                              f"{self.engine.dist_timeout_s:g}: a hung tp / pp rank is reported by its group first")
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError("--enable_auto_tool_choice needs --tool_call_parser")
+        if self.chat_template is not None:
+            chat_template_text(self.chat_template)  # a missing file is a start-up error
         if self.limit_concurrency is not None and self.limit_concurrency < 1:
             raise ValueError(f"--limit_concurrency must be >= 1, got {self.limit_concurrency}")
 

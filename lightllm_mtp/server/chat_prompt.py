@@ -13,7 +13,8 @@ from collections.abc import Callable
 from jinja2 import TemplateError
 from tokenizers import Tokenizer
 
-from lightllm_mtp.server.protocol import ApiError, ChatCompletionRequest
+from lightllm_mtp.server.chat_protocol import ChatCompletionRequest
+from lightllm_mtp.server.protocol import ApiError
 
 _CONTENT = "\ue000{}\ue001"  # private-use marks around a message's index while the template renders
 _CONTENT_SPLIT = re.compile("\ue000(\\d+)\ue001")
@@ -47,6 +48,11 @@ class ChatPromptEncoder:
     def encode(self, req: ChatCompletionRequest, check: Callable[[str], None] | None = None) -> list[int]:
         """The templated conversation as token ids. `check(text)` sees the whole prompt text before it is tokenized
         (the prompt encoder rejects there what cannot fit)."""
+        return self.encode_text(req, check)[0]
+
+    def encode_text(self, req: ChatCompletionRequest, check: Callable[[str], None] | None = None
+                    ) -> tuple[list[int], str]:  # fmt: skip
+        """(token ids, prompt text) of the templated conversation."""
         tokenizer = self.tokenizer
         if not getattr(tokenizer, "chat_template", None):
             raise ApiError(400, "this model's tokenizer has no chat template: use /v1/completions", param="messages")
@@ -58,27 +64,30 @@ class ChatPromptEncoder:
             text = _render(tokenizer, req, contents)
             if check is not None:
                 check(text)
-            return tokenizer.encode(text, add_special_tokens=False)
+            return tokenizer.encode(text, add_special_tokens=False), text
         rendered = _render(tokenizer, req, [_CONTENT.format(i) for i in range(len(contents))])
         parts = _CONTENT_SPLIT.split(rendered)  # template text, index, template text, ...
         if sorted(int(i) for i in parts[1::2]) != list(range(len(contents))):
             raise ApiError(400, "a message holds special-token text that this chat template does not pass through",
                            param="messages")  # fmt: skip
+        text = "".join(contents[int(part)] if j % 2 else part for j, part in enumerate(parts))
         if check is not None:
-            check("".join(contents[int(part)] if j % 2 else part for j, part in enumerate(parts)))
+            check(text)
         ids: list[int] = []
         for j, part in enumerate(parts):
             if j % 2:
                 ids += self.encode_plain(contents[int(part)])
             elif part:
                 ids += tokenizer.encode(part, add_special_tokens=False)
-        return ids
+        return ids, text
 
 
 def _render(tokenizer, req: ChatCompletionRequest, contents: list[str]) -> str:
     try:
-        messages = [{"role": m.role, "content": c} for m, c in zip(req.messages, contents)]
+        messages = [m.template_fields(c) for m, c in zip(req.messages, contents)]
+        tools = req.tools if req.tool_choice_mode != "none" else None
         # the template itself may reject the conversation (Qwen's raise_exception, e.g. a misplaced system message)
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True,
+                                             **(req.chat_template_kwargs or {}))  # fmt: skip
     except (ValueError, TemplateError) as e:
         raise ApiError(400, f"the chat template rejected these messages: {e}", param="messages") from None

@@ -55,6 +55,7 @@ class Delta:
     num_output_tokens: int  # generated so far
     spec: SpecStats | None  # on the last delta of an MTP request
     num_cached_tokens: int = 0  # on the last delta: prompt tokens served from the prefix cache
+    logprobs: list | None = None  # params.logprobs: one (logprob, top pairs) per token of token_ids
 
 
 class RequestStream:
@@ -148,7 +149,7 @@ class EngineClient:
         return rank
 
     # ---- event-loop side -----------------------------------------------------------------------------------
-    def validate(self, prompt_ids: list[int], max_new_tokens: int) -> None:
+    def validate(self, prompt_ids: list[int], max_new_tokens: int, logit_bias=()) -> None:
         n = len(prompt_ids)
         if n == 0:
             raise ApiError(400, "the prompt is empty", param="prompt")
@@ -159,6 +160,10 @@ class EngineClient:
         bad = [t for t in prompt_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ApiError(400, f"token ids out of range [0, {self.vocab_size}): {bad[:8]}", param="prompt")
+        bad = [t for t, _ in logit_bias if t >= self.vocab_size]
+        if bad:
+            raise ApiError(400, f"logit_bias token ids out of range [0, {self.vocab_size}): {bad[:8]}",
+                           param="logit_bias")  # fmt: skip
         need = min(n + max_new_tokens, self.max_model_len) + self.kv_lookahead_slots  # as the worker's Scheduler
         if need > self.kv_capacity:
             raise ApiError(400, f"the request needs {need} KV tokens, a replica's pool holds {self.kv_capacity}: "
@@ -167,7 +172,7 @@ class EngineClient:
     def submit(self, prompt_ids: list[int], params: SamplingParams, stop: tuple[str, ...] = (),
                endpoint: str = "") -> RequestStream:  # fmt: skip
         """Validates (ApiError on bad input), then hands the request to the least loaded replica."""
-        self.validate(prompt_ids, params.max_new_tokens)
+        self.validate(prompt_ids, params.max_new_tokens, params.logit_bias)
         if self.draining:
             raise ApiError(503, "the server is shutting down", type="server_error", code="shutting_down")
         rank = self._pick()
@@ -175,7 +180,7 @@ class EngineClient:
             raise ApiError(503, f"no model worker is serving (replicas {self.replica_states()})",
                            type="server_error")  # fmt: skip
         rid = next(self._rids)
-        detok = IncrementalDetokenizer(self.tokenizer, prompt_ids, stop)
+        detok = IncrementalDetokenizer(self.tokenizer, prompt_ids, stop, params.include_stop_str_in_output)
         stream = RequestStream(rid, rank, prompt_ids, params, detok)
         self._streams[rid] = stream  # before the worker can answer
         self.metrics.requests.labels(endpoint).inc()
@@ -259,6 +264,7 @@ class EngineClient:
         reason = d.finish_reason
         text = stream.detok.push(d.token_ids, final=reason is not None)
         token_ids = d.token_ids[: stream.detok.used]  # not the tokens past a stop string within this step
+        logprobs = d.logprobs[: len(token_ids)] if d.logprobs is not None else None
         if token_ids:
             if stream.first_token_at is None:
                 stream.first_token_at = now
@@ -273,7 +279,7 @@ class EngineClient:
         if reason is not None:
             self._end(stream, reason, now, d.spec)
         return Delta(text, token_ids, reason, d.error, stream.num_prompt_tokens, stream.num_output_tokens, d.spec,
-                     d.num_cached_tokens)  # fmt: skip
+                     d.num_cached_tokens, logprobs)  # fmt: skip
 
     def _end(self, stream: RequestStream, reason: str, now: float, spec: SpecStats | None) -> None:
         del self._streams[stream.rid]

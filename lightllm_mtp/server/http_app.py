@@ -20,7 +20,10 @@ from lightllm_mtp.server.args import ServerArgs
 from lightllm_mtp.server.engine_client import EngineClient
 from lightllm_mtp.server.lightllm_api import lightllm_routes
 from lightllm_mtp.server.metrics import ServerMetrics
+from lightllm_mtp.server.chat_api import chat_routes
+from lightllm_mtp.server.chat_output import ChatOptions
 from lightllm_mtp.server.openai_api import openai_routes
+from lightllm_mtp.server.tokenize_api import tokenize_routes
 from lightllm_mtp.server.protocol import ApiError
 from lightllm_mtp.server.request_input import BodyLimits, PromptEncoder
 from lightllm_mtp.server.responses_api import responses_routes
@@ -127,6 +130,9 @@ def create_app(args: ServerArgs, client: EngineClient, metrics: ServerMetrics, o
     encoder = PromptEncoder(client.tokenizer, client.max_model_len)  # one tokenizer thread pool for every endpoint
     body = BodyLimits(args.max_request_body_bytes, args.body_timeout_s)
     app.include_router(openai_routes(client, encoder, args.model_name, auth, body))
+    chat = ChatOptions(args.reasoning_parser, args.tool_call_parser, args.enable_auto_tool_choice)
+    app.include_router(chat_routes(client, encoder, args.model_name, auth, body, chat))
+    app.include_router(tokenize_routes(client, encoder, args.model_name, auth, body))
     app.include_router(lightllm_routes(client, encoder, auth, body))
     app.include_router(responses_routes(client, encoder, args.model_name, auth, body))
     return app

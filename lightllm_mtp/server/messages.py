@@ -42,6 +42,7 @@ class TokenDelta:
     error: str | None = None  # with finish_reason "error": what went wrong (the request was rejected or failed)
     spec: SpecStats | None = None  # on the last delta of an MTP request
     num_cached_tokens: int = 0  # on the last delta: prompt tokens served from the prefix cache
+    logprobs: list | None = None  # params.logprobs: (logprob, ((id, logprob) top)) per token
 
 
 @dataclass(frozen=True)

@@ -201,9 +201,10 @@ class ModelWorker:
             rid = self.rid_of[o.request.request_id]
             self.generated_tokens += len(o.new_token_ids)
             if o.finished:
-                deltas.append(self._last_delta(rid, o.request, o.new_token_ids, o.request.finish_reason.value))
+                deltas.append(self._last_delta(rid, o.request, o.new_token_ids, o.request.finish_reason.value,
+                                               logprobs=o.new_logprobs))  # fmt: skip
             else:
-                deltas.append(TokenDelta(rid, o.new_token_ids))
+                deltas.append(TokenDelta(rid, o.new_token_ids, logprobs=o.new_logprobs))
         return deltas
 
     def _fail_all(self, error: str) -> list[TokenDelta]:
@@ -216,14 +217,16 @@ class ModelWorker:
             deltas.append(self._last_delta(rid, req, [], "error", error))
         return deltas
 
-    def _last_delta(self, rid: int, req, token_ids: list[int], reason: str, error: str | None = None) -> TokenDelta:
+    def _last_delta(self, rid: int, req, token_ids: list[int], reason: str, error: str | None = None,
+                    logprobs: list | None = None) -> TokenDelta:  # fmt: skip
         """The request's final delta; it leaves the live set."""
         del self.live[rid], self.rid_of[req.request_id]
         self.finished_requests += 1
         spec = req.spec_stats if self.engine.spec else None
         if spec is not None:
             self.spec_done = self.spec_done + spec
-        return TokenDelta(rid, token_ids, reason, error=error, spec=spec, num_cached_tokens=req.num_cached_tokens)
+        return TokenDelta(rid, token_ids, reason, error=error, spec=spec, num_cached_tokens=req.num_cached_tokens,
+                          logprobs=logprobs)  # fmt: skip
 
     def _stats(self) -> WorkerStats:
         u = self.engine.usage()

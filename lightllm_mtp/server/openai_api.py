@@ -1,4 +1,4 @@
-"""OpenAI endpoints: /v1/completions, /v1/chat/completions (chat template from the tokenizer), /v1/models."""
+"""OpenAI endpoints: /v1/completions, /v1/models (and /v1/models/{id}); /v1/chat/completions is chat_api.py's."""
 
 from __future__ import annotations
 
@@ -9,20 +9,29 @@ from typing import AsyncIterator
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
+from lightllm_mtp.server.choices import collect_choices, completion_logprobs, merged, submit_choices
 from lightllm_mtp.server.engine_client import EngineClient, RequestStream
-from lightllm_mtp.server.protocol import ApiError, ChatCompletionRequest, CompletionRequest, SamplingRequest
+from lightllm_mtp.server.protocol import ApiError, CompletionRequest, SamplingRequest
 from lightllm_mtp.server.request_input import BodyLimits, PromptEncoder, read_body
-from lightllm_mtp.server.streaming import ClientDisconnected, collect, error_event, sse_response, usage
+from lightllm_mtp.server.streaming import ClientDisconnected, error_event, sse_response, usage
 
 
 def openai_routes(client: EngineClient, encoder: PromptEncoder, model_name: str, auth, body_limits: BodyLimits):
     router = APIRouter(dependencies=[Depends(auth)])
 
+    card = {"id": model_name, "object": "model", "created": 0, "owned_by": "lightllm_mtp",
+            "max_model_len": client.max_model_len}  # fmt: skip
+
     @router.get("/v1/models")
     async def models():
-        card = {"id": model_name, "object": "model", "created": 0, "owned_by": "lightllm_mtp",
-                "max_model_len": client.max_model_len}  # fmt: skip
         return {"object": "list", "data": [card]}
+
+    @router.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        if model_id != model_name:
+            raise ApiError(404, f"The model `{model_id}` does not exist; this server serves `{model_name}`",
+                           param="model", code="model_not_found")  # fmt: skip
+        return card
 
     @router.post("/v1/completions")
     async def completions(request: Request):
@@ -30,42 +39,23 @@ def openai_routes(client: EngineClient, encoder: PromptEncoder, model_name: str,
         check_model(req, model_name)
         prompt_ids = req.prompt if isinstance(req.prompt, list) else await encoder.encode(req.prompt)
         max_new = completion_budget(client, prompt_ids, req.max_tokens, default=16)
-        stream = submit(client, req, prompt_ids, max_new, "completions")
+        streams = submit_choices(client, req, prompt_ids, max_new, "completions")
         meta = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": model_name}  # fmt: skip
         if req.stream:
-            return sse_response(client, stream, _completion_chunks(stream, req, meta, prompt_ids))
+            return sse_response(client, streams, _completion_chunks(client, streams, req, meta, prompt_ids))
         try:
-            out = await collect(client, stream, request)
+            outs = await collect_choices(client, streams, request)
         except ClientDisconnected:
             return Response(status_code=499)
-        choice = {"index": 0, "text": out.text, "logprobs": None, "finish_reason": out.last.finish_reason}
-        if req.return_token_ids:
-            choice.update(prompt_token_ids=prompt_ids, token_ids=out.token_ids)
-        return JSONResponse({**meta, "choices": [choice], "usage": usage(out.last, req.return_mtp_stats)})
-
-    @router.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        req = await encoder.parse(ChatCompletionRequest, await read_body(request, body_limits))
-        check_model(req, model_name)
-        prompt_ids = await encoder.encode_chat(req)
-        # OpenAI's default for chat: as much as the context allows
-        max_new = completion_budget(client, prompt_ids, req.max_new_tokens, default=client.max_model_len)
-        stream = submit(client, req, prompt_ids, max_new, "chat_completions")
-        meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                "model": model_name}  # fmt: skip
-        if req.stream:
-            chunk_meta = {**meta, "object": "chat.completion.chunk"}
-            return sse_response(client, stream, _chat_chunks(stream, req, chunk_meta, prompt_ids))
-        try:
-            out = await collect(client, stream, request)
-        except ClientDisconnected:
-            return Response(status_code=499)
-        message = {"role": "assistant", "content": out.text}
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": out.last.finish_reason}
-        if req.return_token_ids:
-            choice.update(prompt_token_ids=prompt_ids, token_ids=out.token_ids)
-        return JSONResponse({**meta, "choices": [choice], "usage": usage(out.last, req.return_mtp_stats)})
+        choices = []
+        for i, out in enumerate(outs):
+            choice = {"index": i, "text": out.text, "finish_reason": out.last.finish_reason,
+                      "logprobs": completion_logprobs(client.tokenizer, out.token_ids, out.logprobs)}  # fmt: skip
+            if req.return_token_ids:
+                choice.update(prompt_token_ids=prompt_ids, token_ids=out.token_ids)
+            choices.append(choice)
+        return JSONResponse({**meta, "choices": choices, "usage": usage([o.last for o in outs], req.return_mtp_stats)})
 
     return router
 
@@ -99,43 +89,29 @@ def submit(client: EngineClient, req: SamplingRequest, prompt_ids: list[int], ma
     return client.submit(prompt_ids, params, req.stop_strings, endpoint)
 
 
-async def _completion_chunks(stream: RequestStream, req: CompletionRequest, meta: dict, prompt_ids: list[int]
-                             ) -> AsyncIterator[dict]:  # fmt: skip
-    first = True
-    async for d in stream:
+async def _completion_chunks(client: EngineClient, streams: list[RequestStream], req: CompletionRequest, meta: dict,
+                             prompt_ids: list[int]) -> AsyncIterator[dict]:  # fmt: skip
+    first = [True] * len(streams)
+    offsets = [0] * len(streams)  # text_offset of each choice's next token
+    lasts = []
+    async for i, d in merged(streams):
         if d.finish_reason == "error":
             yield error_event(d)
             return
         if d.text or d.token_ids or d.finish_reason:
-            choice = {"index": 0, "text": d.text, "logprobs": None, "finish_reason": d.finish_reason}
+            logprobs = completion_logprobs(client.tokenizer, d.token_ids, d.logprobs, offsets[i])
+            if logprobs is not None and logprobs["tokens"]:
+                offsets[i] = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1])
+            choice = {"index": i, "text": d.text, "logprobs": logprobs, "finish_reason": d.finish_reason}
             if req.return_token_ids:
                 choice["token_ids"] = d.token_ids
-                if first:
-                    choice["prompt_token_ids"], first = prompt_ids, False
+                if first[i]:
+                    choice["prompt_token_ids"], first[i] = prompt_ids, False
             yield _with_usage({**meta, "choices": [choice]}, d, req)
-        if d.finish_reason and (req.include_usage or req.return_mtp_stats):
-            yield {**meta, "choices": [], "usage": usage(d, req.return_mtp_stats)}
-
-
-async def _chat_chunks(stream: RequestStream, req: ChatCompletionRequest, meta: dict, prompt_ids: list[int]
-                       ) -> AsyncIterator[dict]:  # fmt: skip
-    first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-    if req.return_token_ids:
-        first.update(prompt_token_ids=prompt_ids, token_ids=[])
-    so_far = {"usage": _usage_so_far(len(prompt_ids), 0)} if req.continuous_usage else {}
-    yield {**meta, "choices": [first], **so_far}
-    async for d in stream:
-        if d.finish_reason == "error":
-            yield error_event(d)
-            return
-        if d.text or d.token_ids or d.finish_reason:
-            delta = {"content": d.text} if d.text or not d.finish_reason else {}
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": d.finish_reason}
-            if req.return_token_ids:
-                choice["token_ids"] = d.token_ids
-            yield _with_usage({**meta, "choices": [choice]}, d, req)
-        if d.finish_reason and (req.include_usage or req.return_mtp_stats):
-            yield {**meta, "choices": [], "usage": usage(d, req.return_mtp_stats)}
+        if d.finish_reason:
+            lasts.append(d)
+    if req.include_usage or req.return_mtp_stats:
+        yield {**meta, "choices": [], "usage": usage(lasts, req.return_mtp_stats)}
 
 
 def _with_usage(chunk: dict, d, req: SamplingRequest) -> dict:

@@ -2,8 +2,10 @@
 
 Bodies are parsed here, not by FastAPI, so that every bad input (invalid JSON, a wrong type, an out-of-range
 value, an unsupported feature) becomes one `ApiError`: HTTP 4xx with
-`{"error": {"message", "type", "param", "code"}}`. Unknown fields are ignored, as OpenAI-compatible servers do; known
-ones are strictly typed ("16" is not a number, true is not a token id or a count, "yes" is not a boolean).
+`{"error": {"message", "type", "param", "code"}}`. Every field of the OpenAI schemas and the common vLLM / SGLang
+extensions is in request_fields.py's catalogue: honored (declared here, strictly typed: "16" is not a number, true is
+not a token id or a count, "yes" is not a boolean), refused with a 400 naming it, or informational; fields the
+catalogue does not know are ignored with a logged warning.
 """
 
 from __future__ import annotations
@@ -11,12 +13,23 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictInt, ValidationError, field_validator, model_validator
 
-from lightllm_mtp.sampling_params import MAX_CACHE_SALT_CHARS, MAX_STOP_TOKEN_IDS, SamplingParams, check_stop_strings
+from lightllm_mtp.sampling_params import (
+    MAX_CACHE_SALT_CHARS,
+    MAX_STOP_TOKEN_IDS,
+    MAX_TOP_LOGPROBS,
+    SamplingParams,
+    StructuredOutput,
+    check_stop_strings,
+)
+from lightllm_mtp.server.request_fields import COMPLETIONS, UnsupportedField, check_fields
+from lightllm_mtp.server.structured_fields import structured_output
+
 STRICT = ConfigDict(extra="ignore", strict=True)
+MAX_CHOICES = 16  # n
 
 # Every collection stops at its first bad item: an 8 MiB body of 1.6M `true`s as token ids otherwise builds an error
 # per item and union member (a minute of CPU in the front), and a million bad messages several seconds.
@@ -56,6 +69,8 @@ def parse_body(model: type[M], raw: bytes) -> M:
         _reject_lone_surrogates(data)
     try:
         return model.model_validate(data)
+    except UnsupportedField as e:
+        raise ApiError(400, str(e), param=e.key, code="unsupported_field") from None
     except ValidationError as e:
         errors = e.errors()
         param = str(errors[0]["loc"][0]) if errors[0]["loc"] else None  # the top-level field
@@ -109,28 +124,68 @@ class SamplingRequest(BaseModel):
     """Fields shared by /v1/completions and /v1/chat/completions (OpenAI names; vLLM-style extensions)."""
 
     model_config = STRICT
+    ENDPOINT: ClassVar[str]  # the request_fields catalogue's endpoint
 
     model: str | None = None
     max_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1  # extension: -1 or 0 disables
-    n: int = 1
+    n: int = 1  # choices: n engine requests (seed s: choice i samples with seed s + i)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # extension (vLLM)
+    min_p: float = 0.0  # extension (vLLM)
+    min_tokens: int = 0  # extension (vLLM)
+    logit_bias: dict[str, float] | None = None  # {"token id": bias in [-100, 100]}
+    include_stop_str_in_output: bool = False  # extension (vLLM)
     seed: int | None = None
     stop: str | Strings | None = None
     stop_token_ids: TokenIds | None = None  # extension
     ignore_eos: bool = False  # extension
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: dict | None = None  # not supported: any non-empty map is refused unread (no per-item errors)
     return_mtp_stats: bool = False  # extension: the request's MTP acceptance in usage["mtp"]
     # extension (vLLM's name): each choice carries the generated `token_ids` (per chunk when streaming), the first
     # response also `prompt_token_ids`: a client can resend a conversation without re-tokenizing the answers
     return_token_ids: bool = False
     # extension (vLLM's name): the prefix cache is shared only between requests of the same salt (multi-tenant use)
     cache_salt: str | None = None
+    # structured outputs (server/structured_fields.py reads them into one StructuredOutput)
+    response_format: dict | None = None
+    guided_json: dict | str | None = None  # vLLM
+    guided_regex: str | None = None
+    guided_choice: Strings | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
+    structured_outputs: dict | None = None
+    json_schema: dict | str | None = None  # SGLang
+    regex: str | None = None
+    ebnf: str | None = None
+    _structured: StructuredOutput | None = PrivateAttr(None)
+    STRUCTURED_FIELDS: ClassVar[tuple[str, ...]] = (
+        "response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
+        "structured_outputs", "json_schema", "regex", "ebnf", "text",
+    )  # fmt: skip
+
+    @model_validator(mode="before")
+    @classmethod
+    def _catalogue(cls, data):
+        """Refused fields are a 400 (UnsupportedField), informational ones dropped, unknown ones logged."""
+        if isinstance(data, dict):
+            data = dict(data)
+            check_fields(cls.ENDPOINT, data)
+        return data
+
+    @model_validator(mode="after")
+    def _structured_output(self):
+        fields = {k: getattr(self, k) for k in self.STRUCTURED_FIELDS if k in type(self).model_fields}
+        self._structured = structured_output(fields)
+        return self
+
+    @property
+    def structured(self) -> StructuredOutput | None:
+        return self._structured
 
     @field_validator("max_tokens")
     @classmethod
@@ -163,8 +218,48 @@ class SamplingRequest(BaseModel):
     @field_validator("n")
     @classmethod
     def _n(cls, v):
-        if v != 1:
-            raise ValueError(f"only n=1 is supported, got {v}")
+        if not 1 <= v <= MAX_CHOICES:
+            raise ValueError(f"must be in [1, {MAX_CHOICES}], got {v}")
+        return v
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _penalty(cls, v):
+        if not -2.0 <= v <= 2.0:
+            raise ValueError(f"must be in [-2, 2], got {v}")
+        return v
+
+    @field_validator("repetition_penalty")
+    @classmethod
+    def _repetition_penalty(cls, v):
+        if not math.isfinite(v) or v <= 0:
+            raise ValueError(f"must be a finite number > 0, got {v}")
+        return v
+
+    @field_validator("min_p")
+    @classmethod
+    def _min_p(cls, v):
+        if not 0.0 <= v <= 1.0:
+            raise ValueError(f"must be in [0, 1], got {v}")
+        return v
+
+    @field_validator("min_tokens")
+    @classmethod
+    def _min_tokens(cls, v):
+        if v < 0:
+            raise ValueError(f"must be >= 0, got {v}")
+        return v
+
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _logit_bias(cls, v):
+        if isinstance(v, dict):
+            for key, bias in v.items():  # the first bad item stops the check (no error per item)
+                if not key.isdigit() or len(key) > 9:
+                    raise ValueError(f"keys must be token ids (decimal strings), got {key[:16]!r}")
+                if not isinstance(bias, (int, float)) or isinstance(bias, bool) or not -100 <= bias <= 100:
+                    raise ValueError(f"values must be numbers in [-100, 100], got {bias!r} for {key}")
+            v = {key: float(bias) for key, bias in v.items()}
         return v
 
     @field_validator("stop")
@@ -191,20 +286,6 @@ class SamplingRequest(BaseModel):
             raise ValueError("token ids must be >= 0")
         return v
 
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _penalty(cls, v):
-        if v != 0:
-            raise ValueError("penalties are not supported")
-        return v
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _logit_bias(cls, v):
-        if v:
-            raise ValueError("logit_bias is not supported")
-        return v
-
     @property
     def stop_strings(self) -> tuple[str, ...]:
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
@@ -217,25 +298,57 @@ class SamplingRequest(BaseModel):
     def continuous_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.continuous_usage_stats
 
-    def sampling_params(self, max_new_tokens: int) -> SamplingParams:
+    @property
+    def num_logprobs(self) -> int | None:
+        """Top alternatives per token when the request asks for logprobs (None: it does not)."""
+        return None
+
+    def sampling_params(self, max_new_tokens: int, choice: int = 0) -> SamplingParams:
+        """The engine request of choice `choice` (of n): a seeded request's choices sample from seeds s, s + 1, .."""
         return SamplingParams(
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,
             max_new_tokens=max_new_tokens,
-            seed=self.seed,
+            seed=None if self.seed is None else (self.seed + choice + 2**63) % 2**64 - 2**63,
             stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos,
             cache_salt=self.cache_salt,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            min_p=self.min_p,
+            min_tokens=self.min_tokens,
+            logit_bias={int(k): b for k, b in (self.logit_bias or {}).items()},
+            logprobs=self.num_logprobs,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            structured=self._structured,
         )
 
 
 class CompletionRequest(SamplingRequest):
+    ENDPOINT = COMPLETIONS
     prompt: str | TokenIds | Strings | Annotated[list[TokenIds], FIRST_ERROR]  # strict: true is not a token id
-    echo: bool = False
-    logprobs: int | None = None
-    best_of: int | None = None
-    suffix: str | None = None
+    logprobs: int | None = None  # the chosen token's logprob and this many top alternatives (0: none)
+    best_of: int | None = None  # only n (no server-side candidate ranking)
+
+    @field_validator("logprobs")
+    @classmethod
+    def _logprobs(cls, v):
+        if v is not None and not 0 <= v <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"must be in [0, {MAX_TOP_LOGPROBS}], got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _best_of(self):
+        if self.best_of is not None and self.best_of != self.n:
+            raise UnsupportedField("best_of", None, f"best_of {self.best_of} != n {self.n}: candidates are not "
+                                   "ranked by this server; ask for n choices")  # fmt: skip
+        return self
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt")
     @classmethod
@@ -247,60 +360,3 @@ class CompletionRequest(SamplingRequest):
         if not v:
             raise ValueError("the prompt is empty")
         return v
-
-    @field_validator("echo", "suffix", "logprobs")
-    @classmethod
-    def _unsupported(cls, v, info):
-        if v:
-            raise ValueError(f"{info.field_name} is not supported")
-        return v
-
-    @field_validator("best_of")
-    @classmethod
-    def _best_of(cls, v):
-        if v not in (None, 1):
-            raise ValueError(f"only best_of=1 is supported, got {v}")
-        return v
-
-
-class ContentPart(BaseModel):
-    model_config = STRICT
-    type: str
-    text: str | None = None
-
-
-class ChatMessage(BaseModel):
-    model_config = STRICT
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | Annotated[list[ContentPart], FIRST_ERROR] | None = None
-
-    def text(self) -> str:
-        if self.content is None or isinstance(self.content, str):
-            return self.content or ""
-        bad = [p.type for p in self.content if p.type != "text"]
-        if bad:
-            raise ValueError(f"only text content parts are supported, got {bad[0]!r}")
-        return "".join(p.text or "" for p in self.content)
-
-
-class ChatCompletionRequest(SamplingRequest):
-    messages: list[ChatMessage] = Field(min_length=1, fail_fast=True)
-    max_completion_tokens: int | None = None
-    logprobs: bool = False
-    tools: Objects | None = None
-
-    @field_validator("max_completion_tokens")
-    @classmethod
-    def _max_completion_tokens(cls, v):
-        return cls._max_tokens(v)
-
-    @field_validator("logprobs", "tools")
-    @classmethod
-    def _unsupported(cls, v, info):
-        if v:
-            raise ValueError(f"{info.field_name} is not supported")
-        return v
-
-    @property
-    def max_new_tokens(self) -> int | None:
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

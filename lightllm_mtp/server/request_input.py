@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from lightllm_mtp.server.chat_prompt import ChatPromptEncoder
-from lightllm_mtp.server.protocol import ApiError, ChatCompletionRequest, parse_body
+from lightllm_mtp.server.chat_protocol import ChatCompletionRequest
+from lightllm_mtp.server.protocol import ApiError, parse_body
 
 TOKENIZE_THREADS = 2
 INLINE_PARSE_BYTES = 64 * 1024  # larger bodies are parsed in the thread pool too (8 MiB of JSON: ~0.5 s of CPU)
@@ -170,7 +171,11 @@ class PromptEncoder:
 
     async def encode_chat(self, req: ChatCompletionRequest, param: str = "messages") -> list[int]:
         """The conversation through the chat template; the whole prompt text is checked before it is tokenized."""
-        return await self.run(self.chat.encode, req, functools.partial(self.check_fits, param=param))
+        return (await self.encode_chat_text(req, param))[0]
+
+    async def encode_chat_text(self, req: ChatCompletionRequest, param: str = "messages") -> tuple[list[int], str]:
+        """(token ids, prompt text) of the conversation through the chat template."""
+        return await self.run(self.chat.encode_text, req, functools.partial(self.check_fits, param=param))
 
     def _encode(self, text: str, param: str) -> list[int]:
         self.check_fits(text, param)

@@ -2,8 +2,7 @@
 
 The input (a string, or messages with text content) and `instructions` become a chat conversation, encoded by the
 tokenizer's chat template as /v1/chat/completions does; `max_output_tokens`, `temperature`, `top_p` map onto the
-same sampling. Not supported (400): tools, previous_response_id, background; `store` is accepted and ignored (no
-response is stored).
+same sampling. What each other field does (or its 400): server/request_fields.py.
 """
 
 from __future__ import annotations
@@ -18,7 +17,9 @@ from pydantic import BaseModel, Field, field_validator
 
 from lightllm_mtp.server.engine_client import EngineClient, RequestStream
 from lightllm_mtp.server.openai_api import check_model, completion_budget, submit
-from lightllm_mtp.server.protocol import FIRST_ERROR, STRICT, ChatCompletionRequest, Objects, SamplingRequest
+from lightllm_mtp.server.chat_protocol import ChatCompletionRequest
+from lightllm_mtp.server.protocol import FIRST_ERROR, STRICT, SamplingRequest
+from lightllm_mtp.server.request_fields import RESPONSES
 from lightllm_mtp.server.request_input import BodyLimits, PromptEncoder, read_body
 from lightllm_mtp.server.streaming import ClientDisconnected, collect, mtp_usage, sse_response
 
@@ -40,25 +41,16 @@ class InputMessage(BaseModel):
 
 
 class ResponsesRequest(SamplingRequest):
+    ENDPOINT = RESPONSES
     input: str | Annotated[list[InputMessage], FIRST_ERROR] = Field(min_length=1)
     instructions: str | None = None
     max_output_tokens: int | None = None
-    store: bool = True  # accepted, ignored: nothing is stored
-    tools: Objects | None = None
-    previous_response_id: str | None = None
-    background: bool = False
+    text: dict | None = None  # {"format": {"type": "text" | "json_object" | "json_schema", ...}}
 
     @field_validator("max_output_tokens")
     @classmethod
     def _max_output_tokens(cls, v):
         return cls._max_tokens(v)
-
-    @field_validator("tools", "previous_response_id", "background")
-    @classmethod
-    def _unsupported(cls, v, info):
-        if v:
-            raise ValueError(f"{info.field_name} is not supported")
-        return v
 
     def as_chat(self) -> ChatCompletionRequest:
         messages = [{"role": "system", "content": self.instructions}] if self.instructions else []

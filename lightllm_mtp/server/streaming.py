@@ -25,6 +25,7 @@ class Collected:
     text: str
     token_ids: list[int]
     last: Delta  # the final delta: finish reason, token counts, acceptance
+    logprobs: list | None = None  # params.logprobs: one (logprob, top pairs) per token of token_ids
 
 
 async def collect(client: EngineClient, stream: RequestStream, request: Request) -> Collected:
@@ -32,6 +33,7 @@ async def collect(client: EngineClient, stream: RequestStream, request: Request)
     watcher = asyncio.ensure_future(_disconnected(request))
     texts: list[str] = []
     ids: list[int] = []
+    logprobs: list | None = None
     try:
         while True:
             get = asyncio.ensure_future(stream.get())
@@ -43,10 +45,12 @@ async def collect(client: EngineClient, stream: RequestStream, request: Request)
             delta = get.result()
             texts.append(delta.text)
             ids += delta.token_ids
+            if delta.logprobs is not None:
+                logprobs = (logprobs or []) + delta.logprobs
             if delta.finish_reason is not None:
                 if delta.finish_reason == "error":
                     raise ApiError(500, delta.error or "generation failed", type="server_error")
-                return Collected("".join(texts), ids, delta)
+                return Collected("".join(texts), ids, delta, logprobs)
     finally:
         watcher.cancel()
 
@@ -56,7 +60,7 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-def sse_response(client: EngineClient, stream: RequestStream, events: AsyncIterator[dict], done_marker: bool = True,
+def sse_response(client: EngineClient, stream: RequestStream | list[RequestStream], events: AsyncIterator[dict], done_marker: bool = True,
                  named: bool = False):  # fmt: skip
     """`data: {json}` per event (then `data: [DONE]`, OpenAI style); a client that leaves aborts the request.
     named: each event also gets an `event: <its type>` line (the Responses API's stream)."""
@@ -69,7 +73,8 @@ def sse_response(client: EngineClient, stream: RequestStream, events: AsyncItera
             if done_marker:
                 yield "data: [DONE]\n\n"
         finally:
-            client.abort(stream)  # no-op once the request ended
+            for s in stream if isinstance(stream, list) else [stream]:
+                client.abort(s)  # no-op once the request ended
 
     return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
@@ -91,13 +96,18 @@ def mtp_usage(spec: SpecStats | None) -> dict | None:
     }
 
 
-def usage(last: Delta, with_mtp: bool) -> dict:
+def usage(last: Delta | list[Delta], with_mtp: bool) -> dict:
+    """The usage block of one choice's last delta, or of n choices' (the prompt counted once)."""
+    lasts = last if isinstance(last, list) else [last]
+    completion = sum(d.num_output_tokens for d in lasts)
+    prompt = lasts[0].num_prompt_tokens
     u = {
-        "prompt_tokens": last.num_prompt_tokens,
-        "completion_tokens": last.num_output_tokens,
-        "total_tokens": last.num_prompt_tokens + last.num_output_tokens,
-        "prompt_tokens_details": {"cached_tokens": last.num_cached_tokens},
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": lasts[0].num_cached_tokens},
     }
     if with_mtp:
-        u["mtp"] = mtp_usage(last.spec)
+        specs = [d.spec for d in lasts if d.spec is not None]
+        u["mtp"] = mtp_usage(sum(specs[1:], specs[0]) if specs else None)
     return u

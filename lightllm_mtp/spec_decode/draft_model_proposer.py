@@ -27,6 +27,7 @@ from lightllm_mtp.common.basemodel.basemodel import TpPartBaseModel
 from lightllm_mtp.common.basemodel.cuda_graph import GraphedForward
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode
 from lightllm_mtp.kernels.triton_utils import to_device_async
+from lightllm_mtp.sampling.draft_choice import choose_draft
 from lightllm_mtp.spec_decode.proposer import DraftInput, Proposer
 from lightllm_mtp.spec_decode.step_builder import StepBuilder
 
@@ -107,10 +108,16 @@ class DraftModelProposer(Proposer):
         ids = batch.input_ids
         ids = ids.clamp_min(0) if not self.parallel else torch.where(ids < 0, self.mask_token_id, ids)
         batch = dataclasses.replace(batch, mode=ForwardMode.VERIFY, input_ids=ids, b_accept_len=read.to(torch.int32))
-        argmax = self._argmax(self.window.forward(batch).logits)
+        logits = self.window.forward(batch).logits
         if self.parallel:
-            return argmax[w.b_anchor[:, None] + torch.arange(k, device=dev)]
-        tokens = argmax[w.b_anchor]
+            rows = w.b_anchor[:, None] + torch.arange(k, device=dev)
+            if inp.chooser is None:
+                return self._argmax(logits)[rows]
+            drafts: list[torch.Tensor] = []
+            for j in range(k):
+                drafts.append(choose_draft(logits[rows[:, j]], self.token_map, inp.chooser, drafts))
+            return torch.stack(drafts, dim=1)
+        tokens = choose_draft(logits[w.b_anchor], self.token_map, inp.chooser, [])
         drafts = [tokens]
         committed = inp.blocks.b_accept_len.to(torch.int32) - 1  # the window's state position of the anchor
         for j in range(1, k):
@@ -119,6 +126,6 @@ class DraftModelProposer(Proposer):
                 self.builder.chain_batch(inp.b_req_idx, tokens, j), mode=ForwardMode.VERIFY, b_accept_len=position,
                 b_state_write=position,
             )  # fmt: skip
-            tokens = self._argmax(self.chain.forward(step).logits)
+            tokens = choose_draft(self.chain.forward(step).logits, self.token_map, inp.chooser, drafts)
             drafts.append(tokens)
         return torch.stack(drafts, dim=1)

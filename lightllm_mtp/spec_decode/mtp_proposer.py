@@ -26,6 +26,7 @@ import torch
 
 from lightllm_mtp.common.basemodel.cuda_graph import GraphedForward
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode, ModelOutput
+from lightllm_mtp.sampling.draft_choice import choose_draft
 from lightllm_mtp.spec_decode.proposer import DraftInput, Proposer
 from lightllm_mtp.spec_decode.step_builder import StepBuilder, draft_pass_batch
 
@@ -39,9 +40,22 @@ class _MtpProposer(Proposer):
         self.token_map = token_map
 
     def _argmax(self, logits: torch.Tensor) -> torch.Tensor:
-        """The greedy draft token of each row of draft logits."""
+        """The greedy draft token of each row of draft logits (rows that choose no draft: context predictions)."""
         best = logits.argmax(dim=-1)
         return best if self.token_map is None else self.token_map[best]
+
+    def _choose(self, inp: DraftInput, logits: torch.Tensor, before: list[torch.Tensor]) -> torch.Tensor:
+        """The draft of each request at one position ([B, V'] logits), after the drafts `before`."""
+        return choose_draft(logits, self.token_map, inp.chooser, before)
+
+    def _choose_all(self, inp: DraftInput, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """rows [B, k]: the logits rows of draft positions 1..k -> drafts [B, k], one position after the other."""
+        if inp.chooser is None:
+            return self._argmax(logits)[rows]
+        drafts: list[torch.Tensor] = []
+        for j in range(rows.shape[1]):
+            drafts.append(self._choose(inp, logits[rows[:, j]], drafts))
+        return torch.stack(drafts, dim=1)
 
     def _pass(self, m: int, inp: DraftInput, tokens: torch.Tensor, hidden: torch.Tensor) -> ModelOutput:
         """Module m over the target's rows (prompt chunks)."""
@@ -82,14 +96,14 @@ class EagleMtpProposer(_MtpProposer):
         else:
             out = self._pass(0, inp, inp.next_tokens[:, 0].clamp_min(0), inp.hidden)
             anchor_logits, anchor_rows = inp.anchor_logits, inp.anchor_rows
-        tokens = self._argmax(out.logits[anchor_logits])
+        tokens = self._choose(inp, out.logits[anchor_logits], [])
         hidden = out.hidden[anchor_rows]
         drafts = [tokens]
         k = self.num_draft_tokens if inp.num_drafts is None else inp.num_drafts
         chain_steps = k - 1 if inp.anchor_rows.shape[0] else 0  # prompt chunks may draft none
         for row in range(chain_steps):
             out = self.modules[0].forward(self.builder.chain_batch(inp.b_req_idx, tokens, row), hidden)
-            tokens, hidden = self._argmax(out.logits), out.hidden
+            tokens, hidden = self._choose(inp, out.logits, drafts), out.hidden
             drafts.append(tokens)
         return torch.stack(drafts, dim=1)
 
@@ -125,7 +139,7 @@ class ParallelMtpProposer(_MtpProposer):
             return torch.empty(w.b_anchor.shape[0], 0, dtype=torch.int64, device=hidden.device)
         out = self._run(0, batch, batch.input_ids, hidden)  # -1 rows read the mask embedding
         rows = w.b_anchor[:, None] + torch.arange(k, device=w.b_anchor.device)
-        return self._argmax(out.logits)[rows]
+        return self._choose_all(inp, out.logits, rows)
 
 
 class MultiLayerMtpProposer(_MtpProposer):
@@ -150,18 +164,23 @@ class MultiLayerMtpProposer(_MtpProposer):
             inp.blocks, inp.b_req_idx, inp.hidden, self.window_rows, lookahead=self.lookahead
         )
         argmax = self._modules_over(w.next_tokens, None, hidden,
-                                    lambda m, tokens, hidden: self._run(m, batch, tokens, hidden))  # fmt: skip
+                                    lambda m, tokens, hidden: self._run(m, batch, tokens, hidden),
+                                    anchors=w.b_anchor, inp=inp)  # fmt: skip
         return torch.stack([a[w.b_anchor] for a in argmax], dim=1)
 
-    def _modules_over(self, next_tokens, logits_rows, hidden, run) -> list[torch.Tensor]:
+    def _modules_over(self, next_tokens, logits_rows, hidden, run, anchors=None, inp=None) -> list[torch.Tensor]:
         """Module m reads the committed token m+1 positions ahead, or module m-1's prediction of it, and module
-        m-1's hidden. Returns each module's argmax (of logits_rows; None: every row)."""
-        argmaxes, predicted = [], None
+        m-1's hidden. Returns each module's argmax (of logits_rows; None: every row); at `anchors` (a window pass)
+        module m's row is draft d_{m+1}, chosen through the requests' processing."""
+        argmaxes, predicted, drafts = [], None, []
         for m in range(len(self.modules)):
             ahead = next_tokens[:, m]
             tokens = ahead.clamp_min(0) if predicted is None else torch.where(ahead >= 0, ahead, predicted)
             out = run(m, tokens, hidden)
             argmax = self._argmax(out.logits)
+            if anchors is not None and inp.chooser is not None:
+                drafts.append(self._choose(inp, out.logits[anchors], drafts))
+                argmax = argmax.index_copy(0, anchors, drafts[-1])
             argmaxes.append(argmax)
             if logits_rows is None:
                 predicted = argmax

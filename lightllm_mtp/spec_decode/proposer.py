@@ -4,7 +4,8 @@ A proposer runs right after a target forward (a verify step or prompt chunks), o
 seen that forward's results. It reads the target's rows (batch, final-norm hidden of every row, the committed
 tokens after each row) and returns k drafts for each request whose next verify block is open in DraftState (the
 step builder placed block row 0 at the newest emitted token). Drafts are greedy: their distribution is one-hot,
-which the verify rule takes as q when it samples.
+which the verify rule takes as q when it samples. Each draft token is chosen by sampling/draft_choice.py's
+`choose_draft` (the requests' penalties, bias and grammar applied in the verify row's context).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch
+from lightllm_mtp.sampling.draft_choice import DraftChooser
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class DraftInput:
     b_req_idx: torch.Tensor  # [B] int32 the drafting requests' slots (their next blocks are open)
     blocks: CommittedBlocks | None = None  # per drafting request; None for prompt chunks that finish no prompt
     num_drafts: int | None = None  # drafts the new blocks hold at most (adaptive speculation); None: k
+    chooser: DraftChooser | None = None  # the drafting requests' logits processing (None: plain argmax)
 
 
 class Proposer(ABC):

@@ -66,6 +66,7 @@ def verify_block(
     greedy_only: bool = False,
     draw_width: int | None = None,
     forced: ForcedAcceptRule | None = None,
+    min_ps: torch.Tensor | None = None,
 ) -> VerifyResult:
     """target_logits [B, max_q, V] fp32 (rows past 1 + b_num_drafts[b] are ignored);
     b_draft_tokens [B, max_q - 1] int64; b_num_drafts [B]; temperatures, top_ps, top_ks [B];
@@ -81,25 +82,25 @@ def verify_block(
     width = max(max_q - 1, draw_width or 0)
     if forced is not None:
         return _forced_rows(target_logits, b_draft_tokens, b_num_drafts, temperatures, top_ps, top_ks, generators,
-                            forced, greedy_only, width)  # fmt: skip
+                            forced, greedy_only, width, min_ps)  # fmt: skip
     if greedy_only:
         target = target_logits.argmax(dim=-1)
         m = _leading_matches(target, b_draft_tokens, b_num_drafts)
         keep = torch.arange(max_q, device=target.device)[None, :] <= m[:, None]
         return VerifyResult(b_accept_len=(m + 1).to(torch.int32), emitted=torch.where(keep, target, -1))
     return _speculative_rows(target_logits, b_draft_tokens, b_num_drafts, temperatures, top_ps, top_ks, generators,
-                             draft_probs, width)
+                             draft_probs, width, min_ps)
 
 
 def _speculative_rows(logits, drafts, num_drafts, temps, top_ps, top_ks, generators, draft_probs,
-                      draw_width) -> VerifyResult:  # fmt: skip
+                      draw_width, min_ps=None) -> VerifyResult:  # fmt: skip
     """The sampling rule for every row at once, on the device, no host sync. Temperature-0 rows get one-hot
     target probabilities, for which the rule (strict u * q(d) < p(d)) is exactly greedy first-mismatch."""
     bsz, max_q, vocab = logits.shape
     k, dev = max_q - 1, logits.device
     probs = processed_probs(
         logits.reshape(-1, vocab), temps.repeat_interleave(max_q), top_ps.repeat_interleave(max_q),
-        top_ks.repeat_interleave(max_q),
+        top_ks.repeat_interleave(max_q), None if min_ps is None else min_ps.repeat_interleave(max_q),
     ).view(bsz, max_q, vocab)  # fmt: skip
     rows = torch.arange(bsz, device=dev)
     d = drafts.clamp_min(0)  # [B, k]
@@ -131,7 +132,7 @@ def _speculative_rows(logits, drafts, num_drafts, temps, top_ps, top_ks, generat
 
 
 def _forced_rows(logits, drafts, num_drafts, temps, top_ps, top_ks, generators, forced: ForcedAcceptRule,
-                 greedy_only: bool, draw_width: int) -> VerifyResult:  # fmt: skip
+                 greedy_only: bool, draw_width: int, min_ps=None) -> VerifyResult:  # fmt: skip
     """Forced acceptance for every row at once, on the device, no host sync: m = the leading draws below their
     position's rate (capped by each request's draft count); rows < m emit the drafts, row m the target's token."""
     bsz, max_q, vocab = logits.shape
@@ -146,7 +147,7 @@ def _forced_rows(logits, drafts, num_drafts, temps, top_ps, top_ks, generators, 
     else:  # every row processed, as the sampling rule does; the token of row m drawn from its p
         probs = processed_probs(
             logits.reshape(-1, vocab), temps.repeat_interleave(max_q), top_ps.repeat_interleave(max_q),
-            top_ks.repeat_interleave(max_q),
+            top_ks.repeat_interleave(max_q), None if min_ps is None else min_ps.repeat_interleave(max_q),
         ).view(bsz, max_q, vocab)  # fmt: skip
         row_p = probs[rows, m]
         last = _per_row(lambda g, r: torch.multinomial(row_p[r], 1, generator=g).squeeze(1), generators)

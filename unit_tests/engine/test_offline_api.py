@@ -68,3 +68,23 @@ def test_stop_strings_end_the_text_before_them(trained_dense_dir, mtp):
         assert len(cut.token_ids) < len(out.token_ids)
         assert llm.tokenizer.decode(cut.token_ids).find(stop) >= 0  # the token completing the stop string is kept
     assert not llm.engine.has_unfinished() and llm.engine.scheduler.reserved == 0
+
+
+def test_chat_through_the_shipped_template(trained_dense_dir):
+    """LLM.chat renders with the template (the Qwen3.5-style one: thinking on, tools listed), then generates as
+    generate does; enable_thinking false pre-fills an empty think block."""
+    from lightllm_mtp.chat_templates import chat_template_text
+
+    llm = LLM(trained_dense_dir, max_model_len=256)
+    messages = [{"role": "user", "content": "Sort a list."}]
+    tools = [{"type": "function", "function": {"name": "sort", "parameters": {"type": "object"}}}]
+    params = SamplingParams(temperature=0.0, max_new_tokens=6, ignore_eos=True)
+    out = llm.chat(messages, params, tools=tools, chat_template="qwen3_5")[0]
+    text = llm.tokenizer.apply_chat_template(messages, tools=tools, chat_template=chat_template_text("qwen3_5"),
+                                             tokenize=False, add_generation_prompt=True)  # fmt: skip
+    assert text.endswith("<think>\n") and '"name": "sort"' in text
+    assert out.prompt_token_ids == llm.tokenizer.encode(text, add_special_tokens=False)
+    assert out.token_ids == llm.generate([out.prompt_token_ids], params)[0].token_ids
+    both = llm.chat([messages, messages], params, chat_template="qwen3_5",
+                    chat_template_kwargs={"enable_thinking": False})  # fmt: skip
+    assert len(both) == 2 and llm.tokenizer.decode(both[0].prompt_token_ids).endswith("<think>\n\n</think>\n\n")

@@ -6,7 +6,8 @@ import time
 import pytest
 
 from lightllm_mtp.server.generate_protocol import GenerateRequest
-from lightllm_mtp.server.protocol import ApiError, ChatCompletionRequest, CompletionRequest, parse_body
+from lightllm_mtp.server.chat_protocol import ChatCompletionRequest
+from lightllm_mtp.server.protocol import ApiError, CompletionRequest, parse_body
 
 
 def parse(model, body):
@@ -47,7 +48,7 @@ def test_valid_requests_and_their_sampling_params():
         (CompletionRequest, {"prompt": "a", "temperature": "hot"}, "temperature", "valid number"),
         (CompletionRequest, {"prompt": "a", "top_p": 0}, "top_p", "must be in (0, 1]"),
         (CompletionRequest, {"prompt": "a", "top_k": -3}, "top_k", "must be -1, 0"),
-        (CompletionRequest, {"prompt": "a", "n": 3}, "n", "only n=1 is supported"),
+        (CompletionRequest, {"prompt": "a", "n": 17}, "n", "must be in [1, 16]"),
         (CompletionRequest, {"prompt": "a", "stop": ["a"] * 5}, "stop", "at most 4 stop strings"),
         (CompletionRequest, {"prompt": "a", "stop": [""]}, "stop", "non-empty"),
         (CompletionRequest, {"prompt": "a", "stop": 3}, "stop", "valid string"),
@@ -55,13 +56,26 @@ def test_valid_requests_and_their_sampling_params():
         (GenerateRequest, {"inputs": "a", "parameters": {"stop_sequences": "x" * 1025}}, "parameters", "at most 1024"),
         (CompletionRequest, {"prompt": "a", "stop_token_ids": [-1]}, "stop_token_ids", "must be >= 0"),
         (CompletionRequest, {"prompt": "a", "seed": 2**64}, "seed", "must fit in 64 bits"),
-        (CompletionRequest, {"prompt": "a", "presence_penalty": 0.5}, "presence_penalty", "not supported"),
-        (CompletionRequest, {"prompt": "a", "logprobs": 2}, "logprobs", "not supported"),
+        (CompletionRequest, {"prompt": "a", "presence_penalty": 2.5}, "presence_penalty", "must be in [-2, 2]"),
+        (CompletionRequest, {"prompt": "a", "repetition_penalty": 0}, "repetition_penalty", "> 0"),
+        (CompletionRequest, {"prompt": "a", "min_p": 1.5}, "min_p", "must be in [0, 1]"),
+        (CompletionRequest, {"prompt": "a", "min_tokens": -1}, "min_tokens", ">= 0"),
+        (CompletionRequest, {"prompt": "a", "logit_bias": {"x": 1}}, "logit_bias", "token ids"),
+        (CompletionRequest, {"prompt": "a", "logit_bias": {"5": 101}}, "logit_bias", "[-100, 100]"),
+        (CompletionRequest, {"prompt": "a", "logprobs": 21}, "logprobs", "must be in [0, 20]"),
+        (ChatCompletionRequest, {"messages": [{"role": "user"}], "top_logprobs": 2}, "top_logprobs",
+         "needs logprobs"),
         (CompletionRequest, {"prompt": "a", "echo": True}, "echo", "not supported"),
-        (CompletionRequest, {"prompt": "a", "best_of": 2}, "best_of", "only best_of=1"),
+        (CompletionRequest, {"prompt": "a", "best_of": 2}, "best_of", "best_of 2 != n 1"),
         (ChatCompletionRequest, {"messages": []}, "messages", "at least 1 item"),
         (ChatCompletionRequest, {"messages": [{"role": "user"}], "tools": [{"type": "function"}]}, "tools",
-         "not supported"),
+         "each tool must be"),
+        (ChatCompletionRequest, {"messages": [{"role": "user"}], "tool_choice": "required"}, "tool_choice",
+         "needs tools"),
+        (ChatCompletionRequest, {"messages": [{"role": "user"}], "tools": [{"type": "function", "function": {
+            "name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice", "'g'"),
+        (ChatCompletionRequest, {"messages": [{"role": "user"}], "chat_template_kwargs": {"tools": []}},
+         "chat_template_kwargs", "set by the server"),
         (GenerateRequest, {"inputs": ""}, "inputs", "at least 1 character"),
         (GenerateRequest, {"inputs": "a", "parameters": {"stop_sequences": [""]}}, "parameters", "non-empty"),
     ],
@@ -70,7 +84,7 @@ def test_bad_bodies(model, body, param, message):
     with pytest.raises(ApiError) as e:
         parse(model, body)
     err = e.value.body()["error"]
-    assert e.value.status == 400 and err["type"] == "invalid_request_error"
+    assert e.value.status == 400 and err["type"] == "invalid_request_error", err
     assert err["param"] == param and message in err["message"], err
 
 

@@ -118,7 +118,7 @@ def test_text_that_fits_is_never_rejected_early(build):
 
 def test_chat_text_that_cannot_fit_is_rejected_without_tokenizing(tokenizer):
     """Content parts count as much as plain content: the whole templated prompt is checked before it is encoded."""
-    from lightllm_mtp.server.protocol import ChatCompletionRequest
+    from lightllm_mtp.server.chat_protocol import ChatCompletionRequest
 
     calls = []
 

@@ -8,8 +8,9 @@ from lightllm_mtp.kernels._validate import check_device, check_float, check_inde
 
 
 def processed_probs_ref(
-    logits: torch.Tensor, temperatures: torch.Tensor, top_ps: torch.Tensor, top_ks: torch.Tensor
-) -> torch.Tensor:
+    logits: torch.Tensor, temperatures: torch.Tensor, top_ps: torch.Tensor, top_ks: torch.Tensor,
+    min_ps: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
     n, vocab = logits.shape
     dev = logits.device
     greedy = temperatures <= 0
@@ -18,7 +19,11 @@ def processed_probs_ref(
     rank = torch.arange(vocab, device=dev)[None, :]
     k = top_ks.long()[:, None]
     k = torch.where((k <= 0) | (k >= vocab), torch.full_like(k, vocab), k)
-    p = torch.softmax(sorted_logits.masked_fill(rank >= k, float("-inf")), dim=-1)
+    drop_rank = rank >= k
+    if min_ps is not None:  # min-p: tokens below min_p x the top token's probability (of the tempered softmax)
+        full = torch.softmax(sorted_logits, dim=-1)
+        drop_rank = drop_rank | ((full < min_ps.float()[:, None] * full[:, :1]) & (rank > 0))
+    p = torch.softmax(sorted_logits.masked_fill(drop_rank, float("-inf")), dim=-1)
     # top-p: keep the smallest prefix whose mass reaches top_p, i.e. tokens whose preceding mass is < top_p.
     mass_before = torch.cumsum(p, dim=-1) - p
     top_p = top_ps.float()[:, None]
@@ -37,6 +42,7 @@ def sample_ref(
     top_ks: torch.Tensor,
     generators: list[torch.Generator | None],
     sampled_rows: list[int] | None = None,
+    min_ps: torch.Tensor | None = None,
 ) -> torch.Tensor:
     out = logits.argmax(dim=-1)
     rows = [i for i, t in enumerate(temperatures.tolist()) if t > 0] if sampled_rows is None else sampled_rows
@@ -44,7 +50,8 @@ def sample_ref(
         return out
     dev = logits.device
     sel = torch.tensor(rows).to(dev, non_blocking=True)  # index tensors built on the host: no device sync
-    probs = processed_probs_ref(logits[sel], temperatures[sel], top_ps[sel], top_ks[sel])
+    probs = processed_probs_ref(logits[sel], temperatures[sel], top_ps[sel], top_ks[sel],
+                                None if min_ps is None else min_ps[sel])  # fmt: skip
     shared = [j for j, i in enumerate(rows) if generators[i] is None]
     if shared:  # rows without their own generator draw together from the global RNG
         shared_t = torch.tensor(shared).to(dev, non_blocking=True)
@@ -69,16 +76,18 @@ def _check_params(op: str, logits, temperatures, top_ps, top_ks) -> None:
 
 
 def processed_probs(
-    logits: torch.Tensor, temperatures: torch.Tensor, top_ps: torch.Tensor, top_ks: torch.Tensor
-) -> torch.Tensor:
+    logits: torch.Tensor, temperatures: torch.Tensor, top_ps: torch.Tensor, top_ks: torch.Tensor,
+    min_ps: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
     """logits [N, V]; temperatures, top_ps [N] fp32; top_ks [N] int -> probs [N, V] fp32, each row summing to 1:
     the distribution `sample` draws from. Rows with temperature <= 0 are one-hot at the argmax.
 
-    softmax(logits / temperature) restricted to the top_k tokens (top_k <= 0 or >= V: off), renormalised, then
+    softmax(logits / temperature) without the tokens below min_p x its top probability (min_ps [N], None: off),
+    restricted to the top_k tokens (top_k <= 0 or >= V: off), renormalised, then
     to the smallest prefix of the sorted distribution whose mass reaches top_p (top_p >= 1: off; the top token
     is always kept), renormalised. Ties are ranked by token id."""
     _check_params("processed_probs", logits, temperatures, top_ps, top_ks)
-    return processed_probs_ref(logits, temperatures, top_ps, top_ks)
+    return processed_probs_ref(logits, temperatures, top_ps, top_ks, min_ps)
 
 
 def sample(
@@ -88,6 +97,7 @@ def sample(
     top_ks: torch.Tensor,
     generators: list[torch.Generator | None],
     sampled_rows: list[int] | None = None,
+    min_ps: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """logits [B, V]; temperatures, top_ps [B] fp32; top_ks [B] int; generators: one per row -> tokens [B] int64.
     sampled_rows: the host's list of rows with temperature > 0, so that no host sync reads `temperatures`
@@ -99,7 +109,7 @@ def sample(
     _check_params("sample", logits, temperatures, top_ps, top_ks)
     if len(generators) != logits.shape[0]:
         raise ValueError(f"sample: generators must have one entry per row ({logits.shape[0]}), got {len(generators)}")
-    return sample_ref(logits, temperatures, top_ps, top_ks, generators, sampled_rows)
+    return sample_ref(logits, temperatures, top_ps, top_ks, generators, sampled_rows, min_ps)
 
 
 def greedy_sample(logits: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,118 @@
+"""The cost of structured outputs under MTP (issue 32's target): per engine step, a JSON schema's host work (bitmask
+fills, matcher advance / rollback, the draft masks' read-back) with MTP k=2 vs the same steps without a schema, and
+the acceptance (tokens per verify step) with and without it, on the trained tiny fixture.
+
+    python -m benchmark.grammar_cost [--model_dir DIR] [--mtp_step 2] [--batch 4] [--max_tokens 96]
+        [--disable_overlap] [--device cuda] [--out FILE]
+
+Both runs generate greedily from the same prompts with the same MTP settings, to the same number of tokens
+(ignore_eos without the schema; the schema run ends at its grammar's end, so its steps are counted, not assumed).
+The step time is LLMEngine.step_outputs' wall time over the decode steps (prompt steps left out); the grammar's
+share of it is measured directly by timing the engine's grammar calls (engine/grammar_rows.py and the matcher
+advance) within those steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from lightllm_mtp import LLM, SamplingParams
+from lightllm_mtp.engine import grammar_rows
+from lightllm_mtp.sampling import grammar as grammar_module
+from lightllm_mtp.sampling_params import StructuredOutput
+from lightllm_mtp.tools.default_checkpoint import FIXTURES_DIR, TRAINED_CHECKPOINTS
+
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string"}, "kind": {"enum": ["file", "dir", "link"]},
+    "size": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}},
+    "owner": {"type": "object", "properties": {"id": {"type": "integer"}, "admin": {"type": "boolean"}},
+              "required": ["id", "admin"]}},
+    "required": ["name", "kind", "size", "tags", "owner"]}  # fmt: skip
+PROMPTS = ["def load(path):\n    return {", "import json\nconfig = ", "# the entry\nresult = ", "data = json.loads("]
+
+
+class GrammarTimer:
+    """Wraps the engine's grammar calls, adding their wall time up."""
+
+    def __init__(self):
+        self.seconds = 0.0
+        self._undo = []
+
+    def wrap(self, owner, name):
+        original = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        setattr(owner, name, timed)
+        self._undo.append((owner, name, original))
+
+    def restore(self):
+        for owner, name, original in reversed(self._undo):
+            setattr(owner, name, original)
+
+
+def run(llm: LLM, prompts: list[str], params: SamplingParams) -> dict:
+    engine = llm.engine
+    done = [engine.add_request(llm._encode(p), params) for p in prompts]
+    timer = GrammarTimer()
+    for module, name in ((grammar_rows, "new_bitmask"), (grammar_module.RequestGrammar, "fill_after"),
+                         (grammar_module.RequestGrammar, "fill_block"), (grammar_module.RequestGrammar, "advance"),
+                         (grammar_rows, "row_masks")):  # fmt: skip
+        timer.wrap(module, name)
+    steps, step_s, grammar_s = 0, 0.0, 0.0
+    try:
+        while engine.has_unfinished():
+            in_prefill = any(r.in_prefill for r in done)
+            before, start = timer.seconds, time.perf_counter()
+            engine.step_outputs()
+            elapsed = time.perf_counter() - start
+            if not in_prefill:
+                steps, step_s, grammar_s = steps + 1, step_s + elapsed, grammar_s + timer.seconds - before
+    finally:
+        timer.restore()
+    tokens = sum(len(r.output_ids) for r in done)
+    verify = sum(r.spec_stats.verify_steps for r in done)
+    return {"decode_steps": steps, "ms_per_step": 1e3 * step_s / max(steps, 1),
+            "grammar_ms_per_step": 1e3 * grammar_s / max(steps, 1), "tokens": tokens,
+            "tokens_per_verify_step": sum(r.spec_stats.tokens_per_step * r.spec_stats.verify_steps for r in done)
+            / max(verify, 1), "texts": [llm._decode(r.output_ids) for r in done]}  # fmt: skip
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model_dir", default=str(FIXTURES_DIR / TRAINED_CHECKPOINTS["qwen3_5"]))
+    ap.add_argument("--mtp_step", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--max_tokens", type=int, default=96)
+    ap.add_argument("--disable_overlap", action="store_true", help="both runs without overlap scheduling (grammar "
+                    "requests skip the overlapped step: this isolates the grammar's own cost)")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    llm = LLM(a.model_dir, max_model_len=256, mtp_mode="eagle_with_att", mtp_step=a.mtp_step, prefix_cache=False,
+              disable_overlap=a.disable_overlap, device=a.device)
+    prompts = (PROMPTS * a.batch)[: a.batch]
+    so = StructuredOutput("json_schema", json.dumps(SCHEMA))
+    run(llm, prompts, SamplingParams(temperature=0.0, max_new_tokens=8, structured=so))  # warm-up (compile)
+    schema = run(llm, prompts, SamplingParams(temperature=0.0, max_new_tokens=a.max_tokens, structured=so))
+    free = run(llm, prompts, SamplingParams(temperature=0.0, max_new_tokens=a.max_tokens, ignore_eos=True))
+    report = {"model_dir": a.model_dir, "mtp_step": a.mtp_step, "batch": a.batch, "max_tokens": a.max_tokens,
+              "overlap": not a.disable_overlap,
+              "with_schema": schema, "without_schema": free,
+              "overhead_ms_per_step": schema["ms_per_step"] - free["ms_per_step"]}  # fmt: skip
+    text = json.dumps(report, indent=1)
+    print(text)
+    if a.out:
+        Path(a.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

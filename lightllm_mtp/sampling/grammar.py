@@ -1,0 +1,176 @@
+"""Structured outputs on xgrammar: a request's grammar as a token matcher that gives each row the tokens it allows.
+
+Why xgrammar: it is the default grammar engine of vLLM, SGLang and TensorRT-LLM, has CPU wheels for Python 3.11 /
+3.12 on the package index (llguidance's newest wheels did not resolve there; outlines-core has no EBNF), compiles
+JSON schema, regex and EBNF, and its matcher rolls back: exactly what speculative decoding needs.
+
+With `starts_after` (the end of a reasoning block) the output is free until that text has appeared (found in the
+tokens' bytes, so a marker split over several tokens or landing inside a verify block is found where it ends); the
+grammar applies from the next token, row by row inside a verify block too.
+
+Under speculative decoding the matcher only ever holds the committed output: a verify block's row masks come from
+accepting the block's drafts one by one (row i: the state after d_1..d_i; the rows past the first illegal draft
+allow everything, as that draft is rejected at its row) and rolling them back; a draft position's mask from
+accepting the tokens the verify emitted and the drafts before it, then rolling back. The engine advances the matcher
+with the tokens it appends, and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import torch
+
+from lightllm_mtp.sampling.logits_processing import RowMasks
+from lightllm_mtp.sampling_params import StructuredOutput
+
+
+def _xgr():
+    try:
+        import xgrammar
+    except ImportError as e:  # the `structured` extra
+        raise ValueError("structured outputs need xgrammar: pip install 'lightllm_mtp[structured]'") from e
+    return xgrammar
+
+
+def grammar_text(so: StructuredOutput):
+    """The xgrammar Grammar of a structured output (syntax checked, no tokenizer needed); ValueError if invalid."""
+    xgr = _xgr()
+    try:
+        if so.kind == "json_schema":
+            return xgr.Grammar.from_json_schema(so.spec, any_whitespace=False, strict_mode=True)
+        if so.kind == "json_object":  # OpenAI's json_object: an object, any properties
+            return xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False)
+        if so.kind == "regex":
+            return xgr.Grammar.from_regex(so.spec)
+        if so.kind == "choice":
+            choices = json.loads(so.spec)
+            if not choices or not all(isinstance(c, str) and c for c in choices):
+                raise ValueError("choice needs a non-empty list of non-empty strings")
+            return xgr.Grammar.from_ebnf("root ::= " + " | ".join(json.dumps(c) for c in choices))
+        return xgr.Grammar.from_ebnf(so.spec)
+    except (RuntimeError, ValueError, TypeError, json.JSONDecodeError) as e:
+        raise ValueError(f"invalid {so.kind}: {str(e).splitlines()[-1][:300]}") from None
+
+
+class GrammarCompiler:
+    """One tokenizer's compiler (xgrammar caches compiled grammars); `matcher` gives a request its RequestGrammar."""
+
+    def __init__(self, tokenizer, vocab_size: int, threads: int = 2):
+        xgr = _xgr()
+        self.info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+        self.compiler = xgr.GrammarCompiler(self.info, max_threads=threads)
+        self.vocab_size = vocab_size
+
+    def matcher(self, so: StructuredOutput) -> RequestGrammar:
+        compiled = self.compiler.compile_grammar(grammar_text(so))
+        gate = Gate(so.starts_after.encode(), self.info.decoded_vocab) if so.starts_after else None
+        return RequestGrammar(_xgr().GrammarMatcher(compiled), self.vocab_size, gate)
+
+
+@dataclass
+class Gate:
+    """Whether the output has reached the text after which the grammar applies (found in the tokens' bytes)."""
+
+    marker: bytes
+    token_bytes: list  # token id -> its bytes (xgrammar's decoded vocabulary)
+    tail: bytes = b""  # the output's last bytes, fewer than the marker's
+    open: bool = False
+
+    def after(self, tokens: list[int]) -> list[bool]:
+        """Whether the grammar applies to the token after each prefix of `tokens` (the state is not changed)."""
+        tail, is_open, out = self.tail, self.open, []
+        for t in tokens:
+            if not is_open:
+                tail += self.token_bytes[t] if t < len(self.token_bytes) else b""
+                is_open = self.marker in tail
+                tail = tail[-(len(self.marker) - 1) :] if len(self.marker) > 1 else b""
+            out.append(is_open)
+        return out
+
+    def advance(self, token: int) -> bool:
+        """A committed token; True when it belongs to the grammar (the marker ended before it)."""
+        if self.open:
+            return True
+        self.open = self.after([token])[0]
+        tail = self.tail + (self.token_bytes[token] if token < len(self.token_bytes) else b"")
+        self.tail = tail[-(len(self.marker) - 1) :] if len(self.marker) > 1 else b""
+        return False
+
+
+@dataclass
+class RequestGrammar:
+    matcher: object  # xgrammar.GrammarMatcher over the committed output
+    vocab_size: int
+    gate: Gate | None = None  # StructuredOutput.starts_after
+
+    def advance(self, token: int) -> None:
+        """A committed output token (the engine's append)."""
+        if self.gate is not None and not self.gate.advance(token):
+            return
+        if not self.matcher.is_terminated() and not self.matcher.accept_token(token):
+            raise RuntimeError(f"token {token} was committed against its grammar")
+
+    def _walk(self, tokens: list[int], fill, first_row: int | None) -> tuple[int, bool]:
+        """Accepts `tokens` into the matcher (past the gate); fill(row, applies) after each when first_row is set.
+        Returns (tokens the matcher took, whether all were legal)."""
+        opened = self.gate.after(tokens) if self.gate is not None else [True] * len(tokens)
+        applies = self.gate is None or self.gate.open
+        m, taken = self.matcher, 0
+        for i, t in enumerate(tokens):
+            if applies:  # t belongs to the grammar
+                if m.is_terminated() or not m.accept_token(t):
+                    return taken, False
+                taken += 1
+            applies = opened[i]
+            if first_row is not None:
+                fill(first_row + i + 1, applies)
+        return taken, True
+
+    def fill_after(self, tokens: list[int], bitmask: torch.Tensor, row: int) -> bool:
+        """bitmask[row] = the tokens allowed after the committed output + `tokens`; False (row left allowing all)
+        when `tokens` themselves break the grammar."""
+        taken, ok = self._walk(tokens, None, None)
+        applies = self.gate is None or (self.gate.after(tokens)[-1] if tokens else self.gate.open)
+        if ok and applies:
+            self._fill(bitmask, row)
+        if taken:
+            self.matcher.rollback(taken)
+        return ok
+
+    def fill_block(self, drafts: list[int], bitmask: torch.Tensor, row0: int) -> None:
+        """Rows row0..row0 + len(drafts) of a verify block: row i after d_1..d_i; rows past the first illegal draft
+        keep allowing all (that draft is rejected at its own row), as do rows still before the gate's marker."""
+        if self.gate is None or self.gate.open:
+            self._fill(bitmask, row0)
+
+        def fill(row: int, applies: bool) -> None:
+            if applies:
+                self._fill(bitmask, row)
+
+        taken, _ = self._walk(drafts, fill, row0)
+        if taken:
+            self.matcher.rollback(taken)
+
+    def _fill(self, bitmask: torch.Tensor, row: int) -> None:
+        if self.matcher.is_terminated():  # past the grammar's end (eos accepted): nothing but eos
+            bitmask[row] = 0
+            for t in self.matcher.stop_token_ids:
+                bit = 1 << (t % 32)
+                bitmask[row, t // 32] |= bit - (1 << 32) * (bit >= 1 << 31)  # as an int32
+        else:
+            self.matcher.fill_next_token_bitmask(bitmask, row)
+
+
+def new_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
+    """[rows, ceil(V / 32)] int32, every token allowed."""
+    return torch.full((rows, (vocab_size + 31) // 32), -1, dtype=torch.int32)
+
+
+def row_masks(bitmask: torch.Tensor, vocab_size: int, device: torch.device) -> RowMasks:
+    """The bitmask as RowMasks ([N, V] bool) on the device (bits unpacked there)."""
+    bits = bitmask.to(device, non_blocking=True)
+    shifts = torch.arange(32, dtype=torch.int32, device=device)
+    allowed = ((bits[:, :, None] >> shifts) & 1).bool().flatten(1)[:, :vocab_size]
+    return RowMasks(allowed)

@@ -1,0 +1,163 @@
+"""Issue 32 items 4-5 without a model: the reasoning split and the tool-call parser give the same message for a whole
+answer and for any split of it into deltas, in particular the deltas of MTP steps of 1..k+1 tokens through the
+front's incremental detokenizer (two calls inside one delta included); tool arguments are typed by the tool's schema;
+the tool_choice grammar accepts exactly tool calls; the Qwen3.5-style template renders tools and their history."""
+
+import json
+import random
+
+import pytest
+
+from lightllm_mtp.chat_templates import chat_template_text
+from lightllm_mtp.engine.detokenizer import IncrementalDetokenizer
+from lightllm_mtp.server.chat_output import ChatAssembler, ChatOptions, chat_message, plan_chat
+from lightllm_mtp.server.chat_prompt import ChatPromptEncoder
+from lightllm_mtp.server.chat_protocol import ChatCompletionRequest
+from lightllm_mtp.server.protocol import ApiError
+from lightllm_mtp.server.reasoning import split_reasoning
+from lightllm_mtp.server.tool_calls import tool_choice_grammar
+from lightllm_mtp.tools.default_checkpoint import FIXTURES_DIR, TRAINED_CHECKPOINTS
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer"}, "metric": {"type": "boolean"},
+        "hours": {"type": "array"}, "ratio": {"type": "number"}}}}},
+    {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}},
+]  # fmt: skip
+CALL = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n<parameter=days>\n3\n"
+        "</parameter>\n<parameter=metric>\ntrue\n</parameter>\n<parameter=hours>\n[1, 2]\n</parameter>\n"
+        "<parameter=ratio>\n0.5\n</parameter>\n</function>\n</tool_call>")  # fmt: skip
+ANSWER = "The user wants weather.\nCall it.</think>\n\nLet me check.\n" + CALL + "\n<tool_call>\n<function=now>\n</function>\n</tool_call>"
+OPTIONS = ChatOptions("qwen3", "qwen3_coder", True)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(FIXTURES_DIR / TRAINED_CHECKPOINTS["qwen3_5"])
+    tok.chat_template = chat_template_text("qwen3_5")
+    return tok
+
+
+def request(**kw):
+    return ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "weather?"}],
+                                                 "tools": TOOLS, **kw})  # fmt: skip
+
+
+def streamed(plan, req, pieces):
+    asm, reasoning, content, calls = ChatAssembler(plan, req), "", "", []
+    for i, piece in enumerate(pieces):
+        r, c, new = asm.push(piece, final=i == len(pieces) - 1)
+        reasoning, content, calls = reasoning + r, content + c, calls + new
+    return reasoning, content or None, [c["function"] for c in calls], asm.finish_reason("stop")
+
+
+def test_whole_answer():
+    req = request()
+    plan = plan_chat(req, OPTIONS, "<|im_start|>assistant\n<think>\n")
+    message, asm = chat_message(plan, req, ANSWER)
+    assert message["reasoning_content"] == "The user wants weather.\nCall it." and message["content"] == "Let me check."
+    first, second = (c["function"] for c in message["tool_calls"])
+    assert first["name"] == "get_weather" and second == {"name": "now", "arguments": "{}"}
+    assert json.loads(first["arguments"]) == {"city": "New York", "days": 3, "metric": True, "hours": [1, 2],
+                                              "ratio": 0.5}  # fmt: skip
+    assert asm.finish_reason("stop") == "tool_calls"
+    assert [c["index"] for c in message["tool_calls"]] == [0, 1]
+    one = plan_chat(request(parallel_tool_calls=False), OPTIONS, "<think>\n")
+    assert len(chat_message(one, request(parallel_tool_calls=False), ANSWER)[0]["tool_calls"]) == 1
+    off = plan_chat(req, OPTIONS, "<think>\n\n</think>\n\n")  # enable_thinking false: no reasoning
+    assert chat_message(off, req, "plain answer")[0] == {"role": "assistant", "content": "plain answer",
+                                                         "reasoning_content": None}  # fmt: skip
+
+
+def test_any_split_reassembles_to_the_whole_answer():
+    req = request()
+    plan = plan_chat(req, OPTIONS, "<think>\n")
+    message, _ = chat_message(plan, req, ANSWER)
+    expect = (message["reasoning_content"], message["content"], [c["function"] for c in message["tool_calls"]],
+              "tool_calls")  # fmt: skip
+    rng = random.Random(0)
+    for _ in range(300):
+        cuts = sorted(rng.sample(range(1, len(ANSWER)), rng.randint(1, 30)))
+        pieces = [ANSWER[a:b] for a, b in zip([0, *cuts], [*cuts, len(ANSWER)])]
+        assert streamed(plan, req, pieces) == expect
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
+def test_mtp_step_deltas_through_the_detokenizer(tokenizer, k):
+    """The token ids of the answer cut into steps of 1..k+1 tokens (MTP accept lengths), detokenized as the front
+    does: the same message, calls completed inside one delta included (the last step holds both closing tags)."""
+    req = request()
+    plan = plan_chat(req, OPTIONS, "<think>\n")
+    message, _ = chat_message(plan, req, ANSWER)
+    expect = (message["reasoning_content"], message["content"], [c["function"] for c in message["tool_calls"]],
+              "tool_calls")  # fmt: skip
+    ids = tokenizer.encode(ANSWER, add_special_tokens=False)
+    rng = random.Random(k)
+    for trial in range(20):
+        steps, at = [], 0
+        while at < len(ids):
+            n = rng.randint(1, k + 1) if trial else k + 1
+            steps.append(ids[at : at + n])
+            at += n
+        if trial == 1:  # both calls' closing tags in one delta
+            steps = [ids[: len(ids) - 30], ids[len(ids) - 30 :]]
+        detok = IncrementalDetokenizer(tokenizer, [1, 2, 3])
+        pieces = [detok.push(step, final=i == len(steps) - 1) for i, step in enumerate(steps)]
+        assert streamed(plan, req, pieces) == expect
+
+
+def test_reasoning_split_without_an_end_and_with_a_leading_think():
+    assert split_reasoning("still thinking </thi", True) == ("still thinking </thi", "")
+    assert split_reasoning("<think>\nabc</think>\n\nx", True) == ("abc", "x")
+    assert split_reasoning("no reasoning", False) == (None, "no reasoning")
+
+
+def test_tool_choice_rules():
+    for kw, flags, message in [({}, ChatOptions(), "--enable_auto_tool_choice"),
+                               ({"tool_choice": "required"}, ChatOptions(), "--tool_call_parser"),
+                               ({"tool_choice": "required", "response_format": {"type": "json_object"}}, OPTIONS,
+                                "give one")]:  # fmt: skip
+        with pytest.raises(ApiError) as e:
+            plan_chat(request(**kw), flags, "")
+        assert e.value.param == "tool_choice" and message in e.value.message
+    plan = plan_chat(request(tool_choice="none"), ChatOptions(), "")
+    assert not plan.parse_tools and plan.structured is None
+    named = plan_chat(request(tool_choice={"type": "function", "function": {"name": "now"}}), OPTIONS, "<think>\n")
+    assert named.structured.kind == "grammar" and named.structured.starts_after == "</think>"
+
+
+def test_tool_choice_grammar_accepts_exactly_calls(tokenizer):
+    import xgrammar as xgr
+
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer)
+    compiler = xgr.GrammarCompiler(info)
+
+    def accepts(grammar, text):
+        m = xgr.GrammarMatcher(compiler.compile_grammar(grammar))
+        return m.accept_string(text) and m.is_completed()
+
+    two = CALL + "\n<tool_call>\n<function=now>\n</function>\n</tool_call>"
+    assert accepts(tool_choice_grammar(TOOLS, None, True), two)
+    assert not accepts(tool_choice_grammar(TOOLS, None, False), two)
+    assert accepts(tool_choice_grammar(TOOLS, "get_weather", True), CALL)
+    assert not accepts(tool_choice_grammar(TOOLS, "now", True), CALL)
+    assert not accepts(tool_choice_grammar(TOOLS, None, True), "Sure! " + CALL)
+
+
+def test_the_template_renders_tools_and_their_history(tokenizer):
+    req = ChatCompletionRequest.model_validate({"tools": TOOLS, "tool_choice": "auto", "messages": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "get_weather", "arguments": '{"city": "Paris", "days": 2}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        {"role": "user", "content": "thanks"}]})  # fmt: skip
+    ids, text = ChatPromptEncoder(tokenizer).encode_text(req)
+    assert '"name": "get_weather"' in text.split("</tools>")[0]
+    assert "<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n</parameter>" in text
+    assert "<tool_response>\nsunny\n</tool_response>" in text and text.endswith("<|im_start|>assistant\n<think>\n")
+    assert ids == tokenizer.encode(text, add_special_tokens=False)
+    off = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}],
+                                                "chat_template_kwargs": {"enable_thinking": False}})  # fmt: skip
+    assert ChatPromptEncoder(tokenizer).encode_text(off)[1].endswith("<think>\n\n</think>\n\n")
