@@ -7,9 +7,8 @@ the expert pass treats the shared expert as one more expert every token selected
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from lightllm_mtp.kernels._validate import check_float, check_index, check_shape
+from lightllm_mtp.kernels._validate import check_float, check_shape
 from lightllm_mtp.kernels.triton_utils import triton_available, use_triton
 
 _OP = "select_experts"
