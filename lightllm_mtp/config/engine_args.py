@@ -15,6 +15,7 @@ from pathlib import Path
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.config.options import option
 from lightllm_mtp.config.parallel_config import ParallelConfig
+from lightllm_mtp.config.quant_config import FP8_BLOCK, QuantConfig
 from lightllm_mtp.config.runtime import LoadFormat
 from lightllm_mtp.config.spec_config import MAX_MTP_STEP, MtpMode, SpecConfig
 
@@ -52,6 +53,7 @@ logger = logging.getLogger("lightllm_mtp.config")
 MODEL, MEMORY, SPEC, PARALLEL, CACHE = ("model", "batching and memory", "MTP speculative decoding", "parallelism",
                                        "prefix cache")  # fmt: skip
 DTYPE_CHOICES = ("auto", *_DTYPES, *_DTYPE_ALIASES)
+QUANTIZATION_CHOICES = ("none", "fp8")
 SMALL_MODEL_HIDDEN = 1024  # below this hidden size a CPU forward is latency-bound: one thread is fastest
 
 
@@ -70,6 +72,10 @@ class EngineArgs:
     load_format: LoadFormat | str = option(LoadFormat.AUTO, "auto: the checkpoint's safetensors; dummy: random "
                                            "weights of the checkpoint's shapes (benchmarks)", group=MODEL,
                                            choices=tuple(f.value for f in LoadFormat))
+    quantization: str | None = option(None, "fp8: quantize the checkpoint's 16 / 32-bit projection weights to "
+                                      "block-FP8 (128x128 blocks, the published -FP8 layout) at load; none: weights "
+                                      "as stored (an -FP8 checkpoint loads FP8 by its quantization_config either way)",
+                                      group=MODEL, choices=QUANTIZATION_CHOICES)
     cpu_threads: int | None = option(None, "torch threads of each process on CPU (none: 1 for models with hidden "
                                      f"size < {SMALL_MODEL_HIDDEN}, which are latency-bound, else the cores divided "
                                      "among this host's engine processes)", group=MODEL)
@@ -153,6 +159,10 @@ class EngineArgs:
             set_field(self, "load_format", LoadFormat(self.load_format))
         except ValueError:
             raise ValueError(f"load_format must be one of {[f.value for f in LoadFormat]}, got {self.load_format!r}")
+        if self.quantization in (None, "none"):
+            set_field(self, "quantization", None)
+        elif self.quantization != "fp8":
+            raise ValueError(f"quantization must be one of {list(QUANTIZATION_CHOICES)}, got {self.quantization!r}")
         if self.mtp_mode in (None, "none"):
             set_field(self, "mtp_mode", None)
             if self.mtp_step or self.mtp_draft_model_dir:
@@ -203,6 +213,11 @@ class EngineArgs:
                                  "(on CPU give max_total_token_num, or nothing for max_batch_size x max_model_len)")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ValueError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
+
+    @property
+    def online_quant(self) -> QuantConfig | None:
+        """The block-FP8 format weights are quantized to at load (quantization fp8), else None."""
+        return QuantConfig(block=FP8_BLOCK, online=True) if self.quantization == "fp8" else None
 
     def resolved_cpu_threads(self, hidden_size: int, processes: int) -> int:
         """torch intra-op threads of one engine process on CPU: `cpu_threads` when given; else 1 for a small model

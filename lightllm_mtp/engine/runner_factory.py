@@ -62,6 +62,7 @@ def build_runner(args: EngineArgs, cfg: ModelConfig, max_model_len: int, rank: R
         draft_kv_layers=spec.num_draft_modules if spec else 0,
         load_format=args.load_format,
         rank=rank,
+        online_quant=args.online_quant,
     )
     model = create_model(args.model_dir, cfg, rt)
     graphs = capture_model_graphs(

@@ -73,7 +73,8 @@ class MtpWeightRetargetMixin:
             specs += [TensorSpec(name, (cfg.hidden_size,)) for name in _MASK_TENSORS]
         rank = main.rt.rank
         weights = load_weights(model_dir, specs, main.rt.dtype, main.rt.device, main.rt.load_format, 1 + mtp_layer,
-                               tp_rank=rank.tp_rank, tp_size=rank.parallel.tp)  # sharded like the main model
+                               tp_rank=rank.tp_rank, tp_size=rank.parallel.tp, quant=cfg.quantization,
+                               online=main.rt.online_quant)  # sharded and stored like the main model  # fmt: skip
         self.mask_embedding = weights.get("mtp.mask_embedding")  # [H] or None
         self.mask_hidden = weights.get("mtp.mask_hidden")  # [H] or None
         self.embed, self.caches = main.embed, main.caches

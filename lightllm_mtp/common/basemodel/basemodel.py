@@ -43,7 +43,7 @@ class TpPartBaseModel:
                 raise ValueError("TpPartBaseModel needs a model_dir or weights")
             weights = load_weights(
                 model_dir, self.weight_specs(cfg, rt), rt.dtype, rt.device, rt.load_format,
-                tp_rank=rt.rank.tp_rank, tp_size=rt.rank.parallel.tp,
+                tp_rank=rt.rank.tp_rank, tp_size=rt.rank.parallel.tp, quant=cfg.quantization, online=rt.online_quant,
             )  # fmt: skip
         self._build(weights)
         self.caches = self._init_caches()
