@@ -27,6 +27,7 @@ from lightllm_mtp.common.layers.gated_attention import GatedAttention
 from lightllm_mtp.common.layers.norm import RMSNorm
 from lightllm_mtp.common.tensor_spec import TensorSpec
 from lightllm_mtp.common.weight_loader import WeightLoadError, load_weights, shard_index
+from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.config.runtime import LoadFormat
 from lightllm_mtp.kernels.linear.gemv import linear
 from lightllm_mtp.kernels.norm.rmsnorm import add_rmsnorm
@@ -61,7 +62,7 @@ class MtpWeightRetargetMixin:
                 f"{model_dir}: checkpoint has no MTP weights (mtp.fc.weight and the other mtp.* tensors); "
                 "MTP speculative decoding needs a checkpoint that ships its MTP head"
             )
-        specs = self.weight_specs(mtp_layer)
+        specs = self.weight_specs(cfg, mtp_layer)
         if parallel_drafting:
             index = {} if dummy else shard_index(Path(model_dir))
             missing = [name for name in _MASK_TENSORS if not dummy and name not in index]
@@ -87,8 +88,10 @@ class MtpWeightRetargetMixin:
         attention = GatedAttention(cfg, f"{prefix}self_attn.", weights, kv_layer=kv_layer)
         self.layer = DecoderLayer(cfg, prefix, weights, attention, self.ffn_class(cfg, f"{prefix}mlp.", weights))
 
-    def weight_specs(self, mtp_layer: int) -> list[TensorSpec]:
-        cfg, prefix = self.cfg, f"mtp.layers.{mtp_layer}."
+    @classmethod
+    def weight_specs(cls, cfg: ModelConfig, mtp_layer: int) -> list[TensorSpec]:
+        """The tensors of MTP module `mtp_layer` (the shared fc, norms, and its decoder layer)."""
+        prefix = f"mtp.layers.{mtp_layer}."
         h = cfg.hidden_size
         return [
             TensorSpec("mtp.fc.weight", (h, 2 * h)),
@@ -97,7 +100,7 @@ class MtpWeightRetargetMixin:
             *RMSNorm.specs(cfg, "mtp.norm.weight"),
             *DecoderLayer.norm_specs(cfg, prefix),
             *GatedAttention.specs(cfg, f"{prefix}self_attn."),
-            *self.ffn_class.specs(cfg, f"{prefix}mlp."),
+            *cls.ffn_class.specs(cfg, f"{prefix}mlp."),
         ]
 
     def forward(self, batch: ForwardBatch, main_hidden: torch.Tensor) -> ModelOutput:

@@ -83,10 +83,12 @@ def dequantize_fp8_block(qweight: torch.Tensor, scale: torch.Tensor, block: tupl
     return (qweight.float() * expand_block_scale(scale, block, rows, cols)).to(dtype)
 
 
-def quantize_fp8_block(weight: torch.Tensor, block: tuple[int, int]) -> Fp8BlockWeight:
+def quantize_fp8_block(weight: torch.Tensor, block: tuple[int, int],
+                       scale_dtype: torch.dtype = torch.float32) -> Fp8BlockWeight:  # fmt: skip
     """Per block: scale = amax / 448 (1 for an all-zero block), q = round-to-nearest-e4m3(w / scale); the largest
     magnitude of every nonzero block lands on +-448, as in the published checkpoints. Works on any device; blocks at
-    the edges are partial (the scale covers what is there)."""
+    the edges are partial (the scale covers what is there). scale_dtype: the scales are rounded to it first (a
+    checkpoint storing bf16 scales), so that q * scale holds with the stored scale."""
     if weight.ndim < 2:
         raise ValueError(f"quantize_fp8_block: a weight [..., N, K] is needed, got shape {list(weight.shape)}")
     bn, bk = block
@@ -97,7 +99,7 @@ def quantize_fp8_block(weight: torch.Tensor, block: tuple[int, int]) -> Fp8Block
         w = torch.nn.functional.pad(w, (0, nb_c * bk - cols, 0, nb_r * bn - rows))
     tiles = w.reshape(*lead, nb_r, bn, nb_c, bk)
     amax = tiles.abs().amax(dim=(-3, -1))  # [..., nb_r, nb_c]
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax)).to(scale_dtype).float()
     q = (tiles / scale[..., :, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     q = q.reshape(*lead, nb_r * bn, nb_c * bk)[..., :rows, :cols].contiguous()
     return Fp8BlockWeight(q, scale.contiguous(), (bn, bk))
