@@ -63,6 +63,8 @@ def build_runner(args: EngineArgs, cfg: ModelConfig, max_model_len: int, rank: R
         load_format=args.load_format,
         rank=rank,
         online_quant=args.online_quant,
+        kv_dtype=args.kv_dtype,
+        draft_kv_dtype=args.draft_kv_dtype,
     )
     model = create_model(args.model_dir, cfg, rt)
     graphs = capture_model_graphs(

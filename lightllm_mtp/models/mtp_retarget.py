@@ -24,6 +24,7 @@ from lightllm_mtp.common.layers.base import Layer
 from lightllm_mtp.common.layers.decoder_layer import DecoderLayer
 from lightllm_mtp.common.layers.embedding import LMHead
 from lightllm_mtp.common.layers.gated_attention import GatedAttention
+from lightllm_mtp.common.kv_scales import checkpoint_kv_scales
 from lightllm_mtp.common.layers.norm import RMSNorm
 from lightllm_mtp.common.tensor_spec import TensorSpec
 from lightllm_mtp.common.weight_loader import WeightLoadError, load_weights, shard_index
@@ -86,6 +87,9 @@ class MtpWeightRetargetMixin:
         self.final_norm = RMSNorm(cfg, "mtp.norm.weight", weights)
         prefix = f"mtp.layers.{mtp_layer}."
         attention = GatedAttention(cfg, f"{prefix}self_attn.", weights, kv_layer=kv_layer)
+        if not dummy and main.caches.kv_pool.is_fp8(kv_layer):  # FP8 draft KV (draft_kv_cache_dtype fp8)
+            for layer, scales in checkpoint_kv_scales(model_dir, {kv_layer: f"{prefix}self_attn."}).items():
+                main.caches.kv_pool.set_scales(layer, *scales)
         self.layer = DecoderLayer(cfg, prefix, weights, attention, self.ffn_class(cfg, f"{prefix}mlp.", weights))
 
     @classmethod

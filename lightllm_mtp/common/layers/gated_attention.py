@@ -60,18 +60,20 @@ class GatedAttention(Layer):
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
         k_buffer, v_buffer = caches.kv_pool.layer(self.kv_layer)
+        k_scale, v_scale = caches.kv_pool.scales(self.kv_layer)  # an FP8 pool: K = stored * k_scale; else 1.0
         # q/k norm, partial RoPE, and the new K/V into the pool at batch.mem_index: one launch
         q = qk_norm_rope_store_kv(
             q, k, v, self.q_norm, self.k_norm, self.eps, batch.positions, caches.rope_cos, caches.rope_sin,
-            k_buffer=k_buffer, v_buffer=v_buffer, mem_index=batch.mem_index,
+            k_buffer=k_buffer, v_buffer=v_buffer, mem_index=batch.mem_index, k_scale=k_scale, v_scale=v_scale,
         )
         req_to_token = caches.req_manager.req_to_token
         if batch.mode is ForwardMode.DECODE:  # EXTEND and VERIFY are both ragged causal blocks
-            o = decode_attention(q, k_buffer, v_buffer, req_to_token, batch.b_req_idx, batch.b_seq_len, self.scale)
+            o = decode_attention(q, k_buffer, v_buffer, req_to_token, batch.b_req_idx, batch.b_seq_len, self.scale,
+                                 k_scale=k_scale, v_scale=v_scale)  # fmt: skip
         else:
             o = prefill_attention(
                 q, k_buffer, v_buffer, req_to_token, batch.b_req_idx, batch.b1_cu_q_len, batch.b_seq_len, self.scale,
-                max_q_len=batch.max_q_len,
+                max_q_len=batch.max_q_len, k_scale=k_scale, v_scale=v_scale,
             )
         if gate is not None:
             o = sigmoid_gate_mul(o, gate)
