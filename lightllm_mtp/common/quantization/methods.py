@@ -105,6 +105,9 @@ class Fp8Block(QuantMethod):
         return math.prod(shape) + 4 * math.prod(lead) * -(-rows // self.block[0]) * -(-cols // self.block[1])
 
     def random(self, shape, dtype, device, generator, std):
+        if len(shape) == 3:  # stacked experts, one at a time: the fp32 draw of a 122B layer's would not fit beside it
+            parts = [self.random(shape[1:], dtype, device, generator, std) for _ in range(shape[0])]
+            return fp8_blocks.stack(parts, "random experts")
         dense = torch.empty(shape, device=device, dtype=torch.float32).normal_(0.0, std, generator=generator)
         return quantize_fp8_block(dense, self.block)
 
