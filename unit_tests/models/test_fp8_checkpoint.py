@@ -143,3 +143,16 @@ def test_dataclass_replace_keeps_quantization():
                                "linear_key_head_dim": 4, "linear_value_head_dim": 4,
                                "quantization_config": {"quant_method": "fp8", "weight_block_size": [64, 64]}})
     assert dataclasses.replace(cfg, vocab_size=16).quantization.block == (64, 64)
+
+
+@pytest.mark.gpu
+def test_fp8_checkpoint_on_cuda_matches_cpu(fp8_dir):
+    """fp32 activations on the GPU: the FP8 GEMV / weight-only GEMM / FP8 expert pass give the CPU reference's
+    tokens, and eagle k=2 the plain ones."""
+    greedy = [SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True) for n in (14, 9, 11)]
+    cpu = [o.token_ids for o in LLM(str(fp8_dir), max_model_len=64).generate(PROMPTS, greedy)]
+    gpu = LLM(str(fp8_dir), max_model_len=64, device="cuda", dtype="float32")
+    assert [o.token_ids for o in gpu.generate(PROMPTS, greedy)] == cpu
+    mtp = LLM(str(fp8_dir), max_model_len=64, device="cuda", dtype="float32", mtp_mode="eagle_with_att", mtp_step=2)
+    outs = mtp.generate(PROMPTS, greedy)
+    assert [o.token_ids for o in outs] == cpu and sum(o.spec.accepted_drafts for o in outs) > 0
