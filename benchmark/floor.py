@@ -203,3 +203,11 @@ def prefill_gemm_flops(cfg: ModelConfig, specs: list[TensorSpec], tokens: int) -
         elif len(spec.shape) == 2:
             per_token += n
     return 2.0 * tokens * per_token
+
+
+def stored(args, cfg: ModelConfig) -> dict:
+    """step_bytes' quant / kv_dtype for a benchmark's args: the checkpoint's quantization_config (an -fp8 shape) or
+    online FP8 (`quantization fp8`); the KV cache's dtype (`kv_cache_dtype fp8`: one byte an element)."""
+    online = QuantConfig(online=True) if getattr(args, "quantization", "none") == "fp8" else None
+    kv_fp8 = getattr(args, "kv_cache_dtype", "auto") == "fp8"
+    return dict(quant=cfg.quantization or online, kv_dtype=torch.float8_e4m3fn if kv_fp8 else None)

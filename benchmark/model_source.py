@@ -102,6 +102,9 @@ def build_engine(source: ModelSource, args, max_model_len: int, mtp: bool) -> LL
         kw["graph_max_batch_size"] = args.graph_max_batch_size
     if getattr(args, "disable_overlap", False):
         kw["disable_overlap"] = True
+    for name, default in (("quantization", "none"), ("kv_cache_dtype", "auto")):  # FP8 weights / KV (issue 31)
+        if getattr(args, name, default) != default:
+            kw[name] = getattr(args, name)
     if getattr(args, "tp", 1) > 1 or getattr(args, "pp", 1) > 1:
         kw.update(tp=args.tp, pp=args.pp)
     if mtp:

@@ -33,7 +33,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmark` and `lightllm
 import torch
 from tqdm import tqdm
 
-from benchmark.floor import floor_ms, parallel_floor, prefill_gemm_flops, spec_bytes, step_bytes
+from benchmark.floor import floor_ms, parallel_floor, prefill_gemm_flops, spec_bytes, step_bytes, stored
 from benchmark.hf_peer import build_hf_model, time_hf_generate
 from benchmark.model_shapes import MODEL_SHAPES
 from benchmark.model_source import ModelSource, build_engine, engine_field_names, resolve_source
@@ -53,7 +53,6 @@ from lightllm_mtp import env
 from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.config.forced_acceptance import ForcedAcceptance
 from lightllm_mtp.config.model_config import ModelConfig
-from lightllm_mtp.config.quant_config import QuantConfig
 from lightllm_mtp.engine.llm_engine import LLMEngine
 from lightllm_mtp.engine.parallel.driver_runner import DriverRunner
 from lightllm_mtp.env import ENV
@@ -105,17 +104,8 @@ def no_spec_result(rec: GenRecord, args, cfg, specs, dtype, bw: dict) -> dict:
     }
     if args.tp * args.pp > 1:
         res["floor_per_gpu"] = parallel_floor(cfg, model_class(cfg), dtype, bs, context, stats["median_ms"],
-                                              bw["bytes_per_s"], tp=args.tp, pp=args.pp,
-                                              **stored(args, cfg))  # fmt: skip
+                                              bw["bytes_per_s"], tp=args.tp, pp=args.pp, **stored(args, cfg))
     return res
-
-
-def stored(args, cfg) -> dict:
-    """How the weights and the KV cache are stored, for the floor: the checkpoint's quantization_config (an -fp8
-    shape), or online FP8 (--quantization fp8); the KV cache's dtype (--kv_cache_dtype fp8: one byte an element)."""
-    online = QuantConfig(online=True) if getattr(args, "quantization", "none") == "fp8" else None
-    kv_fp8 = getattr(args, "kv_cache_dtype", "auto") == "fp8"
-    return dict(quant=cfg.quantization or online, kv_dtype=torch.float8_e4m3fn if kv_fp8 else None)
 
 
 def tokens_per_step(rate: float, k: int) -> float:
@@ -328,8 +318,7 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--graph_max_batch_size", type=int, default=None, help="CUDA-graph decode buckets (engine default; 0: eager)")
     p.add_argument("--disable_overlap", action="store_true",
                    help="the engine reads each step's tokens before queuing the next (no overlap scheduling)")
-    p.add_argument("--quantization", choices=("none", "fp8"), default="none",
-                   help="fp8: block-FP8 projections quantized at load (an -fp8 --model_shape is FP8 already)")
+    p.add_argument("--quantization", choices=("none", "fp8"), default="none", help="fp8: FP8 projections, online")
     p.add_argument("--kv_cache_dtype", choices=("auto", "fp8"), default="auto", help="fp8: the target's KV in e4m3")
     p.add_argument("--bw_repeats", type=int, default=20)
     p.add_argument("--tp", type=int, default=1,
@@ -386,8 +375,7 @@ def default_out(args, source: ModelSource) -> Path:
     name = f"{source.name}_in{args.input_len}_out{args.output_len}_bs{'-'.join(map(str, args.batch_sizes))}"
     if args.tp > 1 or args.pp > 1:
         name += f"_tp{args.tp}_pp{args.pp}"
-    name += "_online_fp8" if args.quantization == "fp8" else ""
-    name += "_fp8kv" if args.kv_cache_dtype == "fp8" else ""
+    name += ("_online_fp8" if args.quantization == "fp8" else "") + ("_fp8kv" if args.kv_cache_dtype == "fp8" else "")
     if args.mtp_mode:
         name += f"_{args.mtp_mode}{'_ptd' if args.parallel_drafting else ''}_k{args.mtp_step}"
         if args.mtp_force_acceptance:
@@ -446,9 +434,6 @@ def main(argv: list[str] | None = None) -> dict:
         },
     }
 
-    extra = {k: v for k, v in (("quantization", args.quantization), ("kv_cache_dtype", args.kv_cache_dtype))
-             if v not in ("none", "auto")}  # fmt: skip
-    args.engine_extra = {**getattr(args, "engine_extra", {}), **extra}
     bar.set_description("building engine")
     engine = build_engine(source, args, max_model_len, mtp=False)
     report["settings"]["engine_args"] = {k: str(v) for k, v in dataclasses.asdict(engine.args).items()}
