@@ -145,7 +145,7 @@ def load_tensors(
         if online is not None and spec.quantizable:
             out[spec.name] = quantize_fp8_block(out[spec.name], online.block)
     if errors:
-        raise WeightLoadError(f"{model_dir}: mis-shaped tensors: " + "; ".join(errors))
+        raise WeightLoadError(f"{model_dir}: mis-shaped or wrongly stored tensors: " + "; ".join(errors))
     return out
 
 
