@@ -115,3 +115,30 @@ def trained_pard_draft_dir():
 def trained_mtp3_ptd_dir():
     """Dense, 3 trained MTP modules and trained parallel-drafting mask inputs."""
     return _trained("qwen3_5_mtp3_ptd")
+
+
+def _fp8(tmp_path_factory, arch, name, **kwargs):
+    """A block-FP8 copy of a trained fixture in the published -FP8 layout, built at test time (never committed)."""
+    from lightllm_mtp.tools.quantize_fp8 import quantize_checkpoint
+
+    return quantize_checkpoint(_trained(arch), tmp_path_factory.mktemp(name) / "ckpt", **kwargs)
+
+
+@pytest.fixture(scope="session")
+def fp8_dense_dir(tmp_path_factory):
+    """tiny_qwen3_5_trained quantized by tools/quantize_fp8.py (bf16 scales, as Qwen3.5 -FP8 ships them)."""
+    return _fp8(tmp_path_factory, "qwen3_5", "fp8_dense")
+
+
+@pytest.fixture(scope="session")
+def fp8_moe_dir(tmp_path_factory):
+    """tiny_qwen3_5_moe_trained quantized (per-expert experts, each with its own scale)."""
+    return _fp8(tmp_path_factory, "qwen3_5_moe", "fp8_moe")
+
+
+@pytest.fixture(scope="session")
+def fp8_mtp3_ptd_dir(tmp_path_factory):
+    """tiny_qwen3_5_mtp3_ptd_trained quantized: 3 FP8 MTP modules, fp32 scales (as Qwen3-Next -FP8 ships them)."""
+    import torch
+
+    return _fp8(tmp_path_factory, "qwen3_5_mtp3_ptd", "fp8_mtp3_ptd", scale_dtype=torch.float32)

@@ -1,13 +1,14 @@
 """Bytes one decode (or verify) step must move through device memory: the HBM floor of a step.
 
 floor_ms = bytes / measured copy bandwidth. Counted, each once per step:
-  * weights: every declared tensor (TensorSpec) read once, except
+  * weights: every declared tensor (TensorSpec) read once as stored (block-FP8 projections: one byte an element
+    plus their fp32 block scales, under the checkpoint's quantization_config or online FP8), except
       - the input embedding: only the rows of the step's tokens (the full matrix when tied, as the lm_head);
       - MoE routed experts (`experts.gate_up_proj` / `experts.down_proj`): only the experts the step's tokens
         select. One token selects exactly top_k per layer; for N tokens under uniform random routing the
         expected number of distinct experts per layer is E * (1 - (1 - k/E)^N) (equals k for N = 1).
-  * KV cache: per full-attention layer and request, 2 * Hkv * D * dtype_bytes * context (K and V of every
-    cached token, the new one included).
+  * KV cache: per full-attention layer and request, 2 * Hkv * D * kv_dtype_bytes * context (K and V of every
+    cached token, the new one included; 1 byte an element with an FP8 KV cache).
   * Gated DeltaNet state per GDN layer and request: the fp32 SSM state [nv, dk, dv] read once and written once
     per verify row (rows_per_req; 1 for decode), and the conv window [conv_dim, K-1 (+k under MTP)] in the
     model dtype read and written.
@@ -26,8 +27,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from lightllm_mtp.common.quantization import methods
 from lightllm_mtp.common.tensor_spec import TensorSpec
 from lightllm_mtp.config.model_config import ModelConfig
+from lightllm_mtp.config.quant_config import QuantConfig
 from lightllm_mtp.config.parallel_config import ParallelConfig, RankInfo
 from lightllm_mtp.config.runtime import RuntimeShape
 
@@ -51,13 +54,9 @@ class StepBytes:
         return {**asdict(self), "total": self.total}
 
 
-def spec_bytes(spec: TensorSpec, dtype: torch.dtype, tp: int = 1) -> int:
-    """Bytes of the tensor, or of one tp rank's shard of it."""
-    n = 1
-    for d in spec.local_shape(0, tp):
-        n *= d
-    elem = 4 if spec.keep_fp32 else torch.empty((), dtype=dtype).element_size()
-    return n * elem
+def spec_bytes(spec: TensorSpec, dtype: torch.dtype, tp: int = 1, quant: QuantConfig | None = None) -> int:
+    """Bytes of the tensor as stored, or of one tp rank's shard of it."""
+    return methods.spec_bytes(spec, dtype, quant, tp)
 
 
 def expected_distinct_experts(num_experts: int, top_k: int, num_tokens: int) -> float:
@@ -79,13 +78,18 @@ def step_bytes(
     layer_ids: Iterable[int] | None = None,
     first_stage: bool = True,
     last_stage: bool = True,
+    quant: QuantConfig | None = None,
+    kv_dtype: torch.dtype | None = None,
 ) -> StepBytes:
     """Bytes one forward over `batch_size` requests moves; `rows_per_req` new tokens per request (1: decode,
     k+1: MTP verify), `context_len` cached tokens per request after the step (mean over requests). One GPU's share
     with tp > 1 or `layer_ids` (a pipeline stage's layers; `specs` then that stage's tensors): see stage_bytes. The
     input embedding's rows are read on the first stage; a tied matrix is read whole by the lm_head on the last (an
-    MTP draft's embedding on the last stage is not the forward's)."""
+    MTP draft's embedding on the last stage is not the forward's). quant: how the projections are stored (default the
+    checkpoint's quantization_config; online FP8: pass it); kv_dtype: the KV cache's (default the model dtype)."""
     elem = torch.empty((), dtype=dtype).element_size()
+    kv_elem = torch.empty((), dtype=kv_dtype or dtype).element_size()
+    quant = quant or cfg.quantization
     tokens = batch_size * rows_per_req
     layers = set(range(cfg.num_hidden_layers) if layer_ids is None else layer_ids)
     embed_name = f"{cfg.weight_prefix}embed_tokens.weight"
@@ -96,7 +100,7 @@ def step_bytes(
     if cfg.moe is not None:
         experts_per_layer = expected_distinct_experts(cfg.moe.num_experts, cfg.moe.num_experts_per_tok, tokens)
     for spec in specs:
-        size = spec_bytes(spec, dtype, tp)
+        size = spec_bytes(spec, dtype, tp, quant)
         if spec.name == embed_name:
             if cfg.tie_word_embeddings and last_stage:
                 weights += size  # the lm_head's matrix (the rows looked up are in it)
@@ -109,7 +113,7 @@ def step_bytes(
             weights += size
     kv_heads = max(1, cfg.num_key_value_heads // tp)
     kv_layers = sum(1 for i in cfg.full_attention_layers if i in layers)
-    kv = int(round(2 * kv_heads * cfg.head_dim * elem * kv_layers * context_len * batch_size))
+    kv = int(round(2 * kv_heads * cfg.head_dim * kv_elem * kv_layers * context_len * batch_size))
     nk, nv = max(1, cfg.linear_num_key_heads // tp), cfg.linear_num_value_heads // tp
     ssm = nv * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
     conv_dim = 2 * nk * cfg.linear_key_head_dim + nv * cfg.linear_value_head_dim
@@ -129,6 +133,8 @@ def stage_bytes(
     *,
     tp: int = 1,
     pp: int = 1,
+    quant: QuantConfig | None = None,
+    kv_dtype: torch.dtype | None = None,
 ) -> list[StepBytes]:
     """One GPU's bytes per pipeline stage (tp rank 0 of each; the tp ranks of a stage read alike). The stages run
     one after another within a step, the tp ranks of a stage side by side: the step's floor on GPUs of bandwidth BW
@@ -141,7 +147,7 @@ def stage_bytes(
         specs = model_cls.weight_specs(cfg, rt)
         out.append(step_bytes(cfg, specs, dtype, batch_size, context_len, rows_per_req, tp=tp,
                               layer_ids=parallel.stage_layers(cfg.num_hidden_layers, stage), first_stage=stage == 0,
-                              last_stage=stage == pp - 1))  # fmt: skip
+                              last_stage=stage == pp - 1, quant=quant, kv_dtype=kv_dtype))  # fmt: skip
     return out
 
 
@@ -161,10 +167,13 @@ def parallel_floor(
     *,
     tp: int,
     pp: int,
+    quant: QuantConfig | None = None,
+    kv_dtype: torch.dtype | None = None,
 ) -> dict:
     """The floor of a tp x pp step on GPUs of one bandwidth: each stage's GPU bytes (stage_bytes) over the
     bandwidth, summed over the stages; with each GPU's busy share of the measured step (its stage's floor / step)."""
-    stages = stage_bytes(cfg, model_cls, dtype, batch_size, context_len, rows_per_req, tp=tp, pp=pp)
+    stages = stage_bytes(cfg, model_cls, dtype, batch_size, context_len, rows_per_req, tp=tp, pp=pp, quant=quant,
+                         kv_dtype=kv_dtype)
     stage_ms = [floor_ms(s.total, bandwidth_bytes_per_s) for s in stages]
     total = sum(stage_ms)
     return {
@@ -194,3 +203,11 @@ def prefill_gemm_flops(cfg: ModelConfig, specs: list[TensorSpec], tokens: int) -
         elif len(spec.shape) == 2:
             per_token += n
     return 2.0 * tokens * per_token
+
+
+def stored(args, cfg: ModelConfig) -> dict:
+    """step_bytes' quant / kv_dtype for a benchmark's args: the checkpoint's quantization_config (an -fp8 shape) or
+    online FP8 (`quantization fp8`); the KV cache's dtype (`kv_cache_dtype fp8`: one byte an element)."""
+    online = QuantConfig(online=True) if getattr(args, "quantization", "none") == "fp8" else None
+    kv_fp8 = getattr(args, "kv_cache_dtype", "auto") == "fp8"
+    return dict(quant=cfg.quantization or online, kv_dtype=torch.float8_e4m3fn if kv_fp8 else None)

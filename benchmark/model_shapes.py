@@ -65,3 +65,10 @@ MODEL_SHAPES: dict[str, dict] = {
     "qwen3.5-35b-a3b": _moe(40, 2048, 16, 2, 16, 32, 256, 8, 512, 512),
     "qwen3.5-122b-a10b": _moe(48, 3072, 32, 2, 16, 64, 256, 8, 1024, 1024),
 }
+
+# The published -FP8 checkpoints' layout at the same shapes: block-FP8 (128 x 128) projections with fp32 scales
+# (random weights quantized on the device), everything else 16-bit; `-fp8` after each name.
+FP8_QUANTIZATION_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                           "weight_block_size": [128, 128], "modules_to_not_convert": []}  # fmt: skip
+MODEL_SHAPES.update({f"{name}-fp8": {**shape, "quantization_config": FP8_QUANTIZATION_CONFIG}
+                     for name, shape in list(MODEL_SHAPES.items())})  # fmt: skip

@@ -37,9 +37,9 @@ class ModelSource:
         """Checkpoint-named main-model tensors; random ones are made on the device and are the same each call."""
         cfg = self.cfg
         specs = model_class(cfg).weight_specs(cfg)
-        if self.model_dir is None:
-            return random_tensors(specs, dtype, device, seed=0)  # the engine's load_format="dummy" weights
-        return load_tensors(self.model_dir, specs, dtype, device)
+        if self.model_dir is None:  # the engine's load_format="dummy" weights (FP8 under a quantization_config)
+            return random_tensors(specs, dtype, device, seed=0, quant=cfg.quantization)
+        return load_tensors(self.model_dir, specs, dtype, device, quant=cfg.quantization)
 
 
 def add_source_args(p: argparse.ArgumentParser, shape_required: bool = False) -> None:
@@ -102,6 +102,9 @@ def build_engine(source: ModelSource, args, max_model_len: int, mtp: bool) -> LL
         kw["graph_max_batch_size"] = args.graph_max_batch_size
     if getattr(args, "disable_overlap", False):
         kw["disable_overlap"] = True
+    for name, default in (("quantization", "none"), ("kv_cache_dtype", "auto")):  # FP8 weights / KV (issue 31)
+        if getattr(args, name, default) != default:
+            kw[name] = getattr(args, name)
     if getattr(args, "tp", 1) > 1 or getattr(args, "pp", 1) > 1:
         kw.update(tp=args.tp, pp=args.pp)
     if mtp:

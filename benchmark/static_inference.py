@@ -33,7 +33,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmark` and `lightllm
 import torch
 from tqdm import tqdm
 
-from benchmark.floor import floor_ms, parallel_floor, prefill_gemm_flops, spec_bytes, step_bytes
+from benchmark.floor import floor_ms, parallel_floor, prefill_gemm_flops, spec_bytes, step_bytes, stored
 from benchmark.hf_peer import build_hf_model, time_hf_generate
 from benchmark.model_shapes import MODEL_SHAPES
 from benchmark.model_source import ModelSource, build_engine, engine_field_names, resolve_source
@@ -91,7 +91,7 @@ def no_spec_result(rec: GenRecord, args, cfg, specs, dtype, bw: dict) -> dict:
     stats["tokens_per_s"] = bs / (stats["median_ms"] / 1e3)
     res["decode"] = stats
     context = sum(rec.step_context) / len(rec.step_context)
-    b = step_bytes(cfg, specs, dtype, bs, context)
+    b = step_bytes(cfg, specs, dtype, bs, context, **stored(args, cfg))
     fl = floor_ms(b.total, bw["bytes_per_s"])
     res["floor"] = {
         "label": bw["floor_label"],
@@ -104,7 +104,7 @@ def no_spec_result(rec: GenRecord, args, cfg, specs, dtype, bw: dict) -> dict:
     }
     if args.tp * args.pp > 1:
         res["floor_per_gpu"] = parallel_floor(cfg, model_class(cfg), dtype, bs, context, stats["median_ms"],
-                                              bw["bytes_per_s"], tp=args.tp, pp=args.pp)  # fmt: skip
+                                              bw["bytes_per_s"], tp=args.tp, pp=args.pp, **stored(args, cfg))
     return res
 
 
@@ -150,12 +150,13 @@ def spec_result(rec: GenRecord, base: dict | None, args, cfg, specs, dtype, bw: 
         host_and_other_ms=other,
     )
     context = sum(rec.step_context) / len(rec.step_context)
-    vb = step_bytes(cfg, specs, dtype, bs, context, rows_per_req=k + 1)
+    vb = step_bytes(cfg, specs, dtype, bs, context, rows_per_req=k + 1, **stored(args, cfg))
     vfl = floor_ms(vb.total, bw["bytes_per_s"])
     res["verify_floor"] = {"label": bw["floor_label"], "bytes": vb.total, "floor_ms": vfl, "pct_of_floor": vfl / verify * 100.0 if verify else None}
     if args.tp * args.pp > 1 and verify:
         res["verify_floor_per_gpu"] = parallel_floor(cfg, model_class(cfg), dtype, bs, context, verify,
-                                                     bw["bytes_per_s"], k + 1, tp=args.tp, pp=args.pp)  # fmt: skip
+                                                     bw["bytes_per_s"], k + 1, tp=args.tp, pp=args.pp,
+                                                     **stored(args, cfg))  # fmt: skip
     base_ms = base["decode"]["median_ms"] if base and base.get("decode") else None
     if base_ms:
         res["step_cost_vs_decode"] = stats["median_ms"] / base_ms
@@ -317,6 +318,8 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--graph_max_batch_size", type=int, default=None, help="CUDA-graph decode buckets (engine default; 0: eager)")
     p.add_argument("--disable_overlap", action="store_true",
                    help="the engine reads each step's tokens before queuing the next (no overlap scheduling)")
+    p.add_argument("--quantization", choices=("none", "fp8"), default="none", help="fp8: FP8 projections, online")
+    p.add_argument("--kv_cache_dtype", choices=("auto", "fp8"), default="auto", help="fp8: the target's KV in e4m3")
     p.add_argument("--bw_repeats", type=int, default=20)
     p.add_argument("--tp", type=int, default=1,
                    help="tensor-parallel ranks (GPUs cuda:0..tp*pp-1); timings are rank 0's")  # fmt: skip
@@ -372,6 +375,7 @@ def default_out(args, source: ModelSource) -> Path:
     name = f"{source.name}_in{args.input_len}_out{args.output_len}_bs{'-'.join(map(str, args.batch_sizes))}"
     if args.tp > 1 or args.pp > 1:
         name += f"_tp{args.tp}_pp{args.pp}"
+    name += ("_online_fp8" if args.quantization == "fp8" else "") + ("_fp8kv" if args.kv_cache_dtype == "fp8" else "")
     if args.mtp_mode:
         name += f"_{args.mtp_mode}{'_ptd' if args.parallel_drafting else ''}_k{args.mtp_step}"
         if args.mtp_force_acceptance:
@@ -415,7 +419,7 @@ def main(argv: list[str] | None = None) -> dict:
             "name": source.name,
             "source": source.model_dir or "random weights (benchmark/model_shapes.py)",
             "hf_config": source.hf_config,
-            "weight_bytes": sum(spec_bytes(s, dtype) for s in specs),
+            "weight_bytes": sum(spec_bytes(s, dtype, quant=stored(args, cfg)["quant"]) for s in specs),
             "num_params": sum(math.prod(s.shape) for s in specs),
         },
         "settings": {

@@ -51,6 +51,9 @@ class TensorSpec:
     # results stacked on a new dim 0. Used for per-expert MoE checkpoints: ((e0.gate, e0.up), (e1.gate, ...)).
     stacked_from: tuple[tuple[str, ...], ...] | None = None
     tp: TpShard | None = None  # None: every tp rank holds the whole tensor
+    # a projection weight [..., out, in] that may be stored quantized: FP8 when the checkpoint has its scale sidecar
+    # (or under online FP8); the published -FP8 checkpoints quantize exactly these (common/quantization/)
+    quantizable: bool = False
 
     def local_shape(self, rank: int, size: int) -> tuple[int, ...]:
         if self.tp is None or size == 1:

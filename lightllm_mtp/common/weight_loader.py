@@ -1,7 +1,9 @@
 """The one weight loader: model packages declare TensorSpecs, this reads them from safetensors shards.
 
 Handles `model.safetensors.index.json` sharding or a single `model.safetensors`, casts to the model dtype,
-checks every shape, and reports all missing or mis-shaped tensors by name in one error.
+checks every shape, and reports all missing or mis-shaped tensors by name in one error. Block-FP8 tensors (those with
+a `_scale_inv` sidecar) load as Fp8BlockWeight with their scales (common/quantization/fp8_loading.py); with online
+FP8 the quantizable 16 / 32-bit ones are quantized on the device as they arrive.
 """
 
 from __future__ import annotations
@@ -15,9 +17,13 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
+from lightllm_mtp.common.quantization import fp8_loading
+from lightllm_mtp.common.quantization.methods import StoredWeight
 from lightllm_mtp.common.random_weights import random_tensors
 from lightllm_mtp.common.tensor_spec import TensorSpec, TpShard
+from lightllm_mtp.config.quant_config import QuantConfig
 from lightllm_mtp.config.runtime import LoadFormat
+from lightllm_mtp.kernels.quant.fp8_block import quantize_fp8_block
 from lightllm_mtp.env import ENV
 
 
@@ -63,23 +69,33 @@ class _open_shard:
 
 def load_tensors(
     model_dir: str | Path, specs: list[TensorSpec], dtype: torch.dtype, device: torch.device | str,
-    tp_rank: int = 0, tp_size: int = 1,
-) -> dict[str, torch.Tensor]:
-    """Load every spec; returns spec.name -> tensor on `device`. With tp_size > 1 a spec with a TpShard is read as
-    this rank's slices only (safetensors slices: the rest of the tensor is never read)."""
+    tp_rank: int = 0, tp_size: int = 1, quant: QuantConfig | None = None, online: QuantConfig | None = None,
+) -> dict[str, StoredWeight]:
+    """Load every spec; returns spec.name -> tensor (or Fp8BlockWeight) on `device`. With tp_size > 1 a spec with a
+    TpShard is read as this rank's slices only (safetensors slices: the rest of the tensor is never read; FP8 scales
+    are read whole and cut to the slices' blocks). quant: the checkpoint's quantization_config; online: quantize the
+    quantizable tensors the checkpoint stores unquantized (the `quantization fp8` option)."""
     model_dir = Path(model_dir)
     where = shard_index(model_dir)
     wanted: dict[str, list[tuple[str, TpShard | None]]] = defaultdict(list)  # shard file -> (name, tp slicing)
     missing: list[str] = []
+    fp8_errors = fp8_loading.index_errors(where, quant)
+    sources_of: dict[str, list[str]] = {}
     for spec in specs:
         sources = _sources(spec, where)
         if sources is None:
             missing.append(_describe_missing(spec, where))
             continue
+        sources_of[spec.name] = sources
+        fp8_errors += fp8_loading.source_errors(spec, sources, where)
         for src in sources:
             wanted[where[src]].append((src, _source_shard(spec, src) if tp_size > 1 else None))
+            if fp8_loading.sidecar(src) in where:
+                wanted[where[fp8_loading.sidecar(src)]].append((fp8_loading.sidecar(src), None))
     if missing:
         raise WeightLoadError(f"{model_dir}: missing tensors: {', '.join(missing)}")
+    if fp8_errors:
+        raise WeightLoadError(f"{model_dir}: FP8 scales: " + "; ".join(fp8_errors))
 
     raw: dict[str, torch.Tensor] = {}
     full_shape: dict[str, tuple[int, ...]] = {}  # checkpoint shapes (raw holds this rank's slices)
@@ -97,7 +113,7 @@ def load_tensors(
                         raise WeightLoadError(f"{path}: cannot read tensor {name} ({type(e).__name__}: {e})") from e
                     bar.update(1)
 
-    out: dict[str, torch.Tensor] = {}
+    out: dict[str, StoredWeight] = {}
     errors: list[str] = []
     for spec in specs:
         if spec.name not in raw:
@@ -108,6 +124,17 @@ def load_tensors(
         elif full_shape[spec.name] != tuple(spec.shape):
             errors.append(f"{spec.name}: expected shape {tuple(spec.shape)}, found {full_shape[spec.name]}")
             continue
+        sources = sources_of[spec.name]
+        if fp8_loading.is_fp8(sources, where):
+            weight, bad = fp8_loading.assemble(spec, sources, raw, full_shape, quant, _source_shard, tp_rank, tp_size)
+            errors += bad
+            if weight is not None:
+                out[spec.name] = weight.to(device)
+            continue
+        unscaled = [e for src in sources for e in fp8_loading.check_unscaled(src, raw[src])]
+        if unscaled:
+            errors += unscaled
+            continue
         tensor = raw[spec.name] if spec.name in raw else _stack(spec, raw)
         local = spec.local_shape(tp_rank, tp_size)
         if tensor.shape[spec.tp.dim if spec.tp else 0] < local[spec.tp.dim if spec.tp else 0]:  # padded vocab rows
@@ -115,8 +142,10 @@ def load_tensors(
         assert tuple(tensor.shape) == local, (spec.name, tuple(tensor.shape), local)
         target = torch.float32 if spec.keep_fp32 else dtype
         out[spec.name] = tensor.to(device=device, dtype=target).contiguous()
+        if online is not None and spec.quantizable:
+            out[spec.name] = quantize_fp8_block(out[spec.name], online.block)
     if errors:
-        raise WeightLoadError(f"{model_dir}: mis-shaped tensors: " + "; ".join(errors))
+        raise WeightLoadError(f"{model_dir}: mis-shaped or wrongly stored tensors: " + "; ".join(errors))
     return out
 
 
@@ -190,11 +219,11 @@ def _stack(spec: TensorSpec, raw: dict[str, torch.Tensor]) -> torch.Tensor:
 
 def load_weights(
     model_dir: str | Path, specs: list[TensorSpec], dtype: torch.dtype, device, load_format: LoadFormat, seed: int = 0,
-    tp_rank: int = 0, tp_size: int = 1,
-) -> dict[str, torch.Tensor]:
+    tp_rank: int = 0, tp_size: int = 1, quant: QuantConfig | None = None, online: QuantConfig | None = None,
+) -> dict[str, StoredWeight]:
     """The loading entry point of models and drafts: checkpoint tensors (this tp rank's shard), or random ones of the
-    local shapes for LoadFormat.DUMMY."""
+    local shapes for LoadFormat.DUMMY (the quantizable ones in FP8 under `quant` or `online`: the published layout)."""
     if load_format is LoadFormat.DUMMY:
         local = [dataclasses.replace(s, shape=s.local_shape(tp_rank, tp_size), tp=None) for s in specs]
-        return random_tensors(local, dtype, device, seed + 1000 * tp_rank)
-    return load_tensors(model_dir, specs, dtype, device, tp_rank, tp_size)
+        return random_tensors(local, dtype, device, seed + 1000 * tp_rank, quant=quant or online)
+    return load_tensors(model_dir, specs, dtype, device, tp_rank, tp_size, quant, online)

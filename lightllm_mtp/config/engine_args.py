@@ -17,6 +17,7 @@ from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.config.options import option
 from lightllm_mtp.config.parallel_config import ParallelConfig
 from lightllm_mtp.config.rope_scaling import RopeScalingError, rope_type_of
+from lightllm_mtp.config.quant_config import FP8_BLOCK, QuantConfig
 from lightllm_mtp.config.runtime import LoadFormat
 from lightllm_mtp.config.spec_config import MAX_MTP_STEP, MtpMode, SpecConfig
 
@@ -76,6 +77,8 @@ logger = logging.getLogger("lightllm_mtp.config")
 MODEL, MEMORY, SPEC, PARALLEL, CACHE = ("model", "batching and memory", "MTP speculative decoding", "parallelism",
                                        "prefix cache")  # fmt: skip
 DTYPE_CHOICES = ("auto", *_DTYPES, *_DTYPE_ALIASES)
+QUANTIZATION_CHOICES = ("none", "fp8")
+KV_CACHE_DTYPE_CHOICES = ("auto", "fp8", "fp8_e4m3")
 SMALL_MODEL_HIDDEN = 1024  # below this hidden size a CPU forward is latency-bound: one thread is fastest
 
 
@@ -100,6 +103,10 @@ class EngineArgs:
                                              "the checkpoint's rope_theta and M-RoPE fields are kept); max_model_len "
                                              "may then reach factor x original (docs/long_context.md)", group=MODEL,
                                              aliases=("rope_parameters",))
+    quantization: str | None = option(None, "fp8: quantize the checkpoint's 16 / 32-bit projection weights to "
+                                      "block-FP8 (128x128 blocks, the published -FP8 layout) at load; none: weights "
+                                      "as stored (an -FP8 checkpoint loads FP8 by its quantization_config either way)",
+                                      group=MODEL, choices=QUANTIZATION_CHOICES)
     cpu_threads: int | None = option(None, "torch threads of each process on CPU (none: 1 for models with hidden "
                                      f"size < {SMALL_MODEL_HIDDEN}, which are latency-bound, else the cores divided "
                                      "among this host's engine processes)", group=MODEL)
@@ -121,6 +128,10 @@ class EngineArgs:
     prefill_cuda_graphs: bool = option(True, "CUDA: one request's prompt chunk of <= 512 tokens replays a CUDA graph "
                                        "(with the prefix cache, fla-core, one process)", group=MEMORY,
                                        negations=("disable_prefill_cudagraph",))
+    kv_cache_dtype: str = option("auto", "auto: the model dtype; fp8 (= fp8_e4m3): the target's full-attention KV "
+                                 "cache in e4m3 with per-tensor scales (1.0 unless the checkpoint has "
+                                 "self_attn.k_scale / v_scale), half the KV bytes; the GDN state is unchanged",
+                                 group=MEMORY, choices=KV_CACHE_DTYPE_CHOICES)
     disable_overlap: bool = option(False, "read each step's tokens before queuing the next (by default the next "
                                    "step is queued on the device while the host handles the current one)",
                                    group=MEMORY)
@@ -152,6 +163,9 @@ class EngineArgs:
                                               "accept length (mean=2.2: accepted drafts + 1 per verify step), so "
                                               "that random weights run MTP at a realistic acceptance; announced in "
                                               "the log, /server_info and /metrics", group=SPEC)
+    draft_kv_cache_dtype: str = option("auto", "KV cache of the MTP draft modules / the draft model: auto = the "
+                                       "model dtype (FP8 draft KV cost a peer acceptance: 2.7 -> 1.8 accept length); "
+                                       "fp8 (= fp8_e4m3)", group=SPEC, choices=KV_CACHE_DTYPE_CHOICES)
     mtp_adaptive: bool = option(False, "each step drafts 0..mtp_step tokens, the number with the most expected "
                                 "tokens per ms from live acceptance and the step cost measured at start-up",
                                 group=SPEC)
@@ -184,6 +198,15 @@ class EngineArgs:
         except ValueError:
             raise ValueError(f"load_format must be one of {[f.value for f in LoadFormat]}, got {self.load_format!r}")
         set_field(self, "rope_scaling", parse_rope_override(self.rope_scaling))
+        if self.quantization in (None, "none"):
+            set_field(self, "quantization", None)
+        elif self.quantization != "fp8":
+            raise ValueError(f"quantization must be one of {list(QUANTIZATION_CHOICES)}, got {self.quantization!r}")
+        for name in ("kv_cache_dtype", "draft_kv_cache_dtype"):
+            value = getattr(self, name)
+            if value not in KV_CACHE_DTYPE_CHOICES:
+                raise ValueError(f"{name} must be one of {list(KV_CACHE_DTYPE_CHOICES)}, got {value!r}")
+            set_field(self, name, "fp8" if value == "fp8_e4m3" else value)
         if self.mtp_mode in (None, "none"):
             set_field(self, "mtp_mode", None)
             if self.mtp_step or self.mtp_draft_model_dir:
@@ -234,6 +257,21 @@ class EngineArgs:
                                  "(on CPU give max_total_token_num, or nothing for max_batch_size x max_model_len)")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ValueError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """The target's KV pool dtype."""
+        return torch.float8_e4m3fn if self.kv_cache_dtype == "fp8" else self.dtype
+
+    @property
+    def draft_kv_dtype(self) -> torch.dtype:
+        """The MTP draft modules' / draft model's KV pool dtype."""
+        return torch.float8_e4m3fn if self.draft_kv_cache_dtype == "fp8" else self.dtype
+
+    @property
+    def online_quant(self) -> QuantConfig | None:
+        """The block-FP8 format weights are quantized to at load (quantization fp8), else None."""
+        return QuantConfig(block=FP8_BLOCK, online=True) if self.quantization == "fp8" else None
 
     def resolved_cpu_threads(self, hidden_size: int, processes: int) -> int:
         """torch intra-op threads of one engine process on CPU: `cpu_threads` when given; else 1 for a small model

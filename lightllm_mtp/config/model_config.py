@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from lightllm_mtp.config.rope_scaling import RopeScaling, RopeScalingError, merge_override, parse_rope_scaling
+from lightllm_mtp.config.quant_config import QuantConfig, QuantConfigError, quant_config_of
 
 
 class ModelConfigError(ValueError):
@@ -96,6 +97,7 @@ class ModelConfig:
     mtp_num_hidden_layers: int
     eos_token_ids: tuple[int, ...]
     torch_dtype: str | None
+    quantization: QuantConfig | None = None  # the checkpoint's quantization_config (FP8 block weights)
 
     @property
     def is_moe(self) -> bool:
@@ -250,6 +252,10 @@ def _parse_text_config(
     else:
         intermediate = _require(text, "intermediate_size")
     tie = text.get("tie_word_embeddings", hf.get("tie_word_embeddings", False))
+    try:
+        quantization = quant_config_of(hf)
+    except QuantConfigError as e:
+        raise ModelConfigError(str(e)) from None
     cfg = ModelConfig(
         model_type=model_type,
         architecture=architecture,
@@ -278,6 +284,7 @@ def _parse_text_config(
         mtp_num_hidden_layers=int(text.get("mtp_num_hidden_layers", 0)),
         eos_token_ids=_eos_ids(text, hf),
         torch_dtype=text.get("dtype", text.get("torch_dtype", hf.get("dtype", hf.get("torch_dtype")))),
+        quantization=quantization,
     )
     _validate(cfg)
     return cfg

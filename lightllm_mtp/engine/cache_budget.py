@@ -43,10 +43,14 @@ class CacheBudget:
         return self.kv_tokens * self.kv_bytes_per_token + self.num_snapshots * self.snapshot_bytes
 
 
-def kv_bytes_per_token(cfg: ModelConfig, dtype_bytes: int, draft_kv_layers: int) -> int:
-    """K and V of one token in every full-attention layer and every MTP draft module's layer (one process)."""
-    layers = sum(1 for t in cfg.layer_types if t is LayerType.FULL_ATTENTION) + draft_kv_layers
-    return layers * 2 * cfg.num_key_value_heads * cfg.head_dim * dtype_bytes
+def kv_bytes_per_token(cfg: ModelConfig, dtype_bytes: int, draft_kv_layers: int,
+                       draft_dtype_bytes: int | None = None) -> int:  # fmt: skip
+    """K and V of one token in every full-attention layer and every MTP draft module's layer (one process);
+    dtype_bytes: the KV cache's element (1 for kv_cache_dtype fp8), draft_dtype_bytes the draft layers' (default the
+    same)."""
+    layers = sum(1 for t in cfg.layer_types if t is LayerType.FULL_ATTENTION)
+    draft_bytes = dtype_bytes if draft_dtype_bytes is None else draft_dtype_bytes
+    return (layers * dtype_bytes + draft_kv_layers * draft_bytes) * 2 * cfg.num_key_value_heads * cfg.head_dim
 
 
 def snapshot_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
@@ -85,13 +89,15 @@ def cache_budget_of(args: EngineArgs, cfg: ModelConfig, max_model_len: int) -> C
     With a draft model (mtp_mode draft_model) a KV slot also holds the draft's KV (its pool is indexed by the
     target's slots) and a snapshot also the draft's GDN state (engine/prefix_cache.py): both count."""
     dtype_bytes = torch.empty(0, dtype=args.dtype).element_size()
+    kv_bytes = torch.empty(0, dtype=args.kv_dtype).element_size()
+    draft_kv_bytes = torch.empty(0, dtype=args.draft_kv_dtype).element_size()
     spec = args.spec
-    kv = kv_bytes_per_token(cfg, dtype_bytes, spec.num_draft_modules if spec else 0)
+    kv = kv_bytes_per_token(cfg, kv_bytes, spec.num_draft_modules if spec else 0, draft_kv_bytes)
     snap = snapshot_bytes(cfg, dtype_bytes)
     if spec is not None and spec.mode is MtpMode.DRAFT_MODEL and Path(spec.draft_model_dir).is_dir():
         # (a missing directory is refused by the draft loader, spec_decode/draft_model_loader.py)
         draft = ModelConfig.from_model_dir(spec.draft_model_dir)
-        kv += kv_bytes_per_token(draft, dtype_bytes, 0)
+        kv += kv_bytes_per_token(draft, draft_kv_bytes, 0)
         snap += snapshot_bytes(draft, dtype_bytes)
     # the KV pool keeps one request of max_model_len tokens and its lookahead slots (Scheduler.kv_need) admissible;
     # the default budget holds max_batch_size of them

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from lightllm_mtp.common.quantization.methods import spec_bytes
 from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.config.spec_config import MtpMode
@@ -41,19 +42,15 @@ def rank_share(cfg: ModelConfig, args: EngineArgs) -> float:
 
 
 def weight_bytes(args: EngineArgs, cfg: ModelConfig) -> int:
-    """This rank's weights: the main model's stage (its tp shards), the MTP modules (one decoder layer and the fc
-    each, on the last stage), a draft model's whole tensor set."""
+    """This rank's weights as stored (block-FP8 projections and their scales under a quantization_config or
+    online FP8): the main model's stage (its tp shards), the MTP modules (one decoder layer and the fc each, on the
+    last stage), a draft model's whole tensor set."""
     elem = torch.empty((), dtype=args.dtype).element_size()
     tp, pp = args.parallel.tp, args.parallel.pp
 
-    def model_bytes(c: ModelConfig, shard: int) -> int:
-        total = 0
-        for spec in model_class(c).weight_specs(c):
-            n = 1
-            for d in spec.local_shape(0, shard):
-                n *= d
-            total += n * (4 if spec.keep_fp32 else elem)
-        return total
+    def model_bytes(c: ModelConfig, shard: int) -> int:  # as stored: block-FP8 projections with their scales
+        quant = c.quantization or args.online_quant
+        return sum(spec_bytes(spec, args.dtype, quant, shard) for spec in model_class(c).weight_specs(c))
 
     total = model_bytes(cfg, tp) // pp
     spec = args.spec

@@ -69,6 +69,9 @@ def build_runner(args: EngineArgs, cfg: ModelConfig, max_model_len: int, rank: R
         draft_kv_layers=spec.num_draft_modules if spec else 0,
         load_format=args.load_format,
         rank=rank,
+        online_quant=args.online_quant,
+        kv_dtype=args.kv_dtype,
+        draft_kv_dtype=args.draft_kv_dtype,
     )
     model = create_model(args.model_dir, cfg, rt)
     graphs = capture_model_graphs(

@@ -24,9 +24,11 @@ from lightllm_mtp.common.layers.base import Layer
 from lightllm_mtp.common.layers.decoder_layer import DecoderLayer
 from lightllm_mtp.common.layers.embedding import LMHead
 from lightllm_mtp.common.layers.gated_attention import GatedAttention
+from lightllm_mtp.common.kv_scales import checkpoint_kv_scales
 from lightllm_mtp.common.layers.norm import RMSNorm
 from lightllm_mtp.common.tensor_spec import TensorSpec
 from lightllm_mtp.common.weight_loader import WeightLoadError, load_weights, shard_index
+from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.config.runtime import LoadFormat
 from lightllm_mtp.kernels.linear.gemv import linear
 from lightllm_mtp.kernels.norm.rmsnorm import add_rmsnorm
@@ -61,7 +63,7 @@ class MtpWeightRetargetMixin:
                 f"{model_dir}: checkpoint has no MTP weights (mtp.fc.weight and the other mtp.* tensors); "
                 "MTP speculative decoding needs a checkpoint that ships its MTP head"
             )
-        specs = self.weight_specs(mtp_layer)
+        specs = self.weight_specs(cfg, mtp_layer)
         if parallel_drafting:
             index = {} if dummy else shard_index(Path(model_dir))
             missing = [name for name in _MASK_TENSORS if not dummy and name not in index]
@@ -73,7 +75,8 @@ class MtpWeightRetargetMixin:
             specs += [TensorSpec(name, (cfg.hidden_size,)) for name in _MASK_TENSORS]
         rank = main.rt.rank
         weights = load_weights(model_dir, specs, main.rt.dtype, main.rt.device, main.rt.load_format, 1 + mtp_layer,
-                               tp_rank=rank.tp_rank, tp_size=rank.parallel.tp)  # sharded like the main model
+                               tp_rank=rank.tp_rank, tp_size=rank.parallel.tp, quant=cfg.quantization,
+                               online=main.rt.online_quant)  # sharded and stored like the main model  # fmt: skip
         self.mask_embedding = weights.get("mtp.mask_embedding")  # [H] or None
         self.mask_hidden = weights.get("mtp.mask_hidden")  # [H] or None
         self.embed, self.caches = main.embed, main.caches
@@ -84,10 +87,15 @@ class MtpWeightRetargetMixin:
         self.final_norm = RMSNorm(cfg, "mtp.norm.weight", weights)
         prefix = f"mtp.layers.{mtp_layer}."
         attention = GatedAttention(cfg, f"{prefix}self_attn.", weights, kv_layer=kv_layer)
+        if not dummy and main.caches.kv_pool.is_fp8(kv_layer):  # FP8 draft KV (draft_kv_cache_dtype fp8)
+            for layer, scales in checkpoint_kv_scales(model_dir, {kv_layer: f"{prefix}self_attn."}).items():
+                main.caches.kv_pool.set_scales(layer, *scales)
         self.layer = DecoderLayer(cfg, prefix, weights, attention, self.ffn_class(cfg, f"{prefix}mlp.", weights))
 
-    def weight_specs(self, mtp_layer: int) -> list[TensorSpec]:
-        cfg, prefix = self.cfg, f"mtp.layers.{mtp_layer}."
+    @classmethod
+    def weight_specs(cls, cfg: ModelConfig, mtp_layer: int) -> list[TensorSpec]:
+        """The tensors of MTP module `mtp_layer` (the shared fc, norms, and its decoder layer)."""
+        prefix = f"mtp.layers.{mtp_layer}."
         h = cfg.hidden_size
         return [
             TensorSpec("mtp.fc.weight", (h, 2 * h)),
@@ -96,7 +104,7 @@ class MtpWeightRetargetMixin:
             *RMSNorm.specs(cfg, "mtp.norm.weight"),
             *DecoderLayer.norm_specs(cfg, prefix),
             *GatedAttention.specs(cfg, f"{prefix}self_attn."),
-            *self.ffn_class.specs(cfg, f"{prefix}mlp."),
+            *cls.ffn_class.specs(cfg, f"{prefix}mlp."),
         ]
 
     def forward(self, batch: ForwardBatch, main_hidden: torch.Tensor) -> ModelOutput:

@@ -51,7 +51,8 @@ def load_draft_model(main: TpPartBaseModel, main_model_dir: str, spec: SpecConfi
             f"draft model {path} has {window} < max_model_len {main.rt.max_model_len}: the draft must cover the "
             "target's context (lower max_model_len)"
         )
-    rt = dataclasses.replace(main.rt, num_draft_tokens=draft_state_tokens(spec.num_draft_tokens), draft_kv_layers=0)
+    rt = dataclasses.replace(main.rt, num_draft_tokens=draft_state_tokens(spec.num_draft_tokens), draft_kv_layers=0,
+                             kv_dtype=main.rt.draft_kv_pool_dtype)  # the draft's KV: draft_kv_cache_dtype
     draft = create_model(path, cfg, rt)
     draft.caches.req_manager.req_to_token = main.caches.req_manager.req_to_token  # one page table, one slot space
     if token_map is not None:

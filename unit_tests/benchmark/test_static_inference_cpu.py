@@ -174,3 +174,22 @@ def test_pipeline_and_tensor_parallel_report_the_floor_per_gpu(tiny_dense_dir, t
     assert g["pct_of_floor"] == pytest.approx(g["floor_ms"] / x["decode"]["median_ms"] * 100)
     v = r["mtp"]["results"][0]["verify_floor_per_gpu"]
     assert v["pct_of_floor"] == pytest.approx(v["floor_ms"] / r["mtp"]["results"][0]["verify_ms"] * 100)
+
+
+def test_fp8_weights_and_kv_reach_the_floor(fp8_dense_dir, tmp_path):
+    """An -FP8 checkpoint with --kv_cache_dtype fp8: the engine runs it, the weight bytes and the floor count the
+    FP8 projections (one byte an element, plus scales) and one-byte KV."""
+    r = _run(tmp_path, "--model_dir", str(fp8_dense_dir), "--batch_sizes", "2", "--input_len", "8", "--output_len",
+             "12", "--kv_cache_dtype", "fp8", "--mtp_mode", "eagle_with_att", "--mtp_step", "1")  # fmt: skip
+    cfg = ModelConfig.from_hf(r["model"]["hf_config"])
+    specs = model_class(cfg).weight_specs(cfg)
+    assert cfg.quantization is not None
+    assert r["model"]["weight_bytes"] == sum(spec_bytes(s, __import__("torch").float32, quant=cfg.quantization)
+                                             for s in specs)  # fmt: skip
+    assert r["model"]["weight_bytes"] < 0.5 * sum(spec_bytes(s, __import__("torch").float32) for s in specs)
+    assert r["settings"]["engine_args"]["kv_cache_dtype"] == "fp8"
+    b = r["results"][0]["floor"]["breakdown"]
+    kv_layers, heads, head_dim = len(cfg.full_attention_layers), cfg.num_key_value_heads, cfg.head_dim
+    assert b["kv_cache"] == pytest.approx(2 * heads * head_dim * kv_layers * r["results"][0]["floor"]["mean_context"]
+                                          * 2, rel=1e-6)  # fmt: skip
+    assert r["mtp"]["results"][0]["verify_floor"]["bytes"] > 0, r["mtp"]["results"][0]

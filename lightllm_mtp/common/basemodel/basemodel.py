@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ModelOutput
-from lightllm_mtp.common.kv_pool import KvPool
+from lightllm_mtp.common.kv_pool import FP8_KV_DTYPE, KvPool
+from lightllm_mtp.common.kv_scales import checkpoint_kv_scales
 from lightllm_mtp.common.layers.base import Layer, ModelCaches, Weights
 from lightllm_mtp.common.layers.decoder_layer import DecoderLayer
 from lightllm_mtp.common.layers.embedding import LMHead, VocabEmbedding
@@ -25,7 +26,7 @@ from lightllm_mtp.common.req_manager import ReqManager
 from lightllm_mtp.common.tensor_spec import TensorSpec
 from lightllm_mtp.common.weight_loader import load_weights
 from lightllm_mtp.config.model_config import LayerType, ModelConfig
-from lightllm_mtp.config.runtime import RuntimeShape
+from lightllm_mtp.config.runtime import LoadFormat, RuntimeShape
 from lightllm_mtp.kernels.norm.rmsnorm import add_rmsnorm
 from lightllm_mtp.kernels.attention.rotary import build_rope_cache
 
@@ -43,10 +44,13 @@ class TpPartBaseModel:
                 raise ValueError("TpPartBaseModel needs a model_dir or weights")
             weights = load_weights(
                 model_dir, self.weight_specs(cfg, rt), rt.dtype, rt.device, rt.load_format,
-                tp_rank=rt.rank.tp_rank, tp_size=rt.rank.parallel.tp,
+                tp_rank=rt.rank.tp_rank, tp_size=rt.rank.parallel.tp, quant=cfg.quantization, online=rt.online_quant,
             )  # fmt: skip
         self._build(weights)
         self.caches = self._init_caches()
+        if model_dir is not None and rt.load_format is LoadFormat.AUTO and rt.kv_pool_dtype == FP8_KV_DTYPE:
+            for kv_layer, (k_scale, v_scale) in checkpoint_kv_scales(model_dir, self.attention_prefixes).items():
+                self.caches.kv_pool.set_scales(kv_layer, k_scale, v_scale)
 
     # ---- declaration -------------------------------------------------------------------------------
     @classmethod
@@ -79,6 +83,7 @@ class TpPartBaseModel:
             head = self.embed.weight if cfg.tie_word_embeddings else weights["lm_head.weight"]
             self.lm_head = LMHead(head, cfg.vocab_size)
         self.layers: list[DecoderLayer] = []
+        self.attention_prefixes: dict[int, str] = {}  # kv layer -> its attention's checkpoint prefix
         kv_layer = state_layer = 0  # this stage's own KV pool layers and GDN state layers
         for i in self.layer_ids:
             layer_type = cfg.layer_types[i]
@@ -86,6 +91,7 @@ class TpPartBaseModel:
             mixer_cls, scope = _mixer(layer_type)
             if mixer_cls is GatedAttention:
                 mixer: Layer = GatedAttention(cfg, f"{prefix}{scope}", weights, kv_layer=kv_layer)
+                self.attention_prefixes[kv_layer] = f"{prefix}{scope}"
                 kv_layer += 1
             else:
                 mixer = GatedDeltaNet(cfg, f"{prefix}{scope}", weights, state_layer=state_layer)
@@ -106,8 +112,8 @@ class TpPartBaseModel:
         nk, nv = par.local_heads(cfg.linear_num_key_heads), par.local_heads(cfg.linear_num_value_heads)
         draft_layers = rt.draft_kv_layers if self.is_last_stage else 0  # the drafts run where the final hidden is
         kv_pool = KvPool(
-            self.num_kv_layers + draft_layers, rt.kv_pool_size, par.local_heads(cfg.num_key_value_heads), cfg.head_dim,
-            rt.dtype, rt.device,
+            self.num_kv_layers, rt.kv_pool_size, par.local_heads(cfg.num_key_value_heads), cfg.head_dim,
+            rt.kv_pool_dtype, rt.device, draft_layers=draft_layers, draft_dtype=rt.draft_kv_pool_dtype,
         )  # fmt: skip
         linear_state = LinearAttState(
             num_layers=len(self.layer_ids) - self.num_kv_layers,

@@ -7,13 +7,13 @@ import torch
 
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode
 from lightllm_mtp.common.layers.base import Layer, ModelCaches, Weights
+from lightllm_mtp.common.quantization.linear import Linear
 from lightllm_mtp.common.tensor_spec import TensorSpec, TpShard
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.kernels.attention.decode_attention import decode_attention
 from lightllm_mtp.kernels.attention.output_gate import sigmoid_gate_mul
 from lightllm_mtp.kernels.attention.prefill_attention import prefill_attention
 from lightllm_mtp.kernels.attention.qk_norm_rope import qk_norm_rope_store_kv
-from lightllm_mtp.kernels.linear.gemv import linear
 
 
 class GatedAttention(Layer):
@@ -23,14 +23,15 @@ class GatedAttention(Layer):
         self.has_gate = cfg.attn_output_gate
         self.eps = cfg.rms_norm_eps
         self.scale = cfg.head_dim**-0.5
-        q, k, v = (weights[f"{prefix}{n}_proj.weight"] for n in "qkv")
+        names = [f"{prefix}{n}_proj.weight" for n in "qkv"]
+        q, k, v = (weights[n] for n in names)
         self.q_size = q.shape[0]
         self.kv_size = k.shape[0]
         # this tp rank's heads (column-parallel q/k/v by head, row-parallel o_proj: the caller all-reduces)
         self.num_heads = self.q_size // (self.head_dim * (2 if self.has_gate else 1))
         self.num_kv_heads = self.kv_size // self.head_dim
-        self.qkv_proj = torch.cat([q, k, v], dim=0)  # [(Hq*D*(1+gate)) + 2*Hkv*D, H]
-        self.o_proj = weights[f"{prefix}o_proj.weight"]
+        self.qkv_proj = Linear.fused(weights, names)  # [(Hq*D*(1+gate)) + 2*Hkv*D, H]
+        self.o_proj = Linear(weights[f"{prefix}o_proj.weight"], [f"{prefix}o_proj.weight"])
         self.q_norm = weights[f"{prefix}q_norm.weight"]
         self.k_norm = weights[f"{prefix}k_norm.weight"]
 
@@ -40,17 +41,17 @@ class GatedAttention(Layer):
         q_rows = cfg.num_attention_heads * d * (2 if cfg.attn_output_gate else 1)
         kv = TpShard(0, heads=(cfg.num_key_value_heads,))  # replicated when tp > KV heads
         return [
-            TensorSpec(f"{prefix}q_proj.weight", (q_rows, h), tp=TpShard(0)),
-            TensorSpec(f"{prefix}k_proj.weight", (cfg.num_key_value_heads * d, h), tp=kv),
-            TensorSpec(f"{prefix}v_proj.weight", (cfg.num_key_value_heads * d, h), tp=kv),
-            TensorSpec(f"{prefix}o_proj.weight", (h, cfg.num_attention_heads * d), tp=TpShard(1)),
+            TensorSpec(f"{prefix}q_proj.weight", (q_rows, h), tp=TpShard(0), quantizable=True),
+            TensorSpec(f"{prefix}k_proj.weight", (cfg.num_key_value_heads * d, h), tp=kv, quantizable=True),
+            TensorSpec(f"{prefix}v_proj.weight", (cfg.num_key_value_heads * d, h), tp=kv, quantizable=True),
+            TensorSpec(f"{prefix}o_proj.weight", (h, cfg.num_attention_heads * d), tp=TpShard(1), quantizable=True),
             TensorSpec(f"{prefix}q_norm.weight", (d,)),
             TensorSpec(f"{prefix}k_norm.weight", (d,)),
         ]
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
         t = x.shape[0]
-        q_all, k, v = linear(x, self.qkv_proj).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q_all, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.has_gate:
             # each head's rows are [query(D) | gate(D)]; both stay views of the projection (the kernels take strides)
             q, gate = q_all.view(t, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
@@ -59,19 +60,21 @@ class GatedAttention(Layer):
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
         k_buffer, v_buffer = caches.kv_pool.layer(self.kv_layer)
+        k_scale, v_scale = caches.kv_pool.scales(self.kv_layer)  # an FP8 pool: K = stored * k_scale; else 1.0
         # q/k norm, partial RoPE, and the new K/V into the pool at batch.mem_index: one launch
         q = qk_norm_rope_store_kv(
             q, k, v, self.q_norm, self.k_norm, self.eps, batch.positions, caches.rope_cos, caches.rope_sin,
-            k_buffer=k_buffer, v_buffer=v_buffer, mem_index=batch.mem_index,
+            k_buffer=k_buffer, v_buffer=v_buffer, mem_index=batch.mem_index, k_scale=k_scale, v_scale=v_scale,
         )
         req_to_token = caches.req_manager.req_to_token
         if batch.mode is ForwardMode.DECODE:  # EXTEND and VERIFY are both ragged causal blocks
-            o = decode_attention(q, k_buffer, v_buffer, req_to_token, batch.b_req_idx, batch.b_seq_len, self.scale)
+            o = decode_attention(q, k_buffer, v_buffer, req_to_token, batch.b_req_idx, batch.b_seq_len, self.scale,
+                                 k_scale=k_scale, v_scale=v_scale)  # fmt: skip
         else:
             o = prefill_attention(
                 q, k_buffer, v_buffer, req_to_token, batch.b_req_idx, batch.b1_cu_q_len, batch.b_seq_len, self.scale,
-                max_q_len=batch.max_q_len,
+                max_q_len=batch.max_q_len, k_scale=k_scale, v_scale=v_scale,
             )
         if gate is not None:
             o = sigmoid_gate_mul(o, gate)
-        return linear(o.reshape(t, self.num_heads * self.head_dim), self.o_proj)
+        return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))

@@ -7,6 +7,7 @@ import torch
 
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode
 from lightllm_mtp.common.layers.base import Layer, ModelCaches, Weights
+from lightllm_mtp.common.quantization.linear import Linear, same_format
 from lightllm_mtp.common.tensor_spec import TensorSpec, TpShard
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.kernels.gdn.causal_conv1d import causal_conv1d_prefill_qkv
@@ -17,7 +18,6 @@ from lightllm_mtp.kernels.gdn.gated_delta_rule_states import gated_delta_rule_pr
 from lightllm_mtp.kernels.gdn.gated_delta_rule_verify import gated_delta_rule_verify_fused_gates
 from lightllm_mtp.kernels.gdn.gdn_gating import gdn_gating
 from lightllm_mtp.kernels.gdn.snapshot_conv import snapshot_conv_windows
-from lightllm_mtp.kernels.linear.gemv import linear
 from lightllm_mtp.kernels.norm.gated_rmsnorm import gated_rmsnorm
 
 
@@ -31,14 +31,16 @@ class GatedDeltaNet(Layer):
         self.nk = (conv_rows - self.nv * self.dv) // (2 * self.dk)  # key heads are replicated when tp > their count
         self.key_dim, self.value_dim = self.nk * self.dk, self.nv * self.dv
         self.eps = cfg.rms_norm_eps
-        w = {n: weights[f"{prefix}{n}.weight"] for n in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")}
-        # one GEMM for all four input projections: rows [qkv | z | b | a]
-        self.in_proj = torch.cat([w["in_proj_qkv"], w["in_proj_z"], w["in_proj_b"], w["in_proj_a"]], dim=0)
+        names = [f"{prefix}{n}.weight" for n in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")]
+        # one GEMM for all four input projections: rows [qkv | z | b | a]; two where the checkpoint stores them in
+        # different formats (the -FP8 checkpoints: qkv and z FP8, the small b and a 16-bit)
+        groups = [names] if same_format(weights, names) else [names[:2], names[2:]]
+        self.in_projs = [Linear.fused(weights, g) for g in groups]
         self.conv_weight = weights[f"{prefix}conv1d.weight"].squeeze(1)  # [conv_dim, K]
         self.A_log = weights[f"{prefix}A_log"]
         self.dt_bias = weights[f"{prefix}dt_bias"]
         self.norm_weight = weights[f"{prefix}norm.weight"]
-        self.out_proj = weights[f"{prefix}out_proj.weight"]
+        self.out_proj = Linear(weights[f"{prefix}out_proj.weight"], [f"{prefix}out_proj.weight"])
 
     @classmethod
     def specs(cls, cfg: ModelConfig, prefix: str) -> list[TensorSpec]:
@@ -46,21 +48,21 @@ class GatedDeltaNet(Layer):
         nk = cfg.linear_num_key_heads
         qkv = TpShard(0, sections=(cfg.linear_key_dim, cfg.linear_key_dim, cfg.linear_value_dim), heads=(nk, nk, nv))
         return [
-            TensorSpec(f"{prefix}in_proj_qkv.weight", (cfg.linear_conv_dim, h), tp=qkv),
-            TensorSpec(f"{prefix}in_proj_z.weight", (cfg.linear_value_dim, h), tp=TpShard(0)),
+            TensorSpec(f"{prefix}in_proj_qkv.weight", (cfg.linear_conv_dim, h), tp=qkv, quantizable=True),
+            TensorSpec(f"{prefix}in_proj_z.weight", (cfg.linear_value_dim, h), tp=TpShard(0), quantizable=True),
             TensorSpec(f"{prefix}in_proj_b.weight", (nv, h), tp=TpShard(0)),
             TensorSpec(f"{prefix}in_proj_a.weight", (nv, h), tp=TpShard(0)),
             TensorSpec(f"{prefix}conv1d.weight", (cfg.linear_conv_dim, 1, cfg.linear_conv_kernel_dim), tp=qkv),
             TensorSpec(f"{prefix}A_log", (nv,), keep_fp32=True, tp=TpShard(0)),
             TensorSpec(f"{prefix}dt_bias", (nv,), keep_fp32=True, tp=TpShard(0)),
             TensorSpec(f"{prefix}norm.weight", (cfg.linear_value_head_dim,)),
-            TensorSpec(f"{prefix}out_proj.weight", (h, cfg.linear_value_dim), tp=TpShard(1)),
+            TensorSpec(f"{prefix}out_proj.weight", (h, cfg.linear_value_dim), tp=TpShard(1), quantizable=True),
         ]
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
         t = x.shape[0]
         conv_dim = 2 * self.key_dim + self.value_dim
-        qkv, z, b, a = linear(x, self.in_proj).split([conv_dim, self.value_dim, self.nv, self.nv], dim=-1)
+        qkv, z, b, a = self._in_proj(x, [conv_dim, self.value_dim, self.nv, self.nv])
         linear_state = caches.req_manager.linear_state
         assert linear_state is not None
         conv_state, ssm_state = linear_state.layer(self.state_layer)
@@ -74,7 +76,7 @@ class GatedDeltaNet(Layer):
                 b_conv_idx=batch.b_req_idx, b_ssm_idx=b_ssm_row, nk=self.nk, dk=self.dk, dv=self.dv,
             )
             o = gated_rmsnorm(o, z.reshape(t, self.nv, self.dv), self.norm_weight, self.eps)
-            return linear(o.reshape(t, self.value_dim), self.out_proj)
+            return self.out_proj(o.reshape(t, self.value_dim))
         if mode is ForwardMode.VERIFY:
             assert batch.b_accept_len is not None, "a VERIFY batch carries b_accept_len"
             qkv = causal_conv1d_verify(
@@ -114,7 +116,13 @@ class GatedDeltaNet(Layer):
             else:
                 o = self._prefill_with_snapshots(q, k, v, g, beta, ssm_state, b_ssm_row, batch, caches)
         o = gated_rmsnorm(o, z.reshape(t, self.nv, self.dv), self.norm_weight, self.eps)
-        return linear(o.reshape(t, self.value_dim), self.out_proj)
+        return self.out_proj(o.reshape(t, self.value_dim))
+
+    def _in_proj(self, x: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
+        """[qkv, z, b, a] (views of one or two projections' outputs)."""
+        if len(self.in_projs) == 1:
+            return list(self.in_projs[0](x).split(sizes, dim=-1))
+        return [*self.in_projs[0](x).split(sizes[:2], dim=-1), *self.in_projs[1](x).split(sizes[2:], dim=-1)]
 
     # ---- prefix cache: GDN state snapshots at token boundaries inside prompt chunks (common/state_snapshots.py) ----
     def _snapshot_conv(self, x: torch.Tensor, conv_state: torch.Tensor, batch: ForwardBatch, caches: ModelCaches) -> None:

@@ -4,17 +4,17 @@ import torch
 
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch
 from lightllm_mtp.common.layers.base import Layer, ModelCaches, Weights
+from lightllm_mtp.common.quantization.linear import Linear
 from lightllm_mtp.common.tensor_spec import TensorSpec, TpShard
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.kernels.activation.silu_and_mul import silu_and_mul
-from lightllm_mtp.kernels.linear.gemv import linear
 
 
 def mlp_specs(prefix: str, hidden: int, inter: int) -> list[TensorSpec]:
     return [
-        TensorSpec(f"{prefix}gate_proj.weight", (inter, hidden), tp=TpShard(0)),  # column-parallel
-        TensorSpec(f"{prefix}up_proj.weight", (inter, hidden), tp=TpShard(0)),
-        TensorSpec(f"{prefix}down_proj.weight", (hidden, inter), tp=TpShard(1)),  # row-parallel
+        TensorSpec(f"{prefix}gate_proj.weight", (inter, hidden), tp=TpShard(0), quantizable=True),  # column-parallel
+        TensorSpec(f"{prefix}up_proj.weight", (inter, hidden), tp=TpShard(0), quantizable=True),
+        TensorSpec(f"{prefix}down_proj.weight", (hidden, inter), tp=TpShard(1), quantizable=True),  # row-parallel
     ]
 
 
@@ -22,11 +22,11 @@ class GatedMLP:
     """down(silu(gate(x)) * up(x)) with gate and up fused into one [2I, H] matrix."""
 
     def __init__(self, prefix: str, weights: Weights):
-        self.gate_up = torch.cat([weights[f"{prefix}gate_proj.weight"], weights[f"{prefix}up_proj.weight"]], dim=0)
-        self.down = weights[f"{prefix}down_proj.weight"]
+        self.gate_up = Linear.fused(weights, [f"{prefix}gate_proj.weight", f"{prefix}up_proj.weight"])
+        self.down = Linear(weights[f"{prefix}down_proj.weight"], [f"{prefix}down_proj.weight"])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(silu_and_mul(linear(x, self.gate_up)), self.down)
+        return self.down(silu_and_mul(self.gate_up(x)))
 
 
 class DenseMLP(Layer):

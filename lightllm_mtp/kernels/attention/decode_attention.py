@@ -13,7 +13,8 @@ import math
 import torch
 
 from lightllm_mtp.kernels._validate import check_shape
-from lightllm_mtp.kernels.attention.paged_attention import check_paged_attention_args
+from lightllm_mtp.kernels.attention.paged_attention import (check_kv_scales, check_paged_attention_args,
+                                                            kv_compute_dtypes)
 from lightllm_mtp.kernels.pdl import pdl_args
 from lightllm_mtp.kernels.triton_utils import num_sms, triton_available, use_triton
 
@@ -29,6 +30,8 @@ def decode_attention_ref(
     b_req_idx: torch.Tensor,
     b_seq_len: torch.Tensor,
     scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     bsz, hq, d = q.shape
     hkv = k_buffer.shape[1]
@@ -43,8 +46,8 @@ def decode_attention_ref(
         valid = torch.arange(max_len, device=q.device)[None, :] < seq_len[s:e, None]  # [b, L]
         slots = req_to_token[b_req_idx[s:e].long(), :max_len].long()
         slots = torch.where(valid, slots, torch.zeros_like(slots))
-        k = k_buffer[slots].float()  # [b, L, Hkv, D]
-        v = v_buffer[slots].float()
+        k = k_buffer[slots].float() * k_scale  # [b, L, Hkv, D] (an FP8 pool: stored * per-tensor scale)
+        v = v_buffer[slots].float() * v_scale
         qh = q[s:e].float().reshape(e - s, hkv, hq // hkv, d)  # [b, Hkv, G, D]
         scores = torch.matmul(qh, k.permute(0, 2, 3, 1)) * scale  # [b, Hkv, G, L]
         scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
@@ -63,6 +66,8 @@ def decode_attention(
     scale: float,
     *,
     max_kv_len: int | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """One query per request -> o [B, Hq, Dv] in q.dtype.
 
@@ -70,14 +75,17 @@ def decode_attention(
     b_seq_len [B] (>= 1). Request b's query sits at position b_seq_len[b] - 1 (its K/V already stored) and
     attends to positions 0..b_seq_len[b]-1. Head h uses KV head h // (Hq // Hkv); fp32 softmax.
     max_kv_len: host bound on b_seq_len (default req_to_token.shape[1]); only sizes the Triton grid (the KV
-    split count), so a CUDA graph captured with a bound stays valid for any b_seq_len under it."""
+    split count), so a CUDA graph captured with a bound stays valid for any b_seq_len under it.
+    An FP8 pool (float8_e4m3fn buffers, kv_cache_dtype fp8): K = stored * k_scale, V = stored * v_scale."""
     check_paged_attention_args(_OP, q, k_buffer, v_buffer, req_to_token, b_req_idx, b_seq_len)
     check_shape(_OP, "b_req_idx", b_req_idx, (q.shape[0],), "[B] (one query row per request)")
+    check_kv_scales(_OP, k_buffer, k_scale, v_scale)
     if use_triton(q):
         return splitk_attention_triton(
-            q, k_buffer, v_buffer, req_to_token, b_req_idx, b_seq_len, scale, max_kv_len=max_kv_len
+            q, k_buffer, v_buffer, req_to_token, b_req_idx, b_seq_len, scale, max_kv_len=max_kv_len, k_scale=k_scale,
+            v_scale=v_scale,
         )
-    return decode_attention_ref(q, k_buffer, v_buffer, req_to_token, b_req_idx, b_seq_len, scale)
+    return decode_attention_ref(q, k_buffer, v_buffer, req_to_token, b_req_idx, b_seq_len, scale, k_scale, v_scale)
 
 
 _TARGET_PROGRAMS_PER_SM = 3  # stage-1 programs per SM (3 fit at D=256, bf16): one wave, latency hidden
@@ -106,6 +114,8 @@ def splitk_attention_triton(
     max_kv_len: int | None = None,
     num_splits: int | None = None,
     block_n: int | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Split-K causal attention of short q blocks (arguments validated by the callers). Without b1_cu_q_len, q row b
     is request b's single query (decode); with it, request b owns rows b1_cu_q_len[b]:b1_cu_q_len[b+1], at most
@@ -118,7 +128,7 @@ def splitk_attention_triton(
         return out
     block_d, block_dv = max(16, triton.next_power_of_2(d)), max(16, triton.next_power_of_2(dv))
     block_m = max(16, triton.next_power_of_2(max_q_len * group))
-    compute_fp32 = q.dtype != k_buffer.dtype or k_buffer.dtype == torch.float32
+    compute_fp32, kv_fp8 = kv_compute_dtypes(q, k_buffer)
     if block_n is None:  # sm_90 builds, D=256 bf16: N=32 needs ~144 registers, 3 programs fit an SM; fp32 halves it
         block_n = (64 if max(block_d, block_dv) <= 128 else 32) // (2 if compute_fp32 else 1)
     max_kv_len = req_to_token.shape[1] if max_kv_len is None else max_kv_len
@@ -130,11 +140,11 @@ def splitk_attention_triton(
     cu = b1_cu_q_len if has_cu else b_seq_len  # unread placeholder for decode
     _splitk_stage1_kernel[(bsz, hkv, num_splits)](
         q, k_buffer, v_buffer, req_to_token, b_req_idx, b_seq_len, cu, mid_o, mid_lse,
-        scale * math.log2(math.e), num_splits,
+        scale * k_scale * math.log2(math.e), v_scale, num_splits,
         *q.stride(), *k_buffer.stride(), *v_buffer.stride(), req_to_token.stride(0),
         *mid_o.stride()[:3], *mid_lse.stride()[:2],
         G=group, D=d, DV=dv, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_N=block_n,
-        HAS_CU=has_cu, COMPUTE_FP32=compute_fp32,
+        HAS_CU=has_cu, COMPUTE_FP32=compute_fp32, KV_FP8=kv_fp8,
         num_warps=4 if block_m <= 32 else 8, num_stages=2, **pdl_args(q),
     )
     _splitk_stage2_kernel[(bsz, max_q_len, hq)](
@@ -171,12 +181,12 @@ if triton_available():
 
     @triton.jit
     def _splitk_stage1_kernel(
-        Q, K, V, req_to_token, b_req_idx, b_seq_len, b1_cu_q_len, mid_o, mid_lse, qk_scale, num_splits,
+        Q, K, V, req_to_token, b_req_idx, b_seq_len, b1_cu_q_len, mid_o, mid_lse, qk_scale, v_scale, num_splits,
         stride_qt, stride_qh, stride_qd, stride_kp, stride_kh, stride_kd, stride_vp, stride_vh, stride_vd,
         stride_rt, stride_ot, stride_oh, stride_os, stride_lt, stride_lh,
         G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
         BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr, HAS_CU: tl.constexpr, COMPUTE_FP32: tl.constexpr,
-        PDL: tl.constexpr,
+        KV_FP8: tl.constexpr, PDL: tl.constexpr,
     ):
         pdl_wait(PDL)
         b = tl.program_id(0)
@@ -212,10 +222,12 @@ if triton_available():
         acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
         m_i, l_i, acc = attend_paged_range(
             q, m_i, l_i, acc, K, V, token_row, kvh, stride_kp, stride_kh, stride_kd, stride_vp, stride_vh, stride_vd,
-            pos, start, end, qk_scale, D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, True, COMPUTE_FP32,
+            pos, start, end, qk_scale, D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, True, COMPUTE_FP32, KV_FP8,
         )
         seen = l_i > 0  # rows before this split's first key (verify) leave a neutral partial
         o = acc / tl.where(seen, l_i, 1.0)[:, None]
+        if KV_FP8:
+            o = o * v_scale
         lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
         base = row * stride_ot + head * stride_oh + split * stride_os
         tl.store(mid_o + base[:, None] + offs_dv[None, :], o, mask=mask_m[:, None] & (offs_dv[None, :] < DV))

@@ -12,7 +12,8 @@ import torch
 
 from lightllm_mtp.kernels._validate import check_device, check_index, check_shape
 from lightllm_mtp.kernels.attention.decode_attention import splitk_attention_triton
-from lightllm_mtp.kernels.attention.paged_attention import check_paged_attention_args
+from lightllm_mtp.kernels.attention.paged_attention import (check_kv_scales, check_paged_attention_args,
+                                                            kv_compute_dtypes)
 from lightllm_mtp.kernels.triton_utils import shared_memory_per_block, triton_available, use_triton
 
 _OP = "prefill_attention"
@@ -42,6 +43,8 @@ def prefill_attention_ref(
     b1_cu_q_len: torch.Tensor,
     b_seq_len: torch.Tensor,
     scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     out = torch.empty(q.shape[0], q.shape[1], v_buffer.shape[2], dtype=q.dtype, device=q.device)
     cu, seq_lens, reqs = b1_cu_q_len.tolist(), b_seq_len.tolist(), b_req_idx.tolist()
@@ -50,8 +53,8 @@ def prefill_attention_ref(
         if end == start:
             continue
         slots = req_to_token[req, :length].long()
-        k = k_buffer[slots].float()
-        v = v_buffer[slots].float()
+        k = k_buffer[slots].float() * k_scale  # an FP8 pool: stored * per-tensor scale
+        v = v_buffer[slots].float() * v_scale
         first_pos = length - (end - start)
         block = max(1, _SCORE_BUDGET // (q.shape[1] * length))
         for s in range(start, end, block):  # query blocks bound the score matrix size
@@ -73,6 +76,8 @@ def prefill_attention(
     *,
     max_q_len: int | None = None,
     max_kv_len: int | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal GQA attention of ragged query blocks against their requests' paged KV -> o [T, Hq, Dv] in q.dtype.
 
@@ -83,8 +88,10 @@ def prefill_attention(
     to positions 0..itself, read from k_buffer[req_to_token[b_req_idx[b], pos]]. Head h uses KV head
     h // (Hq // Hkv). Scores, softmax and the weighted sum are fp32.
     Host bounds sizing the Triton grid: max_q_len = max q_len over requests (None: computed from b1_cu_q_len, a
-    host sync), max_kv_len >= every b_seq_len (None: req_to_token.shape[1])."""
+    host sync), max_kv_len >= every b_seq_len (None: req_to_token.shape[1]).
+    An FP8 pool (float8_e4m3fn buffers, kv_cache_dtype fp8): K = stored * k_scale, V = stored * v_scale."""
     check_paged_attention_args(_OP, q, k_buffer, v_buffer, req_to_token, b_req_idx, b_seq_len)
+    check_kv_scales(_OP, k_buffer, k_scale, v_scale)
     check_shape(_OP, "b1_cu_q_len", b1_cu_q_len, (b_req_idx.shape[0] + 1,), "[B+1]")
     check_index(_OP, "b1_cu_q_len", b1_cu_q_len)
     check_device(_OP, q=q, b1_cu_q_len=b1_cu_q_len)
@@ -94,12 +101,14 @@ def prefill_attention(
         if max_q_len * (q.shape[1] // k_buffer.shape[1]) <= _SPLITK_MAX_ROWS:
             return splitk_attention_triton(
                 q, k_buffer, v_buffer, req_to_token, b_req_idx, b_seq_len, scale,
-                b1_cu_q_len=b1_cu_q_len, max_q_len=max_q_len, max_kv_len=max_kv_len,
+                b1_cu_q_len=b1_cu_q_len, max_q_len=max_q_len, max_kv_len=max_kv_len, k_scale=k_scale, v_scale=v_scale,
             )
         return flash_attention_triton(
-            q, k_buffer, v_buffer, req_to_token, b_req_idx, b1_cu_q_len, b_seq_len, scale, max_q_len=max_q_len
+            q, k_buffer, v_buffer, req_to_token, b_req_idx, b1_cu_q_len, b_seq_len, scale, max_q_len=max_q_len,
+            k_scale=k_scale, v_scale=v_scale,
         )
-    return prefill_attention_ref(q, k_buffer, v_buffer, req_to_token, b_req_idx, b1_cu_q_len, b_seq_len, scale)
+    return prefill_attention_ref(q, k_buffer, v_buffer, req_to_token, b_req_idx, b1_cu_q_len, b_seq_len, scale,
+                                 k_scale, v_scale)  # fmt: skip
 
 
 def flash_attention_triton(
@@ -117,6 +126,8 @@ def flash_attention_triton(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int = 2,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Flash-attention over q tiles (arguments validated by prefill_attention). A tile holds BLOCK_M (q row, query
     head) pairs of one request and KV head, rows major, so the G heads sharing a KV head share every K/V tile and
@@ -130,7 +141,7 @@ def flash_attention_triton(
     if bsz == 0 or t == 0 or max_q_len <= 0:
         return out
     block_d, block_dv = max(16, triton.next_power_of_2(d)), max(16, triton.next_power_of_2(dv))
-    compute_fp32 = q.dtype != k_buffer.dtype or k_buffer.dtype == torch.float32
+    compute_fp32, kv_fp8 = kv_compute_dtypes(q, k_buffer)
     # sm_90 builds, D=256 bf16: M=64, N=64, 8 warps ~205 registers and 160 KiB shared memory, no spills
     if block_m is None:  # 128-row tiles at head dim 256 in bf16 need ~192 KiB of shared memory (sm90: 227 KiB)
         big = max(block_d, block_dv)
@@ -140,10 +151,11 @@ def flash_attention_triton(
         block_n = 32 if compute_fp32 else 64
     grid = (triton.cdiv(max_q_len * group, block_m), bsz, hkv)
     _flash_prefill_kernel[grid](
-        q, k_buffer, v_buffer, out, req_to_token, b_req_idx, b1_cu_q_len, b_seq_len, scale * math.log2(math.e),
+        q, k_buffer, v_buffer, out, req_to_token, b_req_idx, b1_cu_q_len, b_seq_len,
+        scale * k_scale * math.log2(math.e), v_scale,
         *q.stride(), *k_buffer.stride(), *v_buffer.stride(), req_to_token.stride(0), *out.stride(),
         G=group, D=d, DV=dv, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_N=block_n,
-        COMPUTE_FP32=compute_fp32,
+        COMPUTE_FP32=compute_fp32, KV_FP8=kv_fp8,
         num_warps=num_warps or (8 if block_m * block_dv >= 128 * 128 else 4), num_stages=num_stages,
     )
     return out
@@ -157,11 +169,11 @@ if triton_available():
 
     @triton.jit
     def _flash_prefill_kernel(
-        Q, K, V, O, req_to_token, b_req_idx, b1_cu_q_len, b_seq_len, qk_scale,
+        Q, K, V, O, req_to_token, b_req_idx, b1_cu_q_len, b_seq_len, qk_scale, v_scale,
         stride_qt, stride_qh, stride_qd, stride_kp, stride_kh, stride_kd, stride_vp, stride_vh, stride_vd,
         stride_rt, stride_ot, stride_oh, stride_od,
         G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-        BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr, COMPUTE_FP32: tl.constexpr,
+        BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr, COMPUTE_FP32: tl.constexpr, KV_FP8: tl.constexpr,
     ):
         tile = tl.num_programs(0) - 1 - tl.program_id(0)  # the last (longest) tiles start first
         b = tl.program_id(1)
@@ -196,13 +208,15 @@ if triton_available():
         last_pos = prefix + tl.minimum((first + BLOCK_M - 1) // G, q_len - 1)
         m_i, l_i, acc = attend_paged_range(
             q, m_i, l_i, acc, K, V, token_row, kvh, stride_kp, stride_kh, stride_kd, stride_vp, stride_vh, stride_vd,
-            pos, 0, full_end, qk_scale, D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, False, COMPUTE_FP32,
+            pos, 0, full_end, qk_scale, D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, False, COMPUTE_FP32, KV_FP8,
         )
         m_i, l_i, acc = attend_paged_range(
             q, m_i, l_i, acc, K, V, token_row, kvh, stride_kp, stride_kh, stride_kd, stride_vp, stride_vh, stride_vd,
-            pos, full_end, last_pos + 1, qk_scale, D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, True, COMPUTE_FP32,
+            pos, full_end, last_pos + 1, qk_scale, D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, True, COMPUTE_FP32, KV_FP8,
         )
         o = acc / l_i[:, None]
+        if KV_FP8:
+            o = o * v_scale
         tl.store(
             O + row[:, None] * stride_ot + head[:, None] * stride_oh + offs_dv[None, :] * stride_od,
             o.to(O.dtype.element_ty), mask=mask_m[:, None] & (offs_dv[None, :] < DV),

@@ -22,7 +22,8 @@ from lightllm_mtp.kernels._validate import (
     check_shape,
 )
 from lightllm_mtp.kernels.attention.rotary import apply_partial_rope_ref, check_rope_args
-from lightllm_mtp.kernels.attention.store_kv import check_store_kv_args, store_kv_ref
+from lightllm_mtp.kernels.attention.paged_attention import KV_FP8_DTYPE, check_kv_scales
+from lightllm_mtp.kernels.attention.store_kv import FP8_MAX, check_store_kv_args, store_kv_ref
 from lightllm_mtp.kernels.norm.rmsnorm import rmsnorm_ref
 from lightllm_mtp.kernels.pdl import pdl_args
 from lightllm_mtp.kernels.triton_utils import triton_available, use_triton
@@ -80,9 +81,10 @@ def qk_norm_rope(
     return qk_norm_rope_ref(q, k, q_weight, k_weight, eps, positions, cos, sin)
 
 
-def qk_norm_rope_store_kv_ref(q, k, v, q_weight, k_weight, eps, positions, cos, sin, k_buffer, v_buffer, mem_index):
+def qk_norm_rope_store_kv_ref(q, k, v, q_weight, k_weight, eps, positions, cos, sin, k_buffer, v_buffer, mem_index,
+                              k_scale=1.0, v_scale=1.0):  # fmt: skip
     q_out, k_out = qk_norm_rope_ref(q, k, q_weight, k_weight, eps, positions, cos, sin)
-    store_kv_ref(k_buffer, v_buffer, mem_index, k_out, v)
+    store_kv_ref(k_buffer, v_buffer, mem_index, k_out, v, k_scale, v_scale)
     return q_out
 
 
@@ -100,20 +102,24 @@ def qk_norm_rope_store_kv(
     k_buffer: torch.Tensor,
     v_buffer: torch.Tensor,
     mem_index: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """qk_norm_rope, then store_kv of the new k and v: -> q_out [T, Hq, D] (contiguous, q.dtype); in place,
-    k_buffer[mem_index[t]] = k_out[t], v_buffer[mem_index[t]] = v[t] (cast to the pool dtype).
+    k_buffer[mem_index[t]] = k_out[t], v_buffer[mem_index[t]] = v[t] (cast to the pool dtype; an FP8 pool stores
+    k_out / k_scale and v / v_scale, saturated).
 
     q, k, positions, cos, sin, weights as qk_norm_rope; v [T, Hk, D] (any strides); k_buffer, v_buffer [P, Hk, D];
     mem_index [T] int32 / int64 distinct pool slots (not checked against P: a host sync)."""
     op = "qk_norm_rope_store_kv"
     _check(op, q, k, q_weight, k_weight, positions, cos, sin)
     check_store_kv_args(op, k_buffer, v_buffer, mem_index, k, v)
+    check_kv_scales(op, k_buffer, k_scale, v_scale)
     if use_triton(q):
         store = (v, k_buffer, v_buffer, mem_index)
-        return qk_norm_rope_triton(q, k, q_weight, k_weight, eps, positions, cos, sin, store)[0]
+        return qk_norm_rope_triton(q, k, q_weight, k_weight, eps, positions, cos, sin, store, (k_scale, v_scale))[0]
     return qk_norm_rope_store_kv_ref(
-        q, k, v, q_weight, k_weight, eps, positions, cos, sin, k_buffer, v_buffer, mem_index
+        q, k, v, q_weight, k_weight, eps, positions, cos, sin, k_buffer, v_buffer, mem_index, k_scale, v_scale
     )
 
 
@@ -127,6 +133,7 @@ def qk_norm_rope_triton(
     cos: torch.Tensor,
     sin: torch.Tensor,
     store: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Triton path of qk_norm_rope (arguments validated by the caller); store = (v, k_buffer, v_buffer, mem_index):
     the qk_norm_rope_store_kv form (k goes to the pool, the second result is None)."""
@@ -145,12 +152,14 @@ def qk_norm_rope_triton(
         v, k_dst, v_dst, mem_index = store
         v = v if v.stride(2) == 1 else v.contiguous()
         sk_dst, sv_src, sv_dst = k_dst.stride()[:2], v.stride()[:2], v_dst.stride()[:2]
+    pool_fp8 = store is not None and k_dst.dtype == KV_FP8_DTYPE
     block_d = triton.next_power_of_2(d)
     _qk_norm_rope_kernel[(t, hq + hk * (1 if store is None else 2))](
         q, k, v, q_out, k_dst, v_dst, q_weight, k_weight, positions, mem_index, cos, sin,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), *sv_src, *sk_dst, *sv_dst,
         cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
-        hq, hk, d, cos.shape[1], eps, TO_POOL=store is not None, BLOCK_D=block_d,
+        hq, hk, d, cos.shape[1], eps, 1.0 / kv_scales[0], 1.0 / kv_scales[1], TO_POOL=store is not None,
+        POOL_FP8=pool_fp8, FP8_MAX_VALUE=FP8_MAX, BLOCK_D=block_d,
         num_warps=1 if block_d <= 128 else 2, **pdl_args(q),
     )  # fmt: skip
     return q_out, k_out
@@ -166,7 +175,8 @@ if triton_available():
     def _qk_norm_rope_kernel(
         q_ptr, k_ptr, v_ptr, qo_ptr, kd_ptr, vd_ptr, qw_ptr, kw_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr,
         sq0, sq1, sk0, sk1, sv0, sv1, skd0, skd1, svd0, svd1, sc0, sc1, ss0, ss1, HQ, HK, D, HALF, eps,
-        TO_POOL: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
+        inv_k_scale, inv_v_scale, TO_POOL: tl.constexpr, POOL_FP8: tl.constexpr, FP8_MAX_VALUE: tl.constexpr,
+        BLOCK_D: tl.constexpr, PDL: tl.constexpr,
     ):
         pdl_wait(PDL)
         # programs (t, h): h < HQ a q head, then HK k heads (to kd: k_out rows, or pool slot rows when TO_POOL), then
@@ -207,11 +217,17 @@ if triton_available():
                 tl.store(qo_ptr + (t * HQ + h) * D + offs, out, mask=mask_d)
             elif TO_POOL:
                 slot = tl.load(slot_ptr + t).to(tl.int64)
-                tl.store(kd_ptr + slot * skd0 + (h - HQ) * skd1 + offs, out.to(kd_ptr.dtype.element_ty), mask=mask_d)
+                if POOL_FP8:  # stored = k / k_scale, saturated
+                    kv = tl.clamp(out.to(tl.float32) * inv_k_scale, -FP8_MAX_VALUE, FP8_MAX_VALUE)
+                else:
+                    kv = out
+                tl.store(kd_ptr + slot * skd0 + (h - HQ) * skd1 + offs, kv.to(kd_ptr.dtype.element_ty), mask=mask_d)
             else:
                 tl.store(kd_ptr + t * skd0 + (h - HQ) * skd1 + offs, out, mask=mask_d)
         else:
             slot = tl.load(slot_ptr + t).to(tl.int64)
             hv = h - HQ - HK
             val = tl.load(v_ptr + t * sv0 + hv * sv1 + offs, mask=mask_d, other=0.0)
+            if POOL_FP8:
+                val = tl.clamp(val.to(tl.float32) * inv_v_scale, -FP8_MAX_VALUE, FP8_MAX_VALUE)
             tl.store(vd_ptr + slot * svd0 + hv * svd1 + offs, val.to(vd_ptr.dtype.element_ty), mask=mask_d)

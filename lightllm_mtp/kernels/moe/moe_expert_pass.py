@@ -75,10 +75,15 @@ def expert_pass_triton(
     shared_down: torch.Tensor | None = None,
     tiles: ExpertPassTiles = DECODE_TILES,
     alignment: tuple[torch.Tensor, torch.Tensor] | None = None,
+    scales: tuple[torch.Tensor, ...] | None = None,
+    scale_blocks: tuple[tuple[int, int], tuple[int, int]] = ((1, 1), (1, 1)),
 ) -> torch.Tensor:
     """Shapes checked by the callers (fused_moe wrappers). Last dims of all weights must have stride 1.
     `alignment`: (sorted_pairs, block_expert) of topk_ids at tiles.block_m when the caller has it (route_align),
-    else moe_align runs here."""
+    else moe_align runs here. `scales`: block-FP8 weights (kernels/quant/fp8_moe.py): the float8 weights' fp32 block
+    scales (gate_up [E, *, *], down [E, *, *], and the shared expert's two when it is given), `scale_blocks` the
+    (rows, columns) of the gate_up scales' blocks and of the down scales' (the shared expert's on the same grids);
+    each weight tile is dequantized in registers before its product (K tiles within one block)."""
     t, slots = topk_ids.shape
     num_experts, hidden = w_gate_up.shape[0], x.shape[1]
     if t == 0:
@@ -88,6 +93,15 @@ def expert_pass_triton(
     inter_shared = shared_down.shape[1] if has_shared else inter
     if not has_shared:  # any valid pointer; never read
         shared_gate_up, shared_down = w_gate_up[0], w_down[0]
+    fp8 = scales is not None
+    if fp8:
+        gu_s, down_s = scales[0], scales[1]
+        sh_gu_s, sh_down_s = (scales[2], scales[3]) if has_shared else (gu_s[0], down_s[0])
+    else:  # any valid pointers; never read
+        gu_s, down_s, sh_gu_s, sh_down_s = w_gate_up, w_down, shared_gate_up, shared_down
+    (gu_scale_n, gu_scale_k), (down_scale_n, down_scale_k) = scale_blocks
+    gate_up_block_k = min(tiles.gate_up_block_k, gu_scale_k) if fp8 else tiles.gate_up_block_k
+    down_block_k = min(tiles.down_block_k, down_scale_k) if fp8 else tiles.down_block_k
     if alignment is None:
         alignment = moe_align_triton(topk_ids, num_experts=num_experts + int(has_shared), block_m=tiles.block_m)
     sorted_pairs, block_expert = alignment
@@ -106,19 +120,23 @@ def expert_pass_triton(
 
     act = torch.empty(n_pairs, inter_max, dtype=x.dtype, device=x.device)
     _gate_up_act_kernel[(blocks, triton.cdiv(inter_max, tiles.gate_up_block_n))](
-        x, w_gate_up, shared_gate_up, sorted_pairs, block_expert, act,
+        x, w_gate_up, shared_gate_up, gu_s, sh_gu_s, sorted_pairs, block_expert, act,
         n_pairs, hidden, inter, inter_shared, num_experts,
         x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), shared_gate_up.stride(0), act.stride(0),
-        SLOTS=slots, BLOCK_M=tiles.block_m, BLOCK_N=tiles.gate_up_block_n, BLOCK_K=tiles.gate_up_block_k,
-        DOT_PRECISION=dot_precision, num_warps=tiles.num_warps, num_stages=tiles.gate_up_stages, **pdl_kw,
+        gu_s.stride(0), gu_s.stride(1), sh_gu_s.stride(0),
+        SLOTS=slots, BLOCK_M=tiles.block_m, BLOCK_N=tiles.gate_up_block_n, BLOCK_K=gate_up_block_k,
+        DOT_PRECISION=dot_precision, num_warps=tiles.num_warps, num_stages=tiles.gate_up_stages, W_FP8=fp8,
+        SCALE_N=gu_scale_n, SCALE_K=gu_scale_k, **pdl_kw,
     )  # fmt: skip
     rows = torch.empty(n_pairs, hidden, dtype=torch.float32, device=x.device)
     _down_weighted_kernel[(blocks, triton.cdiv(hidden, tiles.down_block_n))](
-        act, w_down, shared_down, sorted_pairs, block_expert, weights, rows,
+        act, w_down, shared_down, down_s, sh_down_s, sorted_pairs, block_expert, weights, rows,
         n_pairs, hidden, inter, inter_shared, num_experts,
         act.stride(0), w_down.stride(0), w_down.stride(1), shared_down.stride(0), rows.stride(0),
-        BLOCK_M=tiles.block_m, BLOCK_N=tiles.down_block_n, BLOCK_K=tiles.down_block_k,
-        DOT_PRECISION=dot_precision, num_warps=tiles.num_warps, num_stages=tiles.down_stages, **pdl_kw,
+        down_s.stride(0), down_s.stride(1), sh_down_s.stride(0),
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.down_block_n, BLOCK_K=down_block_k,
+        DOT_PRECISION=dot_precision, num_warps=tiles.num_warps, num_stages=tiles.down_stages, W_FP8=fp8,
+        SCALE_N=down_scale_n, SCALE_K=down_scale_k, **pdl_kw,
     )  # fmt: skip
     out = torch.empty(t, hidden, dtype=x.dtype, device=x.device)
     _sum_slots_kernel[(t, triton.cdiv(hidden, _SUM_BLOCK_H))](
@@ -144,12 +162,27 @@ if triton_available():
         return w_base, tl.where(shared, stride_shared_wn, stride_wn), tl.where(shared, INTER_SHARED, INTER)
 
     @triton.jit
+    def _expert_scales(expert, s_ptr, shared_s_ptr, E, stride_se, stride_sn, stride_shared_sn):
+        # (scale base, scale row stride) of `expert` for block-FP8 weights
+        shared = expert == E
+        s_base = tl.where(shared, shared_s_ptr, s_ptr + expert.to(tl.int64) * stride_se)
+        return s_base, tl.where(shared, stride_shared_sn, stride_sn)
+
+    @triton.jit
+    def _dequantize_tile(w, s_base, stride_sn, offs_n, n_mask, k0, X_DTYPE: tl.constexpr,
+                         SCALE_N: tl.constexpr, SCALE_K: tl.constexpr):  # fmt: skip
+        # a [BLOCK_K, BLOCK_N] float8 tile inside one K block -> x's dtype, times its blocks' scales
+        s = tl.load(s_base + (offs_n // SCALE_N).to(tl.int64) * stride_sn + k0 // SCALE_K, mask=n_mask, other=0.0)
+        return (w.to(tl.float32) * s[None, :]).to(X_DTYPE)
+
+    @triton.jit
     def _gate_up_act_kernel(
-        x_ptr, w_ptr, shared_w_ptr, sorted_ptr, block_expert_ptr, act_ptr,
+        x_ptr, w_ptr, shared_w_ptr, s_ptr, shared_s_ptr, sorted_ptr, block_expert_ptr, act_ptr,
         P, H, INTER, INTER_SHARED, E,
-        stride_x, stride_we, stride_wn, stride_shared_wn, stride_act,
+        stride_x, stride_we, stride_wn, stride_shared_wn, stride_act, stride_se, stride_sn, stride_shared_sn,
         SLOTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
+        DOT_PRECISION: tl.constexpr, W_FP8: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr,
+        PDL: tl.constexpr,
     ):  # fmt: skip
         # act[pair, n] = silu(x_tok . gate_e[n]) * (x_tok . up_e[n]) for the BLOCK_M pairs of block b (expert e)
         pdl_wait(PDL)
@@ -174,24 +207,31 @@ if triton_available():
         up_ptrs = gate_ptrs + inter * stride_n
         acc_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        if W_FP8:
+            s_base, stride_sn = _expert_scales(expert, s_ptr, shared_s_ptr, E, stride_se, stride_sn, stride_shared_sn)
         for k0 in range(0, H, BLOCK_K):
             k_mask = offs_k + k0 < H
             xa = tl.load(x_ptrs + k0, mask=valid[:, None] & k_mask[None, :], other=0.0)
             w_mask = k_mask[:, None] & n_mask[None, :]
-            acc_gate = tl.dot(xa, tl.load(gate_ptrs + k0, mask=w_mask, other=0.0), acc_gate,
-                              input_precision=DOT_PRECISION)  # fmt: skip
-            acc_up = tl.dot(xa, tl.load(up_ptrs + k0, mask=w_mask, other=0.0), acc_up, input_precision=DOT_PRECISION)
+            w_gate = tl.load(gate_ptrs + k0, mask=w_mask, other=0.0)
+            w_up = tl.load(up_ptrs + k0, mask=w_mask, other=0.0)
+            if W_FP8:  # gate rows n, up rows inter + n of the fused [gate; up] weight
+                w_gate = _dequantize_tile(w_gate, s_base, stride_sn, offs_n, n_mask, k0, xa.dtype, SCALE_N, SCALE_K)
+                w_up = _dequantize_tile(w_up, s_base, stride_sn, offs_n + inter, n_mask, k0, xa.dtype, SCALE_N,
+                                        SCALE_K)  # fmt: skip
+            acc_gate = tl.dot(xa, w_gate, acc_gate, input_precision=DOT_PRECISION)
+            acc_up = tl.dot(xa, w_up, acc_up, input_precision=DOT_PRECISION)
         act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up
         out_ptrs = act_ptr + tl.where(valid, pair, 0)[:, None].to(tl.int64) * stride_act + offs_n[None, :]
         tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=valid[:, None] & n_mask[None, :])
 
     @triton.jit
     def _down_weighted_kernel(
-        act_ptr, w_ptr, shared_w_ptr, sorted_ptr, block_expert_ptr, weights_ptr, rows_ptr,
+        act_ptr, w_ptr, shared_w_ptr, s_ptr, shared_s_ptr, sorted_ptr, block_expert_ptr, weights_ptr, rows_ptr,
         P, H, INTER, INTER_SHARED, E,
-        stride_act, stride_we, stride_wn, stride_shared_wn, stride_rows,
+        stride_act, stride_we, stride_wn, stride_shared_wn, stride_rows, stride_se, stride_sn, stride_shared_sn,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
-        PDL: tl.constexpr,
+        W_FP8: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         # rows[pair, n] = weight[pair] * (act[row] . down_e[n]) for the BLOCK_M rows of block b, fp32
         pdl_wait(PDL)
@@ -211,10 +251,14 @@ if triton_available():
         a_ptrs = act_ptr + tl.where(valid, pair, 0)[:, None].to(tl.int64) * stride_act + offs_k[None, :]
         w_ptrs = w_base + offs_n[None, :].to(tl.int64) * stride_n + offs_k[:, None]
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        if W_FP8:
+            s_base, stride_sn = _expert_scales(expert, s_ptr, shared_s_ptr, E, stride_se, stride_sn, stride_shared_sn)
         for k0 in range(0, inter, BLOCK_K):
             k_mask = offs_k + k0 < inter
             a = tl.load(a_ptrs + k0, mask=valid[:, None] & k_mask[None, :], other=0.0)
             w = tl.load(w_ptrs + k0, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+            if W_FP8:
+                w = _dequantize_tile(w, s_base, stride_sn, offs_n, n_mask, k0, a.dtype, SCALE_N, SCALE_K)
             acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
         weight = tl.load(weights_ptr + pair, mask=valid, other=0.0).to(tl.float32)
         acc = acc * weight[:, None]

@@ -12,6 +12,9 @@ triton = pytest.importorskip("triton")
 from lightllm_mtp.kernels.moe import moe_align, moe_expert_pass, moe_routing  # noqa: E402
 
 SMEM_LIMIT = 227 * 1024
+# the expert pass's block-FP8 arguments, unused with 16 / 32-bit weights (kernels/quant/fp8_moe.py compiles W_FP8)
+NO_SCALES = dict(s_ptr="*fp32", shared_s_ptr="*fp32", stride_se=64, stride_sn=16, stride_shared_sn=16)
+NO_FP8 = dict(W_FP8=False, SCALE_N=1, SCALE_K=1)
 
 
 def _compile(fn, args, constexprs, **options):
@@ -60,13 +63,13 @@ def test_routing_and_alignment_compile():
 @pytest.mark.parametrize("tiles", [moe_expert_pass.DECODE_TILES, moe_expert_pass.ExpertPassTiles(block_m=32)])
 def test_expert_pass_compiles_pipelined(tiles, pdl):
     common = dict(sorted_ptr="*i32", block_expert_ptr="*i32", P=9, H=2048, INTER=512, INTER_SHARED=512, E=256,
-                  stride_we=2 * 512 * 2048)  # fmt: skip
+                  stride_we=2 * 512 * 2048, **NO_SCALES)  # fmt: skip
     gate_up = _compile(
         moe_expert_pass._gate_up_act_kernel,
         dict(common, x_ptr="*bf16", w_ptr="*bf16", shared_w_ptr="*bf16", act_ptr="*bf16", stride_x=2048,
              stride_wn=2048, stride_shared_wn=2048, stride_act=512),
         dict(SLOTS=9, BLOCK_M=tiles.block_m, BLOCK_N=tiles.gate_up_block_n, BLOCK_K=tiles.gate_up_block_k,
-             DOT_PRECISION="tf32", PDL=pdl),
+             DOT_PRECISION="tf32", PDL=pdl, **NO_FP8),
         num_warps=tiles.num_warps, num_stages=tiles.gate_up_stages,
     )  # fmt: skip
     down = _compile(
@@ -74,7 +77,7 @@ def test_expert_pass_compiles_pipelined(tiles, pdl):
         dict(common, act_ptr="*bf16", w_ptr="*bf16", shared_w_ptr="*bf16", weights_ptr="*fp32", rows_ptr="*fp32",
              stride_act=512, stride_wn=512, stride_shared_wn=512, stride_rows=2048, stride_we=2048 * 512),
         dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.down_block_n, BLOCK_K=tiles.down_block_k, DOT_PRECISION="tf32",
-             PDL=pdl),
+             PDL=pdl, **NO_FP8),
         num_warps=tiles.num_warps, num_stages=tiles.down_stages,
     )  # fmt: skip
     for kernel in (gate_up, down):
@@ -90,18 +93,18 @@ def test_expert_pass_compiles_fp32_ieee():
     differing from the routed I as in the tiny checkpoints."""
     tiles = moe_expert_pass.DECODE_TILES
     common = dict(sorted_ptr="*i32", block_expert_ptr="*i32", w_ptr="*fp32", shared_w_ptr="*fp32", P=6, H=64, INTER=32,
-                  INTER_SHARED=48, E=8)  # fmt: skip
+                  INTER_SHARED=48, E=8, **NO_SCALES)  # fmt: skip
     _compile(moe_expert_pass._gate_up_act_kernel,
              dict(common, x_ptr="*fp32", act_ptr="*fp32", stride_x=64, stride_we=4096, stride_wn=64,
                   stride_shared_wn=64, stride_act=48),
              dict(SLOTS=3, BLOCK_M=tiles.block_m, BLOCK_N=tiles.gate_up_block_n, BLOCK_K=tiles.gate_up_block_k,
-                  DOT_PRECISION="ieee", PDL=False),
+                  DOT_PRECISION="ieee", PDL=False, **NO_FP8),
              num_warps=tiles.num_warps, num_stages=tiles.gate_up_stages)  # fmt: skip
     _compile(moe_expert_pass._down_weighted_kernel,
              dict(common, act_ptr="*fp32", weights_ptr="*fp32", rows_ptr="*fp32", stride_act=48, stride_we=2048,
                   stride_wn=32, stride_shared_wn=48, stride_rows=64),
              dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.down_block_n, BLOCK_K=tiles.down_block_k, DOT_PRECISION="ieee",
-                  PDL=False),
+                  PDL=False, **NO_FP8),
              num_warps=tiles.num_warps, num_stages=tiles.down_stages)  # fmt: skip
 
 
@@ -141,13 +144,14 @@ def test_pdl_kernels_wait_first(pdl):
     from lightllm_mtp.kernels.moe import moe_route_align
 
     tiles = moe_expert_pass.DECODE_TILES
-    common = dict(sorted_ptr="*i32", block_expert_ptr="*i32", P=9, H=2048, INTER=512, INTER_SHARED=512, E=256)
+    common = dict(sorted_ptr="*i32", block_expert_ptr="*i32", P=9, H=2048, INTER=512, INTER_SHARED=512, E=256,
+                  **NO_SCALES)
     kernels = [
         _compile(moe_expert_pass._gate_up_act_kernel,
                  dict(common, x_ptr="*bf16", w_ptr="*bf16", shared_w_ptr="*bf16", act_ptr="*bf16", stride_x=2048,
                       stride_we=2 * 512 * 2048, stride_wn=2048, stride_shared_wn=2048, stride_act=512),
                  dict(SLOTS=9, BLOCK_M=tiles.block_m, BLOCK_N=tiles.gate_up_block_n, BLOCK_K=tiles.gate_up_block_k,
-                      DOT_PRECISION="tf32", PDL=pdl),
+                      DOT_PRECISION="tf32", PDL=pdl, **NO_FP8),
                  num_warps=tiles.num_warps, num_stages=tiles.gate_up_stages),
         _compile(moe_expert_pass._sum_slots_kernel,
                  dict(rows_ptr="*fp32", out_ptr="*bf16", H=2048, stride_out=2048),

@@ -1,0 +1,141 @@
+"""y = x @ W^T with a block-FP8 W for more rows than the GEMV takes (batched decode, verify blocks, prefill).
+
+Two modes of one tiled tl.dot kernel, K tiles of one scale block each:
+- weight-only (`act_fp8=False`): each FP8 weight tile is dequantized in registers to x's dtype and multiplied on the
+  16-bit tensor cores; the weight's bytes are still read once per output tile row (bandwidth-bound sizes);
+- w8a8 (`act_fp8=True`, the checkpoints' "dynamic" activation scheme): x is quantized per token in 1 x block_k
+  groups (`quantize_activations_fp8`), each tile product runs on the FP8 tensor cores and is scaled by its row's
+  group scale times the weight block's scale (compute-bound prefill).
+The w8a8 result differs from the weight-only one by the activation rounding: e4m3 keeps 3 mantissa bits, a relative
+error of at most 2^-4 per element (in its normal range); as a share of |x| |w| a row's product error stays below
+2^-4 / sqrt(3) (unit_tests/kernels/quant/test_fp8_linear.py measures 0.06% mean, 0.38% max on random data)."""
+
+from __future__ import annotations
+
+import torch
+
+from lightllm_mtp.kernels._validate import check_device, check_float, check_shape
+from lightllm_mtp.kernels.quant.fp8_block import FP8_DTYPE, FP8_MAX, Fp8BlockWeight
+from lightllm_mtp.kernels.triton_utils import triton_available
+
+_OP = "fp8_gemm"
+_QUANT_OP = "quantize_activations_fp8"
+_MIN_ACT_SCALE = 1e-10  # an all-zero group keeps a finite scale
+
+
+def quantize_activations_ref(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (q [M, K] e4m3, scale [M, ceil(K / group)] fp32) with x ~ q * scale per 1 x group."""
+    m, k = x.shape
+    groups = -(-k // group)
+    padded = torch.nn.functional.pad(x.float(), (0, groups * group - k)).reshape(m, groups, group)
+    scale = padded.abs().amax(dim=-1).clamp_min(_MIN_ACT_SCALE) / FP8_MAX
+    q = (padded / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).reshape(m, groups * group)[:, :k]
+    return q.contiguous(), scale
+
+
+def fp8_gemm_ref(x: torch.Tensor, weight: Fp8BlockWeight, *, act_fp8: bool) -> torch.Tensor:
+    """fp32 math; act_fp8: x first rounded as the w8a8 kernel rounds it."""
+    xf = x.float()
+    if act_fp8:
+        q, s = quantize_activations_ref(x, weight.block[1])
+        xf = q.float() * s.repeat_interleave(weight.block[1], dim=1)[:, : x.shape[1]]
+    return (xf @ weight.dequantize(torch.float32).t()).to(x.dtype)
+
+
+def quantize_activations_fp8(x: torch.Tensor, *, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Triton per-token-group quantization of quantize_activations_ref (CUDA or the interpreter)."""
+    check_shape(_QUANT_OP, "x", x, (None, None), "[M, K]")
+    check_float(_QUANT_OP, "x", x)
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    m, k = x.shape
+    groups = triton.cdiv(k, group)
+    q = torch.empty(m, k, dtype=FP8_DTYPE, device=x.device)
+    scale = torch.empty(m, groups, dtype=torch.float32, device=x.device)
+    if m:
+        _quantize_act_kernel[(m, groups)](x, q, scale, k, x.stride(0), q.stride(0), scale.stride(0),
+                                          MIN_SCALE=_MIN_ACT_SCALE, FP8_MAX_VALUE=FP8_MAX, GROUP=group)  # fmt: skip
+    return q, scale
+
+
+def fp8_gemm_triton(
+    x: torch.Tensor, *, weight: Fp8BlockWeight, act_fp8: bool, block_m: int = 64, block_n: int = 128,
+    num_warps: int = 4, num_stages: int = 3,
+) -> torch.Tensor:  # fmt: skip
+    """x [M, K] (16/32-bit) @ weight [N, K]^T -> [M, N] in x.dtype, fp32 accumulation. block_m / block_n: the output
+    tile; the K tile is the weight's scale block."""
+    if not isinstance(weight, Fp8BlockWeight) or weight.ndim != 2:
+        raise ValueError(f"{_OP}: weight must be a 2-D Fp8BlockWeight [N, K]")
+    check_shape(_OP, "x", x, (None, weight.shape[1]), "[M, K] with the weight's K")
+    check_float(_OP, "x", x)
+    check_device(_OP, x=x, qweight=weight.qweight)
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    m, k = x.shape
+    n = weight.shape[0]
+    q, s = weight.qweight, weight.scale
+    if q.stride(1) != 1 or s.stride(1) != 1:
+        raise ValueError(f"{_OP}: weight and scale rows must be contiguous")
+    scale_n, scale_k = weight.block
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    if act_fp8:
+        a, a_scale = quantize_activations_fp8(x, group=scale_k)
+    else:
+        a, a_scale = x, x  # a_scale: any pointer, never read
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    _fp8_gemm_kernel[(triton.cdiv(m, block_m), triton.cdiv(n, block_n))](
+        a, a_scale, q, s, out, m, n, k, a.stride(0), a_scale.stride(0), q.stride(0), s.stride(0), out.stride(0),
+        SCALE_N=scale_n, BLOCK_K=scale_k, ACT_FP8=act_fp8, BLOCK_M=block_m, BLOCK_N=block_n,
+        DOT_PRECISION=precision, num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    return out
+
+
+if triton_available():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _quantize_act_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, stride_s, MIN_SCALE: tl.constexpr,
+                             FP8_MAX_VALUE: tl.constexpr, GROUP: tl.constexpr):  # fmt: skip
+        row = tl.program_id(0).to(tl.int64)
+        g = tl.program_id(1)
+        offs = g * GROUP + tl.arange(0, GROUP)
+        mask = offs < K
+        x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+        scale = tl.maximum(tl.max(tl.abs(x), axis=0), MIN_SCALE) / FP8_MAX_VALUE
+        q = tl.clamp(x / scale, -FP8_MAX_VALUE, FP8_MAX_VALUE)
+        tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+        tl.store(s_ptr + row * stride_s + g, scale)
+
+    @triton.jit
+    def _fp8_gemm_kernel(
+        a_ptr, a_s_ptr, w_ptr, w_s_ptr, out_ptr, M, N, K,
+        stride_a, stride_as, stride_w, stride_ws, stride_out,
+        SCALE_N: tl.constexpr, BLOCK_K: tl.constexpr, ACT_FP8: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ):  # fmt: skip
+        offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        m_mask = offs_m < M
+        n_mask = offs_n < N
+        a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_a + offs_k[None, :]
+        w_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * stride_w + offs_k[:, None]
+        w_s_ptrs = w_s_ptr + (offs_n // SCALE_N).to(tl.int64) * stride_ws
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for kb in range(0, tl.cdiv(K, BLOCK_K)):
+            k_mask = offs_k + kb * BLOCK_K < K
+            a = tl.load(a_ptrs + kb * BLOCK_K, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            w = tl.load(w_ptrs + kb * BLOCK_K, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+            w_s = tl.load(w_s_ptrs + kb, mask=n_mask, other=0.0)
+            if ACT_FP8:
+                a_s = tl.load(a_s_ptr + offs_m.to(tl.int64) * stride_as + kb, mask=m_mask, other=0.0)
+                acc += tl.dot(a, w) * a_s[:, None] * w_s[None, :]
+            else:
+                w_deq = (w.to(tl.float32) * w_s[None, :]).to(a.dtype)
+                acc = tl.dot(a, w_deq, acc, input_precision=DOT_PRECISION)
+        out_ptrs = out_ptr + offs_m[:, None].to(tl.int64) * stride_out + offs_n[None, :]
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])

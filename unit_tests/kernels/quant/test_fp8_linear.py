@@ -1,0 +1,130 @@
+"""Block-FP8 projections (kernels/quant/): quantization round trip, the GEMV and the tiled GEMM against their
+references under Triton's interpreter, the dispatch, and on the GPU against the references at real shapes."""
+
+import textwrap
+
+import pytest
+import torch
+
+from lightllm_mtp.kernels.quant import fp8_linear as dispatch
+from lightllm_mtp.kernels.quant.fp8_block import FP8_MAX, Fp8BlockWeight, dequantize_fp8_block, quantize_fp8_block
+from lightllm_mtp.kernels.quant.fp8_gemm import fp8_gemm_ref, quantize_activations_ref
+from lightllm_mtp.kernels.quant.fp8_gemv import fp8_gemv_ref, fp8_gemv_triton
+from lightllm_mtp.kernels.quant.fp8_linear import WEIGHT_ONLY_MAX_ROWS, fp8_linear
+from unit_tests.triton_interpreter import run_interpreted
+
+INTERPRET_SCRIPT = textwrap.dedent(
+    """
+    import torch
+    from lightllm_mtp.kernels.quant.fp8_block import quantize_fp8_block
+    from lightllm_mtp.kernels.quant.fp8_gemm import (fp8_gemm_ref, fp8_gemm_triton, quantize_activations_fp8,
+                                                     quantize_activations_ref)
+    from lightllm_mtp.kernels.quant.fp8_gemv import fp8_gemv_ref, fp8_gemv_triton
+    gen = torch.Generator().manual_seed(0)
+    # (T, N, K, block): partial blocks on both sides, sub-blocks (a regrouped shard), several K steps, wide rows
+    for t, n, k, block in ((1, 40, 64, (16, 16)), (3, 37, 200, (32, 64)), (2, 300, 1000, (128, 128)),
+                           (4, 130, 256, (128, 128)), (1, 1031, 4100, (128, 128)), (2, 64, 384, (64, 128))):
+        x = torch.randn(t, k + 5, generator=gen)[:, 2 : 2 + k]  # strided rows
+        w = quantize_fp8_block(torch.randn(n, k, generator=gen) * 0.05, block)
+        torch.testing.assert_close(fp8_gemv_triton(x, weight=w), fp8_gemv_ref(x, w), rtol=1e-5, atol=1e-4)
+    for m, n, k, block in ((5, 40, 64, (16, 16)), (70, 130, 300, (128, 128)), (33, 96, 256, (32, 64))):
+        x = torch.randn(m, k, generator=gen)
+        w = quantize_fp8_block(torch.randn(n, k, generator=gen) * 0.05, block)
+        got = fp8_gemm_triton(x, weight=w, act_fp8=False, block_m=16, block_n=32)
+        torch.testing.assert_close(got, fp8_gemm_ref(x, w, act_fp8=False), rtol=1e-5, atol=1e-4)
+        q, s = quantize_activations_fp8(x, group=block[1])
+        q_ref, s_ref = quantize_activations_ref(x, block[1])
+        torch.testing.assert_close(s, s_ref)
+        # the interpreter's fp32 -> e4m3 cast rounds a value whose mantissa carries into the next power of two down
+        # a binade (124.7 -> 64, not 128; the GPU's cast is right): those elements are left out here
+        carry = (q_ref.float().abs().log2().frac() == 0) & (q.float() != q_ref.float())
+        assert torch.equal(q.float()[~carry], q_ref.float()[~carry]) and carry.float().mean() < 0.05
+        # the w8a8 GEMM over the activations as the kernel rounded them
+        xq = q.float() * s.repeat_interleave(block[1], dim=1)[:, :k]
+        got = fp8_gemm_triton(x, weight=w, act_fp8=True, block_m=16, block_n=32)
+        torch.testing.assert_close(got, fp8_gemm_ref(xq, w, act_fp8=False), rtol=1e-5, atol=1e-4)
+    print("OK")
+    """
+)
+
+
+def test_fp8_kernels_under_the_interpreter():
+    pytest.importorskip("triton")
+    assert "OK" in run_interpreted(INTERPRET_SCRIPT, timeout=600)
+
+
+@pytest.mark.parametrize("shape,block", [((256, 512), (128, 128)), ((130, 70), (128, 128)), ((3, 64, 200), (32, 64))])
+def test_quantize_round_trip(shape, block):
+    w = torch.randn(*shape, generator=torch.Generator().manual_seed(1)) * 0.03
+    q = quantize_fp8_block(w, block)
+    assert q.qweight.dtype == torch.float8_e4m3fn and q.scale.shape[-2:] == (-(-shape[-2] // block[0]),
+                                                                           -(-shape[-1] // block[1]))  # fmt: skip
+    # every block's largest magnitude lands on 448, as in the published checkpoints
+    assert q.qweight.float().abs().amax() == FP8_MAX
+    back = dequantize_fp8_block(q.qweight, q.scale, block)
+    # e4m3 rounding: at most half a step of 3 mantissa bits, 2^-4 of the value (normal range)
+    rel = ((back - w).abs() / w.abs().clamp_min(1e-3)).amax()
+    assert rel <= 2**-4 + 1e-6
+
+
+def test_all_zero_block_keeps_scale_one():
+    w = torch.zeros(128, 256)
+    w[:, 128:] = 1.0
+    q = quantize_fp8_block(w, (128, 128))
+    torch.testing.assert_close(q.scale, torch.tensor([[1.0, 1.0 / FP8_MAX]]))
+    assert torch.equal(q.dequantize(), w)
+
+
+def test_weight_checks_its_scale():
+    q = quantize_fp8_block(torch.randn(64, 64), (32, 32))
+    with pytest.raises(ValueError, match="scale shape"):
+        Fp8BlockWeight(q.qweight, q.scale[:1], (32, 32))
+    with pytest.raises(ValueError, match="powers of two"):
+        Fp8BlockWeight(q.qweight, q.scale, (24, 32))
+    with pytest.raises(ValueError, match="float8_e4m3fn"):
+        Fp8BlockWeight(q.qweight.float(), q.scale, (32, 32))
+
+
+def test_activation_quantization_error_is_bounded():
+    """What the w8a8 prefill path adds to the weight-only result: e4m3 rounding of the activations (<= 2^-4
+    relative per element); the dot products' relative error stays within ~2^-4 / sqrt(3) rms of |x| |w|."""
+    gen = torch.Generator().manual_seed(2)
+    x, w = torch.randn(64, 1024, generator=gen), quantize_fp8_block(torch.randn(512, 1024, generator=gen), (128, 128))
+    exact, w8a8 = fp8_gemm_ref(x, w, act_fp8=False), fp8_gemm_ref(x, w, act_fp8=True)
+    scale = x.norm(dim=1, keepdim=True) * w.dequantize().norm(dim=1)[None, :]
+    err = ((w8a8 - exact).abs() / scale)
+    # measured here: 0.06% mean, 0.38% max of |x| |w| (the bound: 3.6%)
+    assert err.max() < 2**-4 / 3**0.5 and err.mean() > 0
+    q, s = quantize_activations_ref(x, 128)
+    assert q.shape == x.shape and s.shape == (64, 8)
+
+
+def test_dispatch_on_cpu_is_the_weight_only_reference_at_every_row_count(monkeypatch):
+    w = quantize_fp8_block(torch.randn(96, 256) * 0.05, (128, 128))
+    x = torch.randn(300, 256)
+    full = fp8_linear(x, w)
+    torch.testing.assert_close(full, fp8_gemv_ref(x, w), rtol=0, atol=0)
+    torch.testing.assert_close(fp8_linear(x[:3], w), full[:3], rtol=1e-6, atol=1e-6)
+    calls = []
+    monkeypatch.setattr(dispatch, "use_triton", lambda t: True)
+    monkeypatch.setattr(dispatch, "fp8_gemv_triton", lambda x, weight: calls.append(("gemv", x.shape[0])))
+    monkeypatch.setattr(dispatch, "fp8_gemm_triton", lambda x, weight, act_fp8: calls.append(("gemm", act_fp8)))
+    for rows in (1, 4, 5, WEIGHT_ONLY_MAX_ROWS, WEIGHT_ONLY_MAX_ROWS + 1):
+        fp8_linear(torch.randn(rows, 256), w)
+    assert calls == [("gemv", 1), ("gemv", 4), ("gemm", False), ("gemm", False), ("gemm", True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 2, 4, 32, 128, 1024])
+@pytest.mark.parametrize("n,k", [(12288, 5120), (5120, 6144), (4096, 2048), (1024, 5120)])
+def test_fp8_linear_gpu(t, n, k):
+    torch.manual_seed(t + n)
+    x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
+    w = quantize_fp8_block(torch.randn(n, k, device="cuda") * 0.02, (128, 128))
+    act = t > WEIGHT_ONLY_MAX_ROWS
+    out = fp8_linear(x, w)
+    ref = fp8_gemm_ref(x, w, act_fp8=act)
+    torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+    if t <= 4:
+        torch.testing.assert_close(fp8_gemv_triton(x, weight=w).float(), fp8_gemv_ref(x, w).float(), rtol=1e-2,
+                                   atol=1e-2)  # fmt: skip
