@@ -1,3 +1,4 @@
+# Over 500 lines: one load generator (workloads in serving_workloads.py), its launch, client loop and report together.
 """Serving benchmark: a load generator against the HTTP server (streaming /v1/completions).
 
     python benchmark/serving.py --url http://127.0.0.1:8000 --concurrency 1,8,32 --num_prompts 64 \

@@ -49,9 +49,11 @@ def expert_pass_ref(
     topk_ids: torch.Tensor,
     shared_gate_up: torch.Tensor | None = None,
     shared_down: torch.Tensor | None = None,
+    as_float=lambda w: w.float(),
 ) -> torch.Tensor:
     """fp32 math: out[t] = sum_s w[t, s] * down_e(silu(gate_e x_t) * up_e x_t), e = ids[t, s]; e == E is the
-    shared expert (shared_gate_up [2I_s, H], shared_down [H, I_s]) when given."""
+    shared expert (shared_gate_up [2I_s, H], shared_down [H, I_s]) when given. `as_float` turns one expert's stored
+    weight into fp32 (a quantized format passes its dequantization: kernels/quant/fp8_moe.py)."""
     num_experts = w_gate_up.shape[0]
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     xf = x.float()
@@ -59,9 +61,9 @@ def expert_pass_ref(
         token, slot = torch.nonzero(topk_ids == e, as_tuple=True)
         gate_up_w, down_w = (shared_gate_up, shared_down) if e == num_experts else (w_gate_up[e], w_down[e])
         inter = down_w.shape[1]
-        gate_up = F.linear(xf[token], gate_up_w.float())
+        gate_up = F.linear(xf[token], as_float(gate_up_w))
         h = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        out.index_add_(0, token, F.linear(h, down_w.float()) * topk_weights[token, slot, None].float())
+        out.index_add_(0, token, F.linear(h, as_float(down_w)) * topk_weights[token, slot, None].float())
     return out.to(x.dtype)
 
 

@@ -10,10 +10,9 @@ products of the dequantized experts a step uses."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from lightllm_mtp.kernels._validate import check_device, check_float, check_index, check_shape
-from lightllm_mtp.kernels.moe.moe_expert_pass import DECODE_TILES, ExpertPassTiles, expert_pass_triton
+from lightllm_mtp.kernels.moe.moe_expert_pass import DECODE_TILES, ExpertPassTiles, expert_pass_ref, expert_pass_triton
 from lightllm_mtp.kernels.quant.fp8_block import Fp8BlockWeight
 from lightllm_mtp.kernels.triton_utils import use_triton
 
@@ -24,18 +23,9 @@ PREFILL_TILES = ExpertPassTiles(block_m=64, gate_up_block_n=64, down_block_n=64)
 
 def fp8_moe_ref(x, w_gate_up: Fp8BlockWeight, w_down: Fp8BlockWeight, topk_weights, topk_ids,
                 shared_gate_up: Fp8BlockWeight | None = None, shared_down: Fp8BlockWeight | None = None):  # fmt: skip
-    """fp32 math: out[t] = sum_s w[t, s] * down_e(silu(gate_e x_t) * up_e x_t); id E: the shared expert."""
-    num_experts = w_gate_up.shape[0]
-    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    xf = x.float()
-    for e in torch.unique(topk_ids).tolist():
-        token, slot = torch.nonzero(topk_ids == e, as_tuple=True)
-        gate_up_w, down_w = (shared_gate_up, shared_down) if e == num_experts else (w_gate_up[e], w_down[e])
-        inter = down_w.shape[1]
-        gate_up = F.linear(xf[token], gate_up_w.dequantize())
-        h = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        out.index_add_(0, token, F.linear(h, down_w.dequantize()) * topk_weights[token, slot, None].float())
-    return out.to(x.dtype)
+    """fp32 math over the dequantized experts (expert_pass_ref with each expert's weight dequantized as it is used)."""
+    return expert_pass_ref(x, w_gate_up, w_down, topk_weights, topk_ids, shared_gate_up, shared_down,
+                           as_float=lambda w: w.dequantize())
 
 
 def fp8_fused_moe(x: torch.Tensor, *, w_gate_up: Fp8BlockWeight, w_down: Fp8BlockWeight, topk_weights: torch.Tensor,
