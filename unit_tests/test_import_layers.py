@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "lightllm_mtp"
 LAYERS = {
     "env": 0, "config": 0, "sampling_params": 0, "chat_templates": 0,
     "kernels": 1, "sampling": 1,
-    "common": 2,
+    "common": 2, "multimodal": 2,
     "models": 3,
     "spec_decode": 4,
     "engine": 5,

@@ -7,6 +7,7 @@ Qwen3_5MoeForConditionalGeneration, language-model fields under `text_config`) a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from enum import Enum
@@ -15,6 +16,7 @@ from typing import Any
 
 from lightllm_mtp.config.rope_scaling import RopeScaling, RopeScalingError, merge_override, parse_rope_scaling
 from lightllm_mtp.config.quant_config import QuantConfig, QuantConfigError, quant_config_of
+from lightllm_mtp.config.vision_config import VisionConfig, VisionConfigError, parse_vision_config
 
 
 class ModelConfigError(ValueError):
@@ -98,6 +100,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]
     torch_dtype: str | None
     quantization: QuantConfig | None = None  # the checkpoint's quantization_config (FP8 block weights)
+    vision: VisionConfig | None = None  # the vision tower (image-text checkpoints); None: text only
 
     @property
     def is_moe(self) -> bool:
@@ -287,7 +290,14 @@ def _parse_text_config(
         quantization=quantization,
     )
     _validate(cfg)
-    return cfg
+    try:
+        vision = parse_vision_config(hf, text, cfg.hidden_size, rotary_dim) if wrapped else None
+    except VisionConfigError as e:
+        raise ModelConfigError(str(e)) from None
+    if vision is not None and not max(vision.image_token_id, vision.vision_start_token_id,
+                                      vision.vision_end_token_id) < cfg.vocab_size:  # fmt: skip
+        vision = None  # image token ids outside the vocabulary (a text-only fixture with a placeholder tower config)
+    return dataclasses.replace(cfg, vision=vision) if vision is not None else cfg
 
 
 def _validate(cfg: ModelConfig) -> None:

@@ -1,0 +1,1 @@
+"""Image input: decoding and preprocessing (CPU), the prompt's image tokens and their M-RoPE positions."""
