@@ -107,6 +107,9 @@ class EngineArgs:
                                       "block-FP8 (128x128 blocks, the published -FP8 layout) at load; none: weights "
                                       "as stored (an -FP8 checkpoint loads FP8 by its quantization_config either way)",
                                       group=MODEL, choices=QUANTIZATION_CHOICES)
+    language_model_only: bool = option(False, "do not load an image-text checkpoint's vision tower (model.visual.*): "
+                                       "text only, requests with images are refused", group=MODEL)
+    limit_mm_per_prompt: int = option(8, "most images in one request (0: images refused)", group=MODEL)
     cpu_threads: int | None = option(None, "torch threads of each process on CPU (none: 1 for models with hidden "
                                      f"size < {SMALL_MODEL_HIDDEN}, which are latency-bound, else the cores divided "
                                      "among this host's engine processes)", group=MODEL)
