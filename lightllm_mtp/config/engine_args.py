@@ -4,6 +4,8 @@ what users of other engines pass ("bf16", "float32" or torch.float32, "cuda:1" o
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 from dataclasses import dataclass, field
 
@@ -301,8 +303,30 @@ class EngineArgs:
         return max_len
 
     def model_config(self) -> ModelConfig:
-        """The checkpoint's config with this engine's overrides (rope_scaling)."""
+        """The checkpoint's config with this engine's overrides (rope_scaling; no vision tower where this engine
+        serves no images: images_refused_because)."""
+        cfg = self.model_config_as_declared()
+        if cfg.vision is not None and self.images_refused_because(cfg) is not None:
+            return dataclasses.replace(cfg, vision=None)
+        return cfg
+
+    def model_config_as_declared(self) -> ModelConfig:
+        """The checkpoint's config with rope_scaling, its vision tower kept whether or not this engine serves images."""
         return ModelConfig.from_model_dir(self.model_dir, rope_scaling=self.rope_scaling)
+
+    def images_refused_because(self, cfg: ModelConfig) -> str | None:
+        """Why this engine takes no image input (None: it does); `cfg` as the checkpoint declares it."""
+        if cfg.vision is None:
+            return "this model serves text only (its checkpoint has no vision tower)"
+        if self.language_model_only:
+            return "this server runs the language model only (--language_model_only): images are not accepted"
+        if self.limit_mm_per_prompt == 0:
+            return "images are disabled on this server (--limit_mm_per_prompt 0)"
+        if self.parallel.world_size > 1:
+            return "images are not supported with tp / pp > 1 yet (the vision tower runs in one process)"
+        if self.spec is not None and self.spec.mode is MtpMode.DRAFT_MODEL:
+            return "images are not supported with a draft model (mtp_mode draft_model has no M-RoPE input)"
+        return None
 
     def resolved_max_model_len(self, cfg: ModelConfig) -> int:
         """max_model_len, or min(the model's context window, 4096); above the window (max_position_embeddings, or

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,8 @@ from lightllm_mtp.engine.prefix_cache import PrefixCacheStats
 from lightllm_mtp.engine.request import FinishReason, Request
 from lightllm_mtp.engine.request_end import end_request
 from lightllm_mtp.engine.scheduler import Scheduler
+from lightllm_mtp.multimodal.image_input import ImageInput
+from lightllm_mtp.multimodal.prompt_images import PromptImages
 from lightllm_mtp.sampling.grammar import GrammarCompiler, grammar_text
 from lightllm_mtp.sampling_params import SamplingParams
 
@@ -139,9 +142,29 @@ class LLMEngine:
         if bad:
             raise ValueError(f"prompt token ids out of range [0, {vocab}): {bad[:8]}")
 
-    def validate_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
-        """Everything add_request would reject, checked without queuing anything."""
+    def validate_images(self, prompt_ids: list[int], images: Sequence[ImageInput]) -> PromptImages | None:
+        """The prompt's images as the engine keeps them (None without images); ValueError when this engine takes no
+        images, there are more than limit_mm_per_prompt, or the prompt's image tokens do not match them (each image
+        placeholder expanded to its image's token count: multimodal.image_input.expand_image_tokens)."""
+        vision = self.model_config.vision
+        if not images:
+            if vision is not None and vision.image_token_id in prompt_ids:
+                raise ValueError(f"the prompt has image tokens ({vision.image_token_id}) but no images")
+            return None
+        if vision is None:
+            raise ValueError(self.args.images_refused_because(self.args.model_config_as_declared()))
+        if len(images) > self.args.limit_mm_per_prompt:
+            raise ValueError(f"{len(images)} images in one request; at most {self.args.limit_mm_per_prompt} "
+                             "(--limit_mm_per_prompt)")  # fmt: skip
+        if any(not isinstance(image, ImageInput) for image in images):
+            raise TypeError("images must be ImageInput (multimodal.image_processor's output)")
+        return PromptImages.of(list(prompt_ids), images, vision.image_token_id)
+
+    def validate_request(self, prompt_ids: list[int], params: SamplingParams,
+                         images: Sequence[ImageInput] = ()) -> PromptImages | None:  # fmt: skip
+        """Everything add_request would reject, checked without queuing anything; returns the prompt's images."""
         self.validate_prompt(prompt_ids)
+        prompt_images = self.validate_images(prompt_ids, images)
         bad = [t for t, _ in params.logit_bias if t >= self.model_config.vocab_size]
         if bad:
             raise ValueError(f"logit_bias token ids out of range [0, {self.model_config.vocab_size}): {bad[:8]}")
@@ -152,13 +175,17 @@ class LLMEngine:
                 raise ValueError("structured outputs are not supported with tp / pp > 1")
             grammar_text(params.structured)  # ValueError naming what is wrong
         self.scheduler.check_fits(len(prompt_ids), params.max_new_tokens)
+        return prompt_images
 
-    def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Request:
-        self.validate_request(prompt_ids, params)
+    def add_request(self, prompt_ids: list[int], params: SamplingParams,
+                    images: Sequence[ImageInput] = ()) -> Request:  # fmt: skip
+        """prompt_ids: with each image's placeholder expanded to its tokens (expand_image_tokens), images in order."""
+        prompt_images = self.validate_request(prompt_ids, params, images)
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self.args.device).manual_seed(params.seed)
-        req = Request(request_id=next(self._ids), prompt_ids=list(prompt_ids), params=params, generator=generator)
+        req = Request(request_id=next(self._ids), prompt_ids=list(prompt_ids), params=params, generator=generator,
+                      images=prompt_images)  # fmt: skip
         if params.structured is not None:
             req.grammar = self.grammar_compiler().matcher(params.structured)
         self.scheduler.add(req)

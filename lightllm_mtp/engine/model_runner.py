@@ -12,6 +12,7 @@ from lightllm_mtp.common.basemodel.cuda_graph import CudaGraphSet, GraphedForwar
 from lightllm_mtp.common.basemodel.prefill_graph import PrefillGraphSet, prefill_graph_set
 from lightllm_mtp.common.basemodel.stage_graphs import StageGraphedForward, graphed_model_forward, model_graph_set
 from lightllm_mtp.common.parallel_state import pp_broadcast_from_last
+from lightllm_mtp.engine.image_rows import ImageRows
 from lightllm_mtp.engine.prefix_cache import PrefixCache
 from lightllm_mtp.engine.step import DecodeStep, HostCopy, kv_lookahead_slots
 from lightllm_mtp.engine.request import EndState, Request
@@ -52,8 +53,10 @@ def capture_model_graphs(model: TpPartBaseModel, graph_max_batch_size: int = 0, 
 
 class ModelRunner:
     def __init__(self, model: TpPartBaseModel, graphs: ModelGraphs, prefix_cache: PrefixCache | None = None,
-                 eos_token_ids: frozenset[int] = frozenset()):  # fmt: skip
+                 eos_token_ids: frozenset[int] = frozenset(), image_rows: ImageRows | None = None):  # fmt: skip
+        """image_rows: models with a vision tower (engine/image_rows.py)."""
         self.model = model
+        self.image_rows = image_rows
         self.eos_token_ids = eos_token_ids  # min_tokens masks them
         self.device = model.rt.device
         self.kv_pool = model.caches.kv_pool
@@ -109,6 +112,8 @@ class ModelRunner:
             req, n = s.request, s.num_new_tokens
             if req.req_idx is None:
                 req.req_idx = self.req_manager.alloc()
+                if self.image_rows is not None:
+                    self.image_rows.admit(req)
                 if self.prefix_cache is not None:
                     self.prefix_cache.restore(req)
             start = req.num_computed
@@ -152,11 +157,13 @@ class ModelRunner:
             else:
                 rows_dev = to_dev([i for i, _ in from_device], torch.int64)
                 input_ids_dev[rows_dev] = after.tokens[to_dev([j for _, j in from_device], torch.int64)]
-        plan = None
+        plan, image_fields = None, {}
+        chunks = [(s.request, p0, s.num_new_tokens) for s, p0 in zip(scheduled, starts)]
         if self.prefix_cache is not None:  # GDN snapshots at the prompt chunks' boundaries (an EXTEND forward)
-            chunks = [(s.request, p0, s.num_new_tokens) for s, p0 in zip(scheduled, starts)]
             plan = self.prefix_cache.plan(chunks, len(input_ids), dev)
             decode = decode and plan is None
+        if self.image_rows is not None and not decode:  # vision embeddings and M-RoPE rows of image prompts
+            image_fields = self.image_rows.batch_fields(chunks)
         batch = ForwardBatch(
             mode=ForwardMode.DECODE if decode else ForwardMode.EXTEND,
             input_ids=input_ids_dev,
@@ -170,6 +177,7 @@ class ModelRunner:
             max_q_len=max(b - a for a, b in zip(cu_q_len, cu_q_len[1:])),
             snapshot_plan=plan,
             host_q_lens=tuple(s.num_new_tokens for s in scheduled),
+            **image_fields,
         )
         return batch, sampled
 
@@ -186,7 +194,7 @@ class ModelRunner:
         out = self.forward(batch)
         for s in scheduled:
             s.request.num_computed += s.num_new_tokens
-        self.after_prompt_chunks()
+        self.after_prompt_chunks(scheduled)
         if not sampled:
             return DecodeStep([])
         tokens = self.sample_on_last_stage(out.logits, sampled)
@@ -259,10 +267,14 @@ class ModelRunner:
             tokens = torch.empty(len(reqs), dtype=torch.int64, device=self.device)
         return pp_broadcast_from_last(tokens)
 
-    def after_prompt_chunks(self) -> None:
-        """A launched forward's prompt chunks (num_computed counted) leave their boundaries in the prefix cache."""
+    def after_prompt_chunks(self, scheduled: list[ScheduledRequest] = ()) -> None:
+        """A launched forward's prompt chunks (num_computed counted) leave their boundaries in the prefix cache, and
+        the vision embeddings they no longer need."""
         if self.prefix_cache is not None:
             self.prefix_cache.after_launch()
+        for s in scheduled:
+            if s.request.images is not None:
+                s.request.images.drop_embeds_before(s.request.num_computed)
 
     def settle(self, step: DecodeStep) -> None:
         pass
@@ -287,3 +299,5 @@ class ModelRunner:
         if req.req_idx is not None:
             self.req_manager.free(req.req_idx)
             req.req_idx = None
+        if req.images is not None:
+            req.images.embeds.clear()

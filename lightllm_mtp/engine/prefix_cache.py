@@ -98,7 +98,7 @@ class PrefixCache:
         """Locks the deepest usable cached prefix of req's prompt; returns its length (0: none)."""
         if self.journal is not None:
             self.journal.cache_match(req)
-        prompt = req.prompt_ids
+        prompt = req.key_prompt_ids
         n = len(prompt) - max(1, self.lookahead)
         if n <= 0:
             return 0
@@ -232,7 +232,7 @@ class PrefixCache:
         hold = req.cache_hold
         start = hold.cached_len
         held, new = split_slots(req.kv_slots, start)  # kv_slots[..][:start] are the tree's already
-        tokens = req.prompt_ids[start : depth + self.lookahead]
+        tokens = req.key_prompt_ids[start : depth + self.lookahead]
         keys = key_elements(tokens, depth - start, self.lookahead, req.params.cache_salt if start == 0 else None)
         own = new[: depth - start]
         node, tree_slots = self._insert(keys, own, snaps, below=hold.node)
@@ -278,7 +278,7 @@ class PrefixCache:
         to_free = [kv[depth:]]
         held, awaiting = end.held, False
         if depth > 0:
-            tokens = req.prompt_ids + req.output_ids
+            tokens = req.key_prompt_ids + req.output_ids
             keys = key_elements(tokens, depth, self.lookahead, req.params.cache_salt)
             node, tree_slots = self._insert(keys, kv[:depth], snaps)
             to_free.append(kv[:depth][kv[:depth] != tree_slots])
@@ -370,7 +370,7 @@ class PrefixCache:
         node, end = hold.node, hold.queued_end
         depth = node.depth
         if emitted:
-            tokens = (req.prompt_ids + req.output_ids)[: depth + 1] + emitted[:1]
+            tokens = (req.key_prompt_ids + req.output_ids)[: depth + 1] + emitted[:1]
             kv = torch.cat([self.tree.path_slots(node), end.held])
             keys = key_elements(tokens, depth + 1, 1, req.params.cache_salt)
             _, tree_slots = self._insert(keys, kv, {depth + 1: end.snapshot})

@@ -6,6 +6,7 @@ from enum import Enum
 import torch
 
 from lightllm_mtp.common.radix_cache import Node, Snapshot
+from lightllm_mtp.multimodal.prompt_images import PromptImages
 from lightllm_mtp.sampling.grammar import RequestGrammar
 from lightllm_mtp.sampling.logprobs import TokenLogprob
 from lightllm_mtp.sampling_params import SamplingParams
@@ -119,6 +120,12 @@ class Request:
     pending_logprobs: list[TokenLogprob] | None = None
     grammar: RequestGrammar | None = None  # params.structured: its matcher over the committed output
     next_drafts: list[int] = field(default_factory=list)  # MTP: the drafts of its newest open block, as last collected
+    images: PromptImages | None = None  # the prompt's images (multimodal/prompt_images.py)
+
+    @property
+    def key_prompt_ids(self) -> list[int]:
+        """The prompt as the prefix cache keys it: image tokens stand for their image's content."""
+        return self.images.key_ids if self.images is not None else self.prompt_ids
 
     @property
     def num_tokens(self) -> int:

@@ -21,6 +21,7 @@ from lightllm_mtp.config.parallel_config import RankInfo
 from lightllm_mtp.config.runtime import RuntimeShape
 from lightllm_mtp.config.spec_config import MtpMode
 from lightllm_mtp.engine.cache_budget import CacheBudget, cache_budget_of
+from lightllm_mtp.engine.image_rows import ImageRows
 from lightllm_mtp.engine.model_runner import ModelGraphs, ModelRunner, capture_model_graphs
 from lightllm_mtp.engine.prefix_cache import CacheJournal, PrefixCache
 from lightllm_mtp.engine.spec_runner import SpecRunner
@@ -98,7 +99,9 @@ def build_runner(args: EngineArgs, cfg: ModelConfig, max_model_len: int, rank: R
                     spec.force_acceptance.mean_accept_length,
                 )  # fmt: skip
     prefix_cache = _build_prefix_cache(args, model, proposer, budget, journal) if args.prefix_cache else None
-    model_runner = ModelRunner(model, graphs, prefix_cache, eos_token_ids=model_eos_ids(args.model_dir, cfg))
+    image_rows = _image_rows(args, model, proposer)
+    model_runner = ModelRunner(model, graphs, prefix_cache, eos_token_ids=model_eos_ids(args.model_dir, cfg),
+                               image_rows=image_rows)  # fmt: skip
     runner: StepRunner = model_runner
     if spec is not None:
         runner = SpecRunner(model_runner, proposer, builder, controller, forced)
@@ -106,6 +109,19 @@ def build_runner(args: EngineArgs, cfg: ModelConfig, max_model_len: int, rank: R
         model_runner.add_prefill_graphs(keep_all_hidden=spec is not None, max_chunk_rows=args.chunked_prefill_size,
                                         max_model_len=max_model_len)  # fmt: skip
     return BuiltRunner(model, model_runner, runner, budget, prefix_cache)
+
+
+def _image_rows(args: EngineArgs, model: TpPartBaseModel, proposer: Proposer | None) -> ImageRows | None:
+    """The vision tower (loaded beside the language model: bf16 also in FP8 checkpoints) behind the prompt forwards'
+    image rows; None for text-only models (the engine clears ModelConfig.vision where images are not served)."""
+    vision = model.cfg.vision
+    if vision is None:
+        return None
+    from lightllm_mtp.models.qwen3_5_vision import VisionTower  # TODO(merge vision): top-level import
+
+    tower = VisionTower.load(args.model_dir, vision, args.dtype, args.device)
+    lookahead = proposer.lookahead if proposer is not None else 0
+    return ImageRows(tower.forward, model.caches.rope_delta, args.device, lookahead)
 
 
 def model_eos_ids(model_dir, cfg: ModelConfig) -> frozenset[int]:

@@ -133,7 +133,7 @@ class SpecRunner:
         ahead, rows_per_req = self._prompt_next_tokens(chunks, sampled)
         for s in chunks:
             s.request.num_computed += s.num_new_tokens
-        self.runner.after_prompt_chunks()
+        self.runner.after_prompt_chunks(chunks)
         finished = {id(r) for r in sampled}
         last = [int(id(s.request) in finished) for s in chunks]  # 1: the prompt ends in this chunk
         if self.model.is_last_stage:  # the context rows feed the drafts, which run on the last stage only

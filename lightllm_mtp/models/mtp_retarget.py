@@ -22,7 +22,7 @@ from lightllm_mtp.common.basemodel.basemodel import TpPartBaseModel
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ModelOutput
 from lightllm_mtp.common.layers.base import Layer
 from lightllm_mtp.common.layers.decoder_layer import DecoderLayer
-from lightllm_mtp.common.layers.embedding import LMHead
+from lightllm_mtp.common.layers.embedding import LMHead, with_input_embeds
 from lightllm_mtp.common.layers.gated_attention import GatedAttention
 from lightllm_mtp.common.kv_scales import checkpoint_kv_scales
 from lightllm_mtp.common.layers.norm import RMSNorm
@@ -114,7 +114,7 @@ class MtpWeightRetargetMixin:
         e = self.embed(ids.clamp_min(0)) if self.mask_embedding is not None else self.embed(ids)
         if self.mask_embedding is not None:
             e = torch.where((ids < 0)[:, None], self.mask_embedding, e)
-        e = self.norm_embedding(e)
+        e = self.norm_embedding(with_input_embeds(e, batch.input_embeds))  # vision embeddings at image tokens
         u = linear(torch.cat([e, self.norm_hidden(main_hidden)], dim=-1), self.fc)
         delta, residual = self.layer.forward(u, None, batch, self.caches)
         hidden, _ = add_rmsnorm(delta, residual, self.final_norm.weight, self.final_norm.eps)

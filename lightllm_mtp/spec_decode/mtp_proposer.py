@@ -59,7 +59,7 @@ class _MtpProposer(Proposer):
 
     def _pass(self, m: int, inp: DraftInput, tokens: torch.Tensor, hidden: torch.Tensor) -> ModelOutput:
         """Module m over the target's rows (prompt chunks)."""
-        return self.modules[m].forward(draft_pass_batch(inp.batch, tokens, inp.logits_rows), hidden)
+        return self.modules[m].forward(draft_pass_batch(inp.batch, tokens, inp.logits_rows, ahead=m + 1), hidden)
 
     def _run(self, m: int, batch: ForwardBatch, tokens: torch.Tensor, hidden: torch.Tensor) -> ModelOutput:
         return self.modules[m].forward(dataclasses.replace(batch, input_ids=tokens), hidden)

@@ -197,11 +197,15 @@ class StepBuilder:
             s.context_tokens[idx] = torch.tensor(tokens, dtype=torch.int64, device=self.device)
 
 
-def draft_pass_batch(main: ForwardBatch, input_ids: torch.Tensor, logits_rows: torch.Tensor | None) -> ForwardBatch:
+def draft_pass_batch(main: ForwardBatch, input_ids: torch.Tensor, logits_rows: torch.Tensor | None,
+                     ahead: int = 1) -> ForwardBatch:  # fmt: skip
     """A draft module's pass over the target's rows (same positions, KV slots, page table; its own KV layer): row i
-    reads the token after row i's input. Logits of `logits_rows` (None: every row, the verify-block graph layout)."""
+    reads the token `ahead` positions after row i's input (its vision embedding at an image token). Logits of
+    `logits_rows` (None: every row, the verify-block graph layout)."""
     mode = ForwardMode.EXTEND if main.mode is ForwardMode.VERIFY else main.mode
     index = main.b_logits_index if logits_rows is None else logits_rows  # a VERIFY batch's logits rows are all rows
+    embeds = main.ahead_embeds[ahead - 1] if ahead <= len(main.ahead_embeds) else None
     return dataclasses.replace(
-        main, mode=mode, input_ids=input_ids, b_logits_index=index, b_accept_len=None, keep_all_hidden=True
+        main, mode=mode, input_ids=input_ids, b_logits_index=index, b_accept_len=None, keep_all_hidden=True,
+        input_embeds=embeds, ahead_embeds=(),
     )

@@ -16,10 +16,11 @@ from lightllm_mtp.common.kv_pool import FP8_KV_DTYPE, KvPool
 from lightllm_mtp.common.kv_scales import checkpoint_kv_scales
 from lightllm_mtp.common.layers.base import Layer, ModelCaches, Weights
 from lightllm_mtp.common.layers.decoder_layer import DecoderLayer
-from lightllm_mtp.common.layers.embedding import LMHead, VocabEmbedding
+from lightllm_mtp.common.layers.embedding import LMHead, VocabEmbedding, with_input_embeds
 from lightllm_mtp.common.layers.gated_attention import GatedAttention
 from lightllm_mtp.common.layers.gated_deltanet import GatedDeltaNet
 from lightllm_mtp.common.layers.norm import RMSNorm
+from lightllm_mtp.common.layers.rope_positions import mrope_axis
 from lightllm_mtp.common.linear_att_state import LinearAttState
 from lightllm_mtp.common.parallel_state import check_layout, pp_recv_prev, pp_send_next
 from lightllm_mtp.common.req_manager import ReqManager
@@ -132,7 +133,12 @@ class TpPartBaseModel:
         req_manager = ReqManager(rt.max_reqs, rt.max_model_len, rt.device, linear_state, 2 * rt.num_draft_tokens)
         cos, sin = build_rope_cache(cfg.rotary_dim, req_manager.req_to_token.shape[1], cfg.rope_theta, rt.device,
                                     cfg.rope_scaling)
-        return ModelCaches(kv_pool=kv_pool, req_manager=req_manager, rope_cos=cos, rope_sin=sin)
+        rope_delta = axis = None
+        if cfg.vision is not None:  # image prompts: M-RoPE grid positions, and a rope delta per request slot after them
+            rope_delta = torch.zeros(req_manager.req_to_token.shape[0], dtype=torch.int64, device=rt.device)
+            axis = mrope_axis(cfg.vision.mrope_section, rt.device)
+        return ModelCaches(kv_pool=kv_pool, req_manager=req_manager, rope_cos=cos, rope_sin=sin,
+                           rope_delta=rope_delta, mrope_axis=axis)  # fmt: skip
 
     # ---- forward -----------------------------------------------------------------------------------
     def forward(self, batch: ForwardBatch) -> ModelOutput:
@@ -163,7 +169,7 @@ class TpPartBaseModel:
         first stage, else from the received (delta, residual); the last stage returns logits and hidden, the others
         ModelOutput.to_next_stage."""
         if self.is_first_stage:
-            delta, residual = self.embed(batch.input_ids), None
+            delta, residual = with_input_embeds(self.embed(batch.input_ids), batch.input_embeds), None
         for layer in self.layers:
             delta, residual = layer.forward(delta, residual, batch, self.caches)
         if not self.is_last_stage:

@@ -119,6 +119,7 @@ class CudaGraphSet:
         # cached prefix, and EXTEND graphs serve attention-only draft modules, which never read it.
         return (
             batch.mode is self.mode
+            and not batch.has_image_rows
             and batch.max_q_len == self.q
             and 0 < batch.batch_size <= self.sizes[-1]
             and batch.num_tokens == batch.batch_size * self.q

@@ -48,6 +48,13 @@ class ForwardBatch:
     # EXTEND: rows past b1_cu_q_len[B] are a prefill graph bucket's padding (common/basemodel/prefill_graph.py):
     # their activations are garbage, which layers that route rows by value (MoE) zero first
     padded: bool = False
+    # EXTEND over image tokens (multimodal/): the rows whose input embedding is not the token's but a vision embedding
+    # (row indices [n] int64, vectors [n, H]); ahead_embeds[d - 1]: the same for the token d positions after each row's
+    # input (the MTP modules' prompt pass reads those); mrope_positions [3, T] int64: every row's t / h / w rope
+    # position (None: `positions` plus the request's rope delta, common/layers/rope_positions.py)
+    input_embeds: tuple[torch.Tensor, torch.Tensor] | None = None
+    ahead_embeds: tuple[tuple[torch.Tensor, torch.Tensor] | None, ...] = ()
+    mrope_positions: torch.Tensor | None = None
     # device tensors derived from the fields once per forward and shared by the layers (see `derived`)
     _derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -62,6 +69,11 @@ class ForwardBatch:
         """[T, 1] bool: the rows before b1_cu_q_len[B] (a padded batch's real tokens), made once per forward."""
         return self.derived("real_rows", lambda: (torch.arange(self.num_tokens, device=self.b1_cu_q_len.device)
                                                   < self.b1_cu_q_len[-1]).unsqueeze(1))  # fmt: skip
+
+    @property
+    def has_image_rows(self) -> bool:
+        """Rows with vision embeddings or M-RoPE grid positions: such forwards run eagerly, never from a graph."""
+        return self.input_embeds is not None or self.mrope_positions is not None or any(self.ahead_embeds)
 
     @property
     def num_tokens(self) -> int:

@@ -153,6 +153,7 @@ class PrefillGraphSet:
     def can_run(self, batch: ForwardBatch) -> bool:
         return (
             batch.mode is ForwardMode.EXTEND
+            and not batch.has_image_rows
             and batch.batch_size == 1
             and 0 < batch.num_tokens <= self.sizes[-1]
             and batch.host_q_lens is not None

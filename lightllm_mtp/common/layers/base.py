@@ -27,6 +27,10 @@ class ModelCaches:
     rope_cos: torch.Tensor  # [max_positions, rotary_dim/2] fp32
     rope_sin: torch.Tensor  # [max_positions, rotary_dim/2] fp32
     snapshots: StateSnapshotPool | None = None  # prefix cache: GDN state snapshots
+    # models with a vision tower (common/layers/rope_positions.py): each request slot's rope delta [slots] int64, and
+    # the M-RoPE axis of each rotary frequency [rotary_dim/2] int64
+    rope_delta: torch.Tensor | None = None
+    mrope_axis: torch.Tensor | None = None
 
 
 class Layer(ABC):

@@ -34,6 +34,15 @@ class VocabEmbedding:
         return tp_all_reduce(out)
 
 
+def with_input_embeds(embedded: torch.Tensor, input_embeds: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """The token embeddings with the rows of `input_embeds` (rows [n], vectors [n, H]: an image's vision embeddings)
+    in place of their tokens'."""
+    if input_embeds is None:
+        return embedded
+    rows, vectors = input_embeds
+    return embedded.index_copy(0, rows, vectors.to(embedded.dtype))
+
+
 class LMHead:
     """Projects final-norm hidden states to fp32 logits; shares the embedding matrix when tied."""
 

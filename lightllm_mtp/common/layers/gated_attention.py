@@ -7,6 +7,7 @@ import torch
 
 from lightllm_mtp.common.basemodel.forward_batch import ForwardBatch, ForwardMode
 from lightllm_mtp.common.layers.base import Layer, ModelCaches, Weights
+from lightllm_mtp.common.layers.rope_positions import rope_inputs
 from lightllm_mtp.common.quantization.linear import Linear
 from lightllm_mtp.common.tensor_spec import TensorSpec, TpShard
 from lightllm_mtp.config.model_config import ModelConfig
@@ -62,8 +63,9 @@ class GatedAttention(Layer):
         k_buffer, v_buffer = caches.kv_pool.layer(self.kv_layer)
         k_scale, v_scale = caches.kv_pool.scales(self.kv_layer)  # an FP8 pool: K = stored * k_scale; else 1.0
         # q/k norm, partial RoPE, and the new K/V into the pool at batch.mem_index: one launch
+        positions, cos, sin = rope_inputs(batch, caches.rope_cos, caches.rope_sin, caches.rope_delta, caches.mrope_axis)
         q = qk_norm_rope_store_kv(
-            q, k, v, self.q_norm, self.k_norm, self.eps, batch.positions, caches.rope_cos, caches.rope_sin,
+            q, k, v, self.q_norm, self.k_norm, self.eps, positions, cos, sin,
             k_buffer=k_buffer, v_buffer=v_buffer, mem_index=batch.mem_index, k_scale=k_scale, v_scale=v_scale,
         )
         req_to_token = caches.req_manager.req_to_token
