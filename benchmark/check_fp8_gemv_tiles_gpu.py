@@ -1,5 +1,5 @@
-"""The FP8 GEMV's launch shapes (kernels/quant/fp8_gemv.py) swept at the 27B / 35B-A3B projection shapes for 1, 2
-and 4 rows: weight rows per program (BLOCK_N), K step (BLOCK_K, a multiple of the 128-wide scale block) and warps;
+"""The FP8 GEMV's launch shapes (kernels/quant/fp8_gemv.py) swept at the 27B / 35B-A3B projection shapes for 1 and 2
+rows: weight rows per program (BLOCK_N), K step (BLOCK_K, a multiple of the 128-wide scale block), warps, stages;
 time per call inside a CUDA graph over weight copies that do not fit the L2, against the bf16 engine linear on the
 same shape. Each row of the output is one launch shape; `best` lists the fastest per (shape, rows). Decides
 fp8_gemv_tiles.
@@ -8,7 +8,6 @@ fp8_gemv_tiles.
 """
 
 import argparse
-import itertools
 import sys
 from pathlib import Path
 
@@ -23,9 +22,10 @@ from lightllm_mtp.kernels.quant.fp8_block import quantize_fp8_block
 from lightllm_mtp.kernels.quant.fp8_gemv import fp8_gemv_ref, fp8_gemv_tiles, fp8_gemv_triton
 from lightllm_mtp.kernels.triton_utils import next_pow2, num_sms
 
-BLOCK_NS = (1, 2, 4, 8)
-BLOCK_KS = (256, 512, 1024, 2048)
-WARPS = (4, 8)
+# (BLOCK_N, BLOCK_K, warps, stages): several scale blocks per K step (rescaled in registers), or one (its scale
+# multiplies the partial sums) with more weight rows per program and a pipelined loop
+SHAPES_MANY_BLOCKS = [(bn, bk, w, 1) for bn in (1, 2, 4) for bk in (512, 1024, 2048) for w in (4, 8)]
+SHAPES_ONE_BLOCK = [(bn, 128, w, st) for bn in (8, 16, 32, 64) for w in (4, 8) for st in (1, 3, 4)]
 MAX_PRODUCTS = 32768  # T_PAD x BLOCK_N x BLOCK_K per step: more spills registers
 
 
@@ -47,21 +47,22 @@ def main():
             us_bf16 = graph_replay_ms(lambda: [linear(x, w) for w in bf16], 10) * 1e3 / len(bf16)
             default = fp8_gemv_tiles(t, n, k, 128, sms)
             results = []
-            for block_n, block_k, warps in itertools.product(BLOCK_NS, BLOCK_KS, WARPS):
+            for block_n, block_k, warps, stages in SHAPES_MANY_BLOCKS + SHAPES_ONE_BLOCK:
                 tiles = (next_pow2(t), block_n, min(block_k, max(128, next_pow2(k))))
                 if tiles[0] * block_n * tiles[2] > MAX_PRODUCTS:
                     continue
-                row = dict(shape=name, n=n, k=k, t=t, block_n=block_n, block_k=tiles[2], warps=warps)
+                row = dict(shape=name, n=n, k=k, t=t, block_n=block_n, block_k=tiles[2], warps=warps, stages=stages)
+                kw = dict(tiles=tiles, num_warps=warps, num_stages=stages)
                 try:
-                    got = fp8_gemv_triton(x, weight=fp8[0], tiles=tiles, num_warps=warps).float()
+                    got = fp8_gemv_triton(x, weight=fp8[0], **kw).float()
                     row["rel_err"] = ((got - want).norm() / want.norm()).item()
                     if row["rel_err"] > 1e-2:
                         row["note"] = "result off: not timed"
                     else:
-                        fn = lambda: [fp8_gemv_triton(x, weight=w, tiles=tiles, num_warps=warps) for w in fp8]  # noqa: E731
+                        fn = lambda: [fp8_gemv_triton(x, weight=w, **kw) for w in fp8]  # noqa: E731
                         us = graph_replay_ms(fn, 5) * 1e3 / len(fp8)
                         row.update(us=us, weight_GB_per_s=n * k / us / 1e3, bf16_us=us_bf16,
-                                   default=tiles == default and warps == 4)  # fmt: skip
+                                   default=tiles == default and warps == 4 and stages == 1)  # fmt: skip
                         results.append(row)
                 except Exception as e:  # noqa: BLE001  (a launch shape that does not compile)
                     row["note"] = f"{type(e).__name__}: {str(e)[:160]}"

@@ -29,7 +29,8 @@ def fp8_gemv_tiles(rows: int, n: int, k: int, block_k: int, sms: int) -> tuple[i
 
 
 def fp8_gemv_triton(
-    x: torch.Tensor, *, weight: Fp8BlockWeight, tiles: tuple[int, int, int] | None = None, num_warps: int = 4
+    x: torch.Tensor, *, weight: Fp8BlockWeight, tiles: tuple[int, int, int] | None = None, num_warps: int = 4,
+    num_stages: int = 1,
 ) -> torch.Tensor:
     """x [T, K] (T <= FP8_GEMV_MAX_ROWS, 16/32-bit) @ weight [N, K]^T -> [T, N] in x.dtype, fp32 accumulation.
     tiles (T_PAD, BLOCK_N, BLOCK_K) and num_warps: the launch shape (default fp8_gemv_tiles), for sweeps."""
@@ -54,7 +55,8 @@ def fp8_gemv_triton(
     out = torch.empty(t, n, dtype=x.dtype, device=x.device)
     _fp8_gemv_kernel[(triton.cdiv(n, tile_n),)](
         x, q, s, out, t, n, k, x.stride(0), q.stride(0), s.stride(0), out.stride(0),
-        SCALE_N=block_n, SCALE_K=block_k, T_PAD=t_pad, BLOCK_N=tile_n, BLOCK_K=tile_k, num_warps=num_warps,
+        SCALE_N=block_n, SCALE_K=block_k, T_PAD=t_pad, BLOCK_N=tile_n, BLOCK_K=tile_k, STAGES=num_stages,
+        num_warps=num_warps,
         **pdl_args(x),
     )  # fmt: skip
     return out
@@ -70,33 +72,32 @@ if triton_available():
     def _fp8_gemv_kernel(
         x_ptr, w_ptr, s_ptr, out_ptr, T, N, K, stride_x, stride_w, stride_s, stride_out,
         SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, T_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+        BLOCK_K: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
-        # each K step is loaded as [BLOCK_N, KB, SCALE_K] (KB scale blocks side by side): the products of one scale
-        # block are summed first, then multiplied by its scale, so the weight is never rescaled element by element
-        # and no tile is reshaped (a reshape is a shared-memory round trip on the GPU)
         pdl_wait(PDL)
-        KB: tl.constexpr = BLOCK_K // SCALE_K
+        KB: tl.constexpr = BLOCK_K // SCALE_K  # scale blocks per K step
         offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_t = tl.arange(0, T_PAD)
-        offs_kb = tl.arange(0, KB)
-        offs_j = tl.arange(0, SCALE_K)
         n_mask = offs_n < N
         t_mask = offs_t < T
-        w_rows = w_ptr + offs_n[:, None, None].to(tl.int64) * stride_w
         scale_rows = s_ptr + (offs_n // SCALE_N)[:, None].to(tl.int64) * stride_s
         k_blocks = tl.cdiv(K, SCALE_K)
         acc = tl.zeros([T_PAD, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            offs_k = k0 + offs_kb[:, None] * SCALE_K + offs_j[None, :]  # [KB, SCALE_K]
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
             k_mask = offs_k < K
-            w = tl.load(w_rows + offs_k[None, :, :], mask=n_mask[:, None, None] & k_mask[None, :, :],
-                        other=0.0).to(tl.float32)  # fmt: skip
-            blocks = k0 // SCALE_K + offs_kb
-            s = tl.load(scale_rows + blocks[None, :], mask=n_mask[:, None] & (blocks < k_blocks)[None, :], other=0.0)
-            xs = tl.load(x_ptr + offs_t[:, None, None] * stride_x + offs_k[None, :, :],
-                         mask=t_mask[:, None, None] & k_mask[None, :, :], other=0.0).to(tl.float32)  # fmt: skip
-            part = tl.sum(xs[:, None, :, :] * w[None, :, :, :], axis=3)  # [T_PAD, BLOCK_N, KB]
-            acc += tl.sum(part * s[None, :, :], axis=2)
+            w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_w + offs_k[None, :],
+                        mask=n_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)  # fmt: skip
+            xs = tl.load(x_ptr + offs_t[:, None] * stride_x + offs_k[None, :], mask=t_mask[:, None] & k_mask[None, :],
+                         other=0.0)  # fmt: skip
+            if KB == 1:  # one scale block per K step: its scale multiplies the step's partial sums
+                s = tl.load(scale_rows + k0 // SCALE_K, mask=n_mask[:, None], other=0.0)  # [BLOCK_N, 1]
+                acc += tl.sum(xs.to(tl.float32)[:, None, :] * w[None, :, :], axis=2) * tl.reshape(s, (1, BLOCK_N))
+            else:
+                offs_kb = k0 // SCALE_K + tl.arange(0, KB)
+                s = tl.load(scale_rows + offs_kb[None, :], mask=n_mask[:, None] & (offs_kb < k_blocks)[None, :],
+                            other=0.0)  # fmt: skip
+                w = tl.reshape(tl.reshape(w, (BLOCK_N, KB, SCALE_K)) * s[:, :, None], (BLOCK_N, BLOCK_K))
+                acc += tl.sum(xs.to(tl.float32)[:, None, :] * w[None, :, :], axis=2)
         out_ptrs = out_ptr + offs_t[:, None] * stride_out + offs_n[None, :]
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=t_mask[:, None] & n_mask[None, :])
