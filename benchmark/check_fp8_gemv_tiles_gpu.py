@@ -25,7 +25,7 @@ from lightllm_mtp.kernels.triton_utils import next_pow2, num_sms
 # (BLOCK_N, BLOCK_K, warps, stages): several scale blocks per K step (rescaled in registers), or one (its scale
 # multiplies the partial sums) with more weight rows per program and a pipelined loop
 SHAPES_MANY_BLOCKS = [(bn, bk, w, 1) for bn in (1, 2, 4) for bk in (512, 1024, 2048) for w in (4, 8)]
-SHAPES_ONE_BLOCK = [(bn, 128, w, st) for bn in (8, 16, 32, 64) for w in (4, 8) for st in (1, 3, 4)]
+SHAPES_ONE_BLOCK = []  # BLOCK_K = 128, BLOCK_N 8..64, stages 1-4: measured 2x slower (results/fp8_gemv_tiles_h200.json)
 MAX_PRODUCTS = 32768  # T_PAD x BLOCK_N x BLOCK_K per step: more spills registers
 
 
@@ -52,7 +52,7 @@ def main():
                 if tiles[0] * block_n * tiles[2] > MAX_PRODUCTS:
                     continue
                 row = dict(shape=name, n=n, k=k, t=t, block_n=block_n, block_k=tiles[2], warps=warps, stages=stages)
-                kw = dict(tiles=tiles, num_warps=warps, num_stages=stages)
+                kw = dict(tiles=tiles, num_warps=warps)
                 try:
                     got = fp8_gemv_triton(x, weight=fp8[0], **kw).float()
                     row["rel_err"] = ((got - want).norm() / want.norm()).item()

@@ -1,17 +1,20 @@
 """y = x @ W^T for a few rows (decode at small batches) with a block-FP8 W: the weight's FP8 bytes are streamed once,
 in its [out, in] layout, and dequantized in registers (each K tile reshaped into its scale blocks and multiplied by
 their scales) before the fp32 products; the tiles and the one-pass, no-split-K structure of kernels/linear/gemv.py,
-whose bf16 sweep chose them. At one row the step moves half the bytes of the bf16 GEMV."""
+with the tiles of an FP8 sweep on the H200. Measured there (results/fp8_gemv_tiles_h200.json) it streams 1.3-1.5
+TB/s against the bf16 GEMV's 3.5: per call it is 1.2-1.4x SLOWER than the bf16 GEMV on the same shape (its
+fp8 -> fp32 conversion and per-element rescale, not the bytes, bound it); a one-scale-block K step and a
+[rows, blocks, 128] tile were measured 2x slower still."""
 
 from __future__ import annotations
 
 import torch
 
 from lightllm_mtp.kernels._validate import check_device, check_float, check_shape
-from lightllm_mtp.kernels.linear.gemv import GEMV_MAX_ROWS, gemv_tiles
+from lightllm_mtp.kernels.linear.gemv import GEMV_MAX_OUT, GEMV_MAX_ROWS, gemv_tiles
 from lightllm_mtp.kernels.pdl import pdl_args
 from lightllm_mtp.kernels.quant.fp8_block import Fp8BlockWeight
-from lightllm_mtp.kernels.triton_utils import num_sms, triton_available
+from lightllm_mtp.kernels.triton_utils import next_pow2, num_sms, triton_available
 
 _OP = "fp8_gemv"
 FP8_GEMV_MAX_ROWS = GEMV_MAX_ROWS
@@ -23,14 +26,18 @@ def fp8_gemv_ref(x: torch.Tensor, weight: Fp8BlockWeight) -> torch.Tensor:
 
 
 def fp8_gemv_tiles(rows: int, n: int, k: int, block_k: int, sms: int) -> tuple[int, int, int]:
-    """(T_PAD, BLOCK_N, BLOCK_K): the bf16 GEMV's tiles with the K step a multiple of the scale block."""
+    """(T_PAD, BLOCK_N, BLOCK_K): one or two rows of a wide output, 4 weight rows per program and K steps of 1024 /
+    2048 (the H200 sweep, results/fp8_gemv_tiles_h200.json: the best or within 5% on the six 27B / 35B-A3B shapes,
+    1.1-1.3x faster than the bf16 GEMV's tiles); else the bf16 GEMV's tiles. K steps are multiples of the scale
+    block."""
     t_pad, block_n, block_k_tile = gemv_tiles(rows, n, k, sms)
+    if rows <= 2 and n > GEMV_MAX_OUT:
+        block_n, block_k_tile = 4, min(1024 * rows, next_pow2(k))
     return t_pad, block_n, max(block_k_tile, block_k)
 
 
 def fp8_gemv_triton(
-    x: torch.Tensor, *, weight: Fp8BlockWeight, tiles: tuple[int, int, int] | None = None, num_warps: int = 4,
-    num_stages: int = 1,
+    x: torch.Tensor, *, weight: Fp8BlockWeight, tiles: tuple[int, int, int] | None = None, num_warps: int = 4
 ) -> torch.Tensor:
     """x [T, K] (T <= FP8_GEMV_MAX_ROWS, 16/32-bit) @ weight [N, K]^T -> [T, N] in x.dtype, fp32 accumulation.
     tiles (T_PAD, BLOCK_N, BLOCK_K) and num_warps: the launch shape (default fp8_gemv_tiles), for sweeps."""
@@ -55,8 +62,7 @@ def fp8_gemv_triton(
     out = torch.empty(t, n, dtype=x.dtype, device=x.device)
     _fp8_gemv_kernel[(triton.cdiv(n, tile_n),)](
         x, q, s, out, t, n, k, x.stride(0), q.stride(0), s.stride(0), out.stride(0),
-        SCALE_N=block_n, SCALE_K=block_k, T_PAD=t_pad, BLOCK_N=tile_n, BLOCK_K=tile_k, STAGES=num_stages,
-        num_warps=num_warps,
+        SCALE_N=block_n, SCALE_K=block_k, T_PAD=t_pad, BLOCK_N=tile_n, BLOCK_K=tile_k, num_warps=num_warps,
         **pdl_args(x),
     )  # fmt: skip
     return out
@@ -72,7 +78,7 @@ if triton_available():
     def _fp8_gemv_kernel(
         x_ptr, w_ptr, s_ptr, out_ptr, T, N, K, stride_x, stride_w, stride_s, stride_out,
         SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, T_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
+        BLOCK_K: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         pdl_wait(PDL)
         KB: tl.constexpr = BLOCK_K // SCALE_K  # scale blocks per K step
@@ -83,21 +89,16 @@ if triton_available():
         scale_rows = s_ptr + (offs_n // SCALE_N)[:, None].to(tl.int64) * stride_s
         k_blocks = tl.cdiv(K, SCALE_K)
         acc = tl.zeros([T_PAD, BLOCK_N], dtype=tl.float32)
-        for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+        for k0 in range(0, K, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             k_mask = offs_k < K
             w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_w + offs_k[None, :],
                         mask=n_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)  # fmt: skip
+            offs_kb = k0 // SCALE_K + tl.arange(0, KB)
+            s = tl.load(scale_rows + offs_kb[None, :], mask=n_mask[:, None] & (offs_kb < k_blocks)[None, :], other=0.0)
+            w = tl.reshape(tl.reshape(w, (BLOCK_N, KB, SCALE_K)) * s[:, :, None], (BLOCK_N, BLOCK_K))
             xs = tl.load(x_ptr + offs_t[:, None] * stride_x + offs_k[None, :], mask=t_mask[:, None] & k_mask[None, :],
                          other=0.0)  # fmt: skip
-            if KB == 1:  # one scale block per K step: its scale multiplies the step's partial sums
-                s = tl.load(scale_rows + k0 // SCALE_K, mask=n_mask[:, None], other=0.0)  # [BLOCK_N, 1]
-                acc += tl.sum(xs.to(tl.float32)[:, None, :] * w[None, :, :], axis=2) * tl.reshape(s, (1, BLOCK_N))
-            else:
-                offs_kb = k0 // SCALE_K + tl.arange(0, KB)
-                s = tl.load(scale_rows + offs_kb[None, :], mask=n_mask[:, None] & (offs_kb < k_blocks)[None, :],
-                            other=0.0)  # fmt: skip
-                w = tl.reshape(tl.reshape(w, (BLOCK_N, KB, SCALE_K)) * s[:, :, None], (BLOCK_N, BLOCK_K))
-                acc += tl.sum(xs.to(tl.float32)[:, None, :] * w[None, :, :], axis=2)
+            acc += tl.sum(xs.to(tl.float32)[:, None, :] * w[None, :, :], axis=2)
         out_ptrs = out_ptr + offs_t[:, None] * stride_out + offs_n[None, :]
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=t_mask[:, None] & n_mask[None, :])
