@@ -78,7 +78,8 @@ class VisionBlock:
         d, inter = cfg.hidden_size, cfg.intermediate_size
         return (layer_norm_specs(f"{prefix}norm1", d) + layer_norm_specs(f"{prefix}norm2", d)
                 + linear_specs(f"{prefix}attn.qkv", 3 * d, d) + linear_specs(f"{prefix}attn.proj", d, d)
-                + linear_specs(f"{prefix}mlp.linear_fc1", inter, d) + linear_specs(f"{prefix}mlp.linear_fc2", d, inter))  # fmt: skip
+                + linear_specs(f"{prefix}mlp.linear_fc1", inter, d)
+                + linear_specs(f"{prefix}mlp.linear_fc2", d, inter))  # fmt: skip
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 segments: tuple[tuple[int, int], ...]) -> torch.Tensor:  # fmt: skip
