@@ -129,3 +129,20 @@ def test_missing_and_misshaped_tensors_named(checkpoint):
         VisionTower.load(checkpoint, vision_config(depth=3), torch.float32, "cpu")
     with pytest.raises(WeightLoadError, match=r"model\.visual\.pos_embed\.weight: expected shape \(64, 32\)"):
         VisionTower.load(checkpoint, vision_config(num_position_embeddings=64), torch.float32, "cpu")
+
+
+def test_matches_transformers_at_published_width():
+    """One block of the published tower (hidden 1152, 16 heads of 72, 48 x 48 position table, 16-pixel patches),
+    HF's own initialisation, two images."""
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5VisionConfig
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5VisionModel
+
+    shape = dict(depth=1, hidden_size=1152, intermediate_size=4304, num_heads=16, patch_size=16,
+                 num_position_embeddings=2304, out_hidden_size=2048)  # fmt: skip
+    torch.manual_seed(0)
+    hf = Qwen3_5VisionModel(Qwen3_5VisionConfig(**{**SHAPE, **shape})).eval()
+    tower = VisionTower(vision_config(**shape), {PREFIX + k: v.detach() for k, v in hf.state_dict().items()})
+    gen = torch.Generator().manual_seed(3)
+    batch = [ImageInput.of(torch.randn(h * w, 1536, generator=gen), (1, h, w), 2) for h, w in [(16, 20), (8, 8)]]
+    for got, expected in zip(tower.forward(batch), hf_embeddings(hf, batch)):
+        assert (got - expected).abs().max().item() < 2e-5 * max(1.0, expected.abs().max().item())

@@ -122,3 +122,14 @@ def test_moe_source(tiny_vision_moe_dir):
     model, info = transformers.Qwen3_5MoeForConditionalGeneration.from_pretrained(
         tiny_vision_moe_dir, dtype=torch.float32, output_loading_info=True)  # fmt: skip
     assert not (info["missing_keys"] or info["unexpected_keys"] or info["mismatched_keys"])
+
+
+def test_engine_generates_the_trained_fixtures_text(tiny_vision_dir):
+    """The engine loads the fixture (vocabulary 4100, a vision config) and, on text, decodes as the source does."""
+    from lightllm_mtp import LLM, SamplingParams
+
+    params = SamplingParams(max_tokens=8, temperature=0.0, seed=0)
+    prompt = "def add(a, b):"
+    want = LLM(trained_fixture_path("qwen3_5"), max_model_len=128, max_batch_size=1).generate(prompt, params)
+    got = LLM(tiny_vision_dir, max_model_len=128, max_batch_size=1).generate(prompt, params)
+    assert got[0].token_ids == want[0].token_ids and len(want[0].token_ids) == 8

@@ -3,6 +3,8 @@ embedding, then a pre-LayerNorm MLP (linear_fc1, GELU, linear_fc2, all with bias
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -37,29 +39,44 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return (xf * cos[:, None] + rotated_half * sin[:, None]).to(x.dtype)
 
 
-def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      segments: tuple[tuple[int, int], ...]) -> torch.Tensor:  # fmt: skip
-    """Bidirectional attention within each segment: q, k, v [N, heads, head_dim] -> [N, heads * head_dim].
-    Segments of equal length run as one batched call (the rows gathered when they are not adjacent)."""
-    n, heads, dim = q.shape
-    out = torch.empty(n, heads * dim, dtype=q.dtype, device=q.device)
+@dataclass(frozen=True)
+class SegmentBatch:
+    """Attention segments of one length, run as one batched call: `count` segments of `length` rows each."""
+
+    rows: slice | torch.Tensor  # their rows of the [N, ...] inputs, segment after segment (an index when apart)
+    count: int
+    length: int
+
+
+def segment_batches(segments: tuple[tuple[int, int], ...], device: torch.device) -> list[SegmentBatch]:
+    """(start, length) segments grouped by length, once per forward."""
     by_length: dict[int, list[int]] = {}
     for start, length in segments:
         by_length.setdefault(length, []).append(start)
+    batches = []
     for length, starts in by_length.items():
-        first = starts[0]
-        adjacent = starts == list(range(first, first + length * len(starts), length))
-        if adjacent:
-            rows = slice(first, first + length * len(starts))
+        first, count = starts[0], len(starts)
+        if starts == list(range(first, first + length * count, length)):
+            rows: slice | torch.Tensor = slice(first, first + length * count)
         else:
-            rows = (torch.tensor(starts)[:, None] + torch.arange(length)).flatten().to(q.device)
+            rows = (torch.tensor(starts)[:, None] + torch.arange(length)).flatten().to(device, non_blocking=True)
+        batches.append(SegmentBatch(rows, count, length))
+    return batches
 
-        def batch(x):  # [B * L, heads, dim] -> [B, heads, L, dim]
-            return x[rows].view(len(starts), length, heads, dim).transpose(1, 2)
 
-        o = F.scaled_dot_product_attention(batch(q), batch(k), batch(v))
-        out[rows] = o.transpose(1, 2).reshape(len(starts) * length, heads * dim)
+def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batches: list[SegmentBatch]) -> torch.Tensor:
+    """Bidirectional attention within each segment: q, k, v [N, heads, head_dim] -> [N, heads * head_dim]."""
+    n, heads, dim = q.shape
+    out = torch.empty(n, heads * dim, dtype=q.dtype, device=q.device)
+    for b in batches:
+        o = F.scaled_dot_product_attention(_batched(q, b), _batched(k, b), _batched(v, b))
+        out[b.rows] = o.transpose(1, 2).reshape(b.count * b.length, heads * dim)
     return out
+
+
+def _batched(x: torch.Tensor, b: SegmentBatch) -> torch.Tensor:
+    """[N, heads, dim] -> the batch's [count, heads, length, dim]."""
+    return x[b.rows].view(b.count, b.length, *x.shape[1:]).transpose(1, 2)
 
 
 class VisionBlock:
@@ -81,13 +98,12 @@ class VisionBlock:
                 + linear_specs(f"{prefix}mlp.linear_fc1", inter, d)
                 + linear_specs(f"{prefix}mlp.linear_fc2", d, inter))  # fmt: skip
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                segments: tuple[tuple[int, int], ...]) -> torch.Tensor:  # fmt: skip
-        """x [N, hidden] -> [N, hidden]."""
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batches: list[SegmentBatch]):
+        """x [N, hidden] -> [N, hidden]; cos / sin [N, head_dim] fp32."""
         d, heads = self.cfg.hidden_size, self.cfg.num_heads
         h = F.layer_norm(x, (d,), *self.norm1, eps=LAYER_NORM_EPS)
         q, k, v = F.linear(h, *self.qkv).view(-1, 3, heads, d // heads).unbind(1)
-        attn = segment_attention(rotate(q, cos, sin), rotate(k, cos, sin), v, segments)
+        attn = segment_attention(rotate(q, cos, sin), rotate(k, cos, sin), v, batches)
         x = x + F.linear(attn, *self.proj)
         h = F.layer_norm(x, (d,), *self.norm2, eps=LAYER_NORM_EPS)
         return x + F.linear(self.act(F.linear(h, *self.fc1)), *self.fc2)

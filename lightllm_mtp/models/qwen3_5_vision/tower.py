@@ -20,7 +20,13 @@ from lightllm_mtp.common.weight_loader import load_weights
 from lightllm_mtp.config.quant_config import quant_config_of
 from lightllm_mtp.config.runtime import LoadFormat
 from lightllm_mtp.config.vision_config import VisionConfig
-from lightllm_mtp.models.qwen3_5_vision.block import LAYER_NORM_EPS, VisionBlock, layer_norm_specs, linear_specs
+from lightllm_mtp.models.qwen3_5_vision.block import (
+    LAYER_NORM_EPS,
+    VisionBlock,
+    layer_norm_specs,
+    linear_specs,
+    segment_batches,
+)
 from lightllm_mtp.models.qwen3_5_vision.grid import GridTables, grid_tables
 from lightllm_mtp.multimodal.image_input import ImageInput
 
@@ -82,11 +88,12 @@ class VisionTower:
                                  f"this tower takes {self.cfg.patch_dim} values a patch, merge "
                                  f"{self.cfg.spatial_merge_size}")  # fmt: skip
         tables = grid_tables([im.grid_thw for im in images], self.cfg.spatial_merge_size, self.side)
-        pixels = torch.cat([im.pixel_values for im in images]).to(self.device, self.dtype, non_blocking=True)
+        pixels = torch.cat([im.pixel_values for im in images]).to(self.device, non_blocking=True).to(self.dtype)
         x = F.linear(pixels, *self.patch_embed) + self._position_embeddings(tables)
         cos, sin = self._rotary(tables)
+        batches = segment_batches(tables.segments, self.device)
         for block in self.blocks:
-            x = block.forward(x, cos, sin, tables.segments)
+            x = block.forward(x, cos, sin, batches)
         x = F.layer_norm(x, (self.cfg.hidden_size,), *self.merger_norm, eps=LAYER_NORM_EPS)
         x = x.view(-1, self.cfg.hidden_size * self.cfg.merge_unit)  # a merge window's 4 patches are adjacent
         x = F.linear(F.gelu(F.linear(x, *self.merger_fc1)), *self.merger_fc2)
