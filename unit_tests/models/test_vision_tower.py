@@ -146,3 +146,14 @@ def test_matches_transformers_at_published_width():
     batch = [ImageInput.of(torch.randn(h * w, 1536, generator=gen), (1, h, w), 2) for h, w in [(16, 20), (8, 8)]]
     for got, expected in zip(tower.forward(batch), hf_embeddings(hf, batch)):
         assert (got - expected).abs().max().item() < 2e-5 * max(1.0, expected.abs().max().item())
+
+
+@pytest.mark.gpu
+def test_bf16_on_the_gpu_close_to_fp32(checkpoint):
+    """The CUDA path (SDPA's fused kernels, bf16) against the fp32 CPU forward."""
+    batch = images([(1, 4, 6), (1, 10, 8), (1, 4, 6)], seed=4)
+    ref = VisionTower.load(checkpoint, vision_config(), torch.float32, "cpu").forward(batch)
+    got = VisionTower.load(checkpoint, vision_config(), torch.bfloat16, "cuda").forward(batch)
+    for r, x in zip(ref, got):
+        assert x.device.type == "cuda" and x.dtype == torch.bfloat16
+        assert (x.float().cpu() - r).norm() / r.norm() < 0.05

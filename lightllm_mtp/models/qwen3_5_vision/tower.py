@@ -71,8 +71,9 @@ class VisionTower:
         checkpoint's quantization_config is passed only so that the loader accepts the language model's FP8 scales
         in the shards; no tower tensor is FP8 and none is quantized online."""
         quant = None
-        if model_dir is not None and load_format is LoadFormat.AUTO:
-            quant = quant_config_of(json.loads((Path(model_dir) / "config.json").read_text()))
+        config = Path(model_dir) / "config.json" if model_dir is not None else None
+        if config is not None and config.is_file() and load_format is LoadFormat.AUTO:
+            quant = quant_config_of(json.loads(config.read_text()))
         weights = load_weights(model_dir, cls.specs(cfg), dtype, device, load_format, seed=seed, quant=quant)
         return cls(cfg, weights)
 
