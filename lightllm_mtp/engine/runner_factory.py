@@ -26,6 +26,7 @@ from lightllm_mtp.engine.model_runner import ModelGraphs, ModelRunner, capture_m
 from lightllm_mtp.engine.prefix_cache import CacheJournal, PrefixCache
 from lightllm_mtp.engine.spec_runner import SpecRunner
 from lightllm_mtp.engine.step import StepRunner
+from lightllm_mtp.models.qwen3_5_vision.tower import VisionTower
 from lightllm_mtp.models.registry import create_model
 from lightllm_mtp.spec_decode.adaptive import SpecLengthController, StepCostTable
 from lightllm_mtp.spec_decode.draft_factory import create_proposer
@@ -117,9 +118,7 @@ def _image_rows(args: EngineArgs, model: TpPartBaseModel, proposer: Proposer | N
     vision = model.cfg.vision
     if vision is None:
         return None
-    from lightllm_mtp.models.qwen3_5_vision import VisionTower  # TODO(merge vision): top-level import
-
-    tower = VisionTower.load(args.model_dir, vision, args.dtype, args.device)
+    tower = VisionTower.load(args.model_dir, vision, args.dtype, args.device, load_format=args.load_format)
     lookahead = proposer.lookahead if proposer is not None else 0
     return ImageRows(tower.forward, model.caches.rope_delta, args.device, lookahead)
 

@@ -1,0 +1,154 @@
+"""Image prompts through the engine on the tiny image-text fixture (unit_tests/vision_fixture.py: the trained text
+model, a seeded random tower): greedy tokens and logprobs equal to HF's Qwen3.5 (uncached forward over the whole
+sequence each step, fp32) with one and two images; MTP (eagle, multi-layer, parallel drafting) equal to plain
+decoding; chunked prefill splitting an image; prefix-cache hits with the same image and none with a different one
+of the same size; a text request reusing an image request's slot."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from lightllm_mtp.config.engine_args import EngineArgs
+from lightllm_mtp.engine.llm_engine import LLMEngine
+from lightllm_mtp.multimodal.image_input import expand_image_tokens
+from lightllm_mtp.multimodal.image_processor import ImageProcessor
+from lightllm_mtp.sampling_params import SamplingParams
+from unit_tests.vision_fixture import tiny_vision_checkpoint
+
+NEW = 6
+
+
+def picture(width, height, seed):
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+
+
+def prompt_of(model_dir, n_images, seed=0, sizes=((40, 56), (64, 48))):
+    """(expanded prompt ids, images): text, then per image <|vision_start|><|image_pad|><|vision_end|> and text."""
+    engine_cfg = EngineArgs(model_dir=str(model_dir)).model_config()
+    vision = engine_cfg.vision
+    processor = ImageProcessor.load(model_dir, vision)
+    images = [processor.preprocess(picture(*sizes[i], seed + i)) for i in range(n_images)]
+    ids = [11, 250, 31, 7]
+    for i in range(n_images):
+        ids += [vision.vision_start_token_id, vision.image_token_id, vision.vision_end_token_id, 90 + i, 14]
+    ids += [401, 13, 222]
+    return expand_image_tokens(ids, images, vision.image_token_id), images
+
+
+def run(engine, requests, new=NEW, logprobs=None):
+    """[(prompt ids, images)] -> the finished requests, in order."""
+    params = SamplingParams(temperature=0.0, max_new_tokens=new, ignore_eos=True, logprobs=logprobs)
+    reqs = [engine.add_request(ids, params, images=images) for ids, images in requests]
+    while engine.has_unfinished():
+        engine.step()
+    return reqs
+
+
+def engine(model_dir, **kw):
+    kw.setdefault("max_model_len", 256)
+    kw.setdefault("max_batch_size", 4)
+    return LLMEngine(EngineArgs(model_dir=str(model_dir), **kw))
+
+
+@torch.no_grad()
+def hf_greedy_uncached(model_dir, ids, images, new):
+    """HF Qwen3_5ForConditionalGeneration, the whole sequence each step (no cache): tokens and each step's
+    log-softmax."""
+    import transformers
+
+    model = transformers.Qwen3_5ForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    image_id = model.config.image_token_id
+    pixels = torch.cat([im.pixel_values for im in images])
+    grids = torch.tensor([im.grid_thw for im in images])
+    seq, out, logps = list(ids), [], []
+    for _ in range(new):
+        input_ids = torch.tensor([seq])
+        logits = model(input_ids=input_ids, pixel_values=pixels, image_grid_thw=grids, use_cache=False,
+                       mm_token_type_ids=(input_ids == image_id).int()).logits[0, -1]  # fmt: skip
+        logps.append(torch.log_softmax(logits.float(), -1))
+        out.append(int(logits.argmax()))
+        seq.append(out[-1])
+    return out, logps
+
+
+@pytest.fixture(scope="module")
+def dense():
+    return tiny_vision_checkpoint("qwen3_5")
+
+
+@pytest.mark.parametrize("n_images", [1, 2])
+def test_greedy_and_logprobs_equal_hf(dense, n_images):
+    ids, images = prompt_of(dense, n_images)
+    want, logps = hf_greedy_uncached(dense, ids, images, NEW)
+    (req,) = run(engine(dense), [(ids, images)], logprobs=3)
+    assert req.output_ids == want
+    for (lp, top), hf_lp in zip(req.output_logprobs, logps):
+        ids_top = [t for t, _ in top]
+        assert ids_top == hf_lp.topk(3).indices.tolist()
+        torch.testing.assert_close(torch.tensor([v for _, v in top], dtype=torch.float64), hf_lp.topk(3).values.double(), rtol=0,
+                                   atol=2e-4)  # fmt: skip
+
+
+def test_chunked_prefill_splits_images(dense):
+    requests = [prompt_of(dense, 2, seed=3)]
+    whole = run(engine(dense, chunked_prefill_size=256), requests)[0].output_ids
+    assert run(engine(dense, chunked_prefill_size=8), requests)[0].output_ids == whole
+    assert run(engine(dense, chunked_prefill_size=8, prefix_cache=False), requests)[0].output_ids == whole
+
+
+@pytest.mark.parametrize("chunk", [256, 8])
+def test_eagle_equals_plain_with_images(dense, chunk):
+    requests = [prompt_of(dense, 1, seed=5), prompt_of(dense, 2, seed=6)]
+    plain = [r.output_ids for r in run(engine(dense), requests, new=16)]
+    spec = run(engine(dense, mtp_mode="eagle_with_att", mtp_step=2, chunked_prefill_size=chunk), requests, new=16)
+    assert [r.output_ids for r in spec] == plain
+    assert sum(r.spec_stats.accepted_drafts for r in spec) > 0
+
+
+@pytest.mark.parametrize("mode", [
+    dict(mtp_mode="vanilla_with_att", mtp_step=3),  # multi-layer MTP: 3 modules
+    dict(mtp_mode="eagle_with_att", mtp_step=3, parallel_drafting=True),
+])  # fmt: skip
+def test_multi_layer_and_parallel_drafting_equal_plain_with_images(mode):
+    model_dir = tiny_vision_checkpoint("qwen3_5_mtp3_ptd")
+    requests = [prompt_of(model_dir, 2, seed=8), prompt_of(model_dir, 1, seed=9)]
+    plain = [r.output_ids for r in run(engine(model_dir), requests, new=12)]
+    spec = run(engine(model_dir, chunked_prefill_size=8, **mode), requests, new=12)
+    assert [r.output_ids for r in spec] == plain
+
+
+def test_prefix_cache_keys_images_by_content(dense):
+    ids, images = prompt_of(dense, 1, seed=10)
+    other_ids, other = prompt_of(dense, 1, seed=11)  # same sizes: the same token ids, another image
+    assert other_ids == ids
+    eng = engine(dense, mtp_mode="eagle_with_att", mtp_step=2, prefix_cache_interval=8)
+    first = run(eng, [(ids, images)])[0]
+    again = run(eng, [(ids, images)])[0]
+    different = run(eng, [(other_ids, other)])[0]
+    start = ids.index(eng.model_config.vision.image_token_id)
+    assert first.num_cached_tokens == 0
+    assert again.num_cached_tokens > start  # shared past the image
+    assert different.num_cached_tokens <= start  # never past the first image token
+    assert again.output_ids == first.output_ids
+    fresh = run(engine(dense, mtp_mode="eagle_with_att", mtp_step=2, prefix_cache=False), [(other_ids, other)])[0]
+    assert different.output_ids == fresh.output_ids
+
+
+def test_text_request_after_an_image_request_in_its_slot(dense):
+    text = ([11, 250, 31, 7, 401, 13, 222, 9, 15], [])
+    alone = run(engine(dense, max_batch_size=1), [text])[0].output_ids
+    eng = engine(dense, max_batch_size=1, prefix_cache=False)
+    run(eng, [prompt_of(dense, 1, seed=12)])
+    assert run(eng, [text])[0].output_ids == alone  # the slot's rope delta was reset
+
+
+def test_refusals(dense):
+    ids, images = prompt_of(dense, 2, seed=13)
+    with pytest.raises(ValueError, match="limit_mm_per_prompt"):
+        run(engine(dense, limit_mm_per_prompt=1), [(ids, images)])
+    with pytest.raises(ValueError, match="language_model_only"):
+        run(engine(dense, language_model_only=True), [(ids, images)])
+    with pytest.raises(ValueError, match="image placeholder|do not match|image tokens"):
+        run(engine(dense), [(ids, images[:1])])
