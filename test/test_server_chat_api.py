@@ -80,6 +80,25 @@ def test_include_stop_str_in_output(servers):
     assert kept == cut + stop and base.startswith(kept)
 
 
+def test_min_tokens_holds_back_stop_strings(servers):
+    """A stop string that ends inside the first min_tokens tokens' text does not end the request (vLLM's rule), on
+    the MTP server as on the plain one."""
+    texts = {}
+    for name, server in servers.items():
+        params = {"ignore_eos": True, "min_tokens": 10}
+        base = complete(server, max_tokens=24, extra_body={**params, "return_token_ids": True}).choices[0]
+        first = httpx.post(f"{server.url}/detokenize", json={"tokens": base.model_extra["token_ids"][:10]}).json()
+        protected = len(first["prompt"])
+        stop = base.text[protected - 5 : protected - 2]
+        assert stop.strip() and stop in base.text[:protected]
+        out = complete(server, max_tokens=24, stop=[stop], extra_body=params).choices[0]
+        later = base.text.find(stop, protected - len(stop) + 1)
+        assert out.text == (base.text[:later] if later >= 0 else base.text)
+        assert out.finish_reason == ("stop" if later >= 0 else "length")
+        texts[name] = out.text
+    assert texts["mtp"] == texts["plain"]
+
+
 def test_refused_fields_are_400s_naming_them(servers):
     c = client(servers["plain"])
     with pytest.raises(openai.BadRequestError) as e:

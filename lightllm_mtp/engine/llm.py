@@ -154,8 +154,8 @@ class _StopStrings:
     """One request's stop strings, matched on its text as the server matches them (engine/detokenizer.py)."""
 
     def __init__(self, tokenizer, req: Request):
-        self.detok = IncrementalDetokenizer(tokenizer, req.prompt_ids, req.params.stop,
-                                            req.params.include_stop_str_in_output)  # fmt: skip
+        p = req.params
+        self.detok = IncrementalDetokenizer(tokenizer, req.prompt_ids, p.stop, p.include_stop_str_in_output, p.min_tokens)
         self.kept = 0  # output tokens up to the one completing a stop string
 
     def push(self, tokens: list[int], final: bool) -> bool:
