@@ -167,11 +167,12 @@ def test_tool_choice_grammar_caps_the_calls_token_by_token(tokenizer):
     """The engine's matcher (sampling/grammar.py) over the answer's tokens: after one call, parallel_tool_calls false
     allows nothing but eos (a second call is refused at its first token); true allows another call after a newline,
     and the answer must hold at least one call."""
-    from lightllm_mtp.sampling.grammar import GrammarCompiler, new_bitmask
+    from lightllm_mtp.sampling.grammar import new_bitmask
+    from lightllm_mtp.sampling.grammar_compiler import GrammarCompiler
     from lightllm_mtp.sampling_params import StructuredOutput
 
-    compiler = GrammarCompiler(tokenizer, len(tokenizer))
-    eos = set(compiler.info.stop_token_ids)
+    eos = {tokenizer.convert_tokens_to_ids("<|im_end|>")}  # the engine's eos ids are the grammar's stop tokens
+    compiler = GrammarCompiler(lambda: tokenizer, len(tokenizer), eos)
 
     def allowed_after(grammar, text):
         g = compiler.matcher(StructuredOutput("grammar", grammar))
