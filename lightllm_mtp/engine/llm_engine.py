@@ -150,8 +150,6 @@ class LLMEngine:
         bad = [t for t, _ in params.logit_bias if t >= self.model_config.vocab_size]
         if bad:
             raise ValueError(f"logit_bias token ids out of range [0, {self.model_config.vocab_size}): {bad[:8]}")
-        if params.logprobs is not None and self.args.parallel.pp > 1:
-            raise ValueError("logprobs are not supported with pp > 1 (the logits are on the last stage)")
         if params.structured is not None:
             if self.parallel_group is not None:
                 raise ValueError("structured outputs are not supported with tp / pp > 1")
