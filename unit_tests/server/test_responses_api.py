@@ -141,6 +141,11 @@ def test_input_items_become_the_conversation():
     assert req.chat.tools[0]["function"]["name"] == "get_weather" and req.chat.named_tool == "now"
     off = request(reasoning={"effort": "none"})
     assert off.chat.chat_template_kwargs == {"enable_thinking": False}
+    assert request(text={"format": {"type": "json_object"}}).chat.structured.kind == "json_object"
+    with pytest.raises(ApiError) as e:  # the grammar of a forced call and a structured output: one of them
+        plan_chat(request(tools=TOOLS, tool_choice="required", text={"format": {"type": "json_object"}}).chat,
+                  OPTIONS, "")  # fmt: skip
+    assert e.value.param == "tool_choice"
 
 
 @pytest.mark.parametrize("extra, param", [
