@@ -81,7 +81,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # [-2, 2]
     repetition_penalty: float = 1.0  # > 0; 1: off
     min_p: float = 0.0  # [0, 1]: tokens below min_p x the top token's probability are dropped (sampling only)
-    min_tokens: int = 0  # eos and stop_token_ids are masked until the output has this many tokens
+    min_tokens: int = 0  # until the output has this many tokens: eos and stop_token_ids masked, stop strings not ending
     logit_bias: tuple[tuple[int, float], ...] = ()  # {token id: bias} or (id, bias) pairs
     # the generated tokens' logprobs (the target's log-softmax of its raw logits at each emitted position) and this
     # many top alternatives each; None: none

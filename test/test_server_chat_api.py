@@ -80,6 +80,25 @@ def test_include_stop_str_in_output(servers):
     assert kept == cut + stop and base.startswith(kept)
 
 
+def test_min_tokens_holds_back_stop_strings(servers):
+    """A stop string that ends inside the first min_tokens tokens' text does not end the request (vLLM's rule), on
+    the MTP server as on the plain one."""
+    texts = {}
+    for name, server in servers.items():
+        params = {"ignore_eos": True, "min_tokens": 10}
+        base = complete(server, max_tokens=24, extra_body={**params, "return_token_ids": True}).choices[0]
+        first = httpx.post(f"{server.url}/detokenize", json={"tokens": base.model_extra["token_ids"][:10]}).json()
+        protected = len(first["prompt"])
+        stop = base.text[protected - 5 : protected - 2]
+        assert stop.strip() and stop in base.text[:protected]
+        out = complete(server, max_tokens=24, stop=[stop], extra_body=params).choices[0]
+        later = base.text.find(stop, protected - len(stop) + 1)
+        assert out.text == (base.text[:later] if later >= 0 else base.text)
+        assert out.finish_reason == ("stop" if later >= 0 else "length")
+        texts[name] = out.text
+    assert texts["mtp"] == texts["plain"]
+
+
 def test_refused_fields_are_400s_naming_them(servers):
     c = client(servers["plain"])
     with pytest.raises(openai.BadRequestError) as e:
@@ -201,3 +220,58 @@ def test_tokenize_detokenize_and_model_card(servers):
     with pytest.raises(openai.NotFoundError):
         c.models.retrieve("gpt-4")
     assert httpx.post(f"{url}/detokenize", json={"tokens": [10**7]}).status_code == 400
+
+
+RESPONSES_WEATHER = [{"type": "function", "name": "get_weather", "description": "weather of a city",
+                      "parameters": WEATHER[0]["function"]["parameters"]}]  # fmt: skip
+
+
+def items(response):
+    """A response's output items less their random ids."""
+    return [i.model_dump(exclude={"id", "call_id"}) for i in response.output]
+
+
+def test_responses_api_tools_and_reasoning(servers):
+    """/v1/responses through client.responses.create: a forced call is a function_call item (MTP == plain, streamed ==
+    whole); its call and output sent back as input items render as the chat endpoint's tool history; with thinking
+    on, the answer starts with a reasoning item."""
+    kw = dict(input="What is the weather in Paris?", tools=RESPONSES_WEATHER, tool_choice="required", temperature=0,
+              parallel_tool_calls=False, max_output_tokens=200, extra_body=NO_THINKING)  # fmt: skip
+    outs = {}
+    for name, server in servers.items():
+        c = client(server)
+        outs[name] = c.responses.create(model=c.models.list().data[0].id, **kw)
+    mtp = outs["mtp"]
+    assert items(mtp) == items(outs["plain"]) and mtp.status == "completed"
+    (call,) = mtp.output
+    assert call.type == "function_call" and call.name == "get_weather" and call.call_id.startswith("call_")
+    args = json.loads(call.arguments)
+    assert all(isinstance(args[k], {"city": str, "days": int}[k]) for k in args)
+    c = client(servers["mtp"])
+    model = c.models.list().data[0].id
+    events = list(c.responses.create(model=model, stream=True, **kw))
+    assert items(events[-1].response) == items(mtp) and events[-1].type == "response.completed"
+    assert [e.delta for e in events if e.type == "response.function_call_arguments.delta"] == [call.arguments]
+
+    history = [{"role": "user", "content": "What is the weather in Paris?"},
+               {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": call.arguments},
+               {"type": "function_call_output", "call_id": "call_1", "output": "sunny, 21 C"}]  # fmt: skip
+    answer = c.responses.create(model=model, input=history, tools=RESPONSES_WEATHER, max_output_tokens=8,
+                                temperature=0, extra_body=NO_THINKING)  # fmt: skip
+    as_chat = [history[0], {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+               "function": {"name": "get_weather", "arguments": call.arguments}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}]  # fmt: skip
+    body = {"messages": as_chat, "tools": WEATHER, **NO_THINKING}
+    tok = httpx.post(f"{servers['mtp'].url}/tokenize", json=body).json()
+    assert answer.usage.input_tokens == tok["count"]
+
+    thinking = c.responses.create(model=model, input="Sort a list.", max_output_tokens=16, temperature=0)
+    reasoning = thinking.output[0]
+    assert reasoning.type == "reasoning" and reasoning.content[0].text and len(thinking.output) == 1
+    assert thinking.usage.output_tokens_details.reasoning_tokens == 16  # the tiny model never closes its think block
+    off = c.responses.create(model=model, input="Sort a list.", max_output_tokens=16, temperature=0,
+                             reasoning={"effort": "none"})  # fmt: skip
+    assert [i.type for i in off.output] == ["message"] and off.usage.output_tokens_details.reasoning_tokens == 0
+    with pytest.raises(openai.BadRequestError) as e:
+        c.responses.create(model=model, input="hi", tools=[{"type": "web_search"}])
+    assert "tools" in str(e.value)

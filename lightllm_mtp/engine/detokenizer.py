@@ -4,7 +4,8 @@
 Each push decodes a short sliding window (vLLM's prefix / read offsets) rather than the whole output, so a
 step costs O(window). Text is held back while it ends in an incomplete UTF-8 sequence or in a prefix of a stop
 string; a stop string ends the text just before it (OpenAI semantics: the stop string is not returned), or just after
-it with vLLM's include_stop_str_in_output.
+it with vLLM's include_stop_str_in_output. With min_tokens, a stop string counts only where it ends after the text of
+the output's first min_tokens tokens (vLLM's rule: the text those tokens decoded to is not searched for an end).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ CONTEXT_TOKENS = 5  # prompt tokens decoded ahead of the output, so the first wo
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer, prompt_ids: list[int], stop: tuple[str, ...] = (), include_stop: bool = False):
+    def __init__(self, tokenizer, prompt_ids: list[int], stop: tuple[str, ...] = (), include_stop: bool = False,
+                 min_tokens: int = 0):  # fmt: skip
         self.tokenizer = tokenizer
         self.ids = list(prompt_ids[-CONTEXT_TOKENS:])
         self.prefix_offset = 0  # ids[prefix_offset:read_offset] were decoded already (the window's context)
@@ -24,6 +26,9 @@ class IncrementalDetokenizer:
         self.sent = 0  # characters of `text` returned by push
         self.stopped = False  # a stop string was found: nothing more is decoded
         self.used = 0  # tokens of the last push that belong to the output (up to the one completing a stop string)
+        self.min_tokens = min_tokens
+        self.num_tokens = 0  # output tokens pushed
+        self.protected = 0  # characters of `text` decoded from the first min_tokens tokens: no stop string ends there
 
     def push(self, token_ids: list[int], final: bool) -> str:
         """Adds a step's tokens; returns the text that can be released now (everything when final). With stop
@@ -44,17 +49,23 @@ class IncrementalDetokenizer:
 
     def _add(self, ids: list[int], final: bool) -> None:
         self.ids += ids
+        self.num_tokens += len(ids)
         prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
         full = self._decode(self.ids[self.prefix_offset :])
         if len(full) > len(prefix) and (final or not full.endswith("\ufffd")):
             self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
             self._append(full[len(prefix) :])
+        if self.num_tokens <= self.min_tokens:
+            self.protected = len(self.text)
 
     def _append(self, new: str) -> None:
         longest = max((len(s) for s in self.stop), default=0)
         start = max(0, len(self.text) - longest + 1)  # a stop string may straddle the old text and the new
         self.text += new
-        hits = [(i, len(s)) for i, s in ((self.text.find(s, start), s) for s in self.stop) if i >= 0]
+        if self.num_tokens <= self.min_tokens:
+            return
+        found = ((self.text.find(s, max(start, self.protected - len(s) + 1)), s) for s in self.stop)
+        hits = [(i, len(s)) for i, s in found if i >= 0]
         if hits:
             at, length = min(hits)
             self.text = self.text[: at + length * self.include_stop]

@@ -28,11 +28,12 @@ class RequestOutput:
     prompt_token_ids: list[int]
     token_ids: list[int]  # generated tokens, a final stop/eos token included
     text: str  # detokenized generated tokens (special tokens skipped)
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "error" (see error)
     spec: SpecStats  # MTP acceptance (all zero without MTP)
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     # SamplingParams.logprobs: per token (its logprob, ((id, logprob) of the top alternatives)); None: not asked
     logprobs: list | None = None
+    error: str | None = None  # finish_reason "error": why (a structured output whose grammar did not compile)
 
 
 class LLM:
@@ -130,6 +131,7 @@ class LLM:
             spec=req.spec_stats,
             num_cached_tokens=req.num_cached_tokens,
             logprobs=req.output_logprobs[: len(token_ids)] if req.params.logprobs is not None else None,
+            error=req.error,
         )
 
     def _encode(self, prompt: PromptInput) -> list[int]:
@@ -154,8 +156,8 @@ class _StopStrings:
     """One request's stop strings, matched on its text as the server matches them (engine/detokenizer.py)."""
 
     def __init__(self, tokenizer, req: Request):
-        self.detok = IncrementalDetokenizer(tokenizer, req.prompt_ids, req.params.stop,
-                                            req.params.include_stop_str_in_output)  # fmt: skip
+        p = req.params
+        self.detok = IncrementalDetokenizer(tokenizer, req.prompt_ids, p.stop, p.include_stop_str_in_output, p.min_tokens)
         self.kept = 0  # output tokens up to the one completing a stop string
 
     def push(self, tokens: list[int], final: bool) -> bool:

@@ -19,14 +19,18 @@ from lightllm_mtp.engine.parallel.membership import describe
 from lightllm_mtp.engine.runner_factory import BuiltRunner, build_runner
 from lightllm_mtp.engine.step import LaunchedStep
 from lightllm_mtp.engine.cache_budget import cache_budget_of
+from lightllm_mtp.engine.pending_grammars import PendingGrammars
 from lightllm_mtp.engine.prefix_cache import PrefixCacheStats
 from lightllm_mtp.engine.request import FinishReason, Request
 from lightllm_mtp.engine.request_end import end_request
 from lightllm_mtp.engine.scheduler import Scheduler
 from lightllm_mtp.multimodal.image_input import ImageInput
 from lightllm_mtp.multimodal.prompt_images import PromptImages
-from lightllm_mtp.sampling.grammar import GrammarCompiler, grammar_text
+from lightllm_mtp.sampling.grammar import grammar_text
 from lightllm_mtp.sampling_params import SamplingParams
+
+
+GRAMMAR_WAIT_S = 0.02  # an idle step's wait for a grammar compiling in the background (a worker then reads its inbox)
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,7 @@ class LLMEngine:
         self._ids = itertools.count()
         self.overlap = not args.disable_overlap
         self._inflight: LaunchedStep | None = None  # a step queued on the device whose tokens are not read yet
-        self._grammars: GrammarCompiler | None = None  # built with the first structured-output request
+        self.grammars = PendingGrammars(args.model_dir, cfg.vocab_size, self.eos_token_ids)
 
     def _build(self, args: EngineArgs, cfg: ModelConfig, journal: StepJournal | None) -> BuiltRunner:
         if self.parallel_group is None:
@@ -160,45 +164,39 @@ class LLMEngine:
             raise TypeError("images must be ImageInput (multimodal.image_processor's output)")
         return PromptImages.of(list(prompt_ids), images, vision.image_token_id)
 
-    def validate_request(self, prompt_ids: list[int], params: SamplingParams,
-                         images: Sequence[ImageInput] = ()) -> PromptImages | None:  # fmt: skip
-        """Everything add_request would reject, checked without queuing anything; returns the prompt's images."""
+    def validate_request(self, prompt_ids: list[int], params: SamplingParams, images: Sequence[ImageInput] = (),
+                         grammar: bool = True) -> PromptImages | None:  # fmt: skip
+        """Everything add_request would reject, checked without queuing anything; returns the prompt's images.
+        grammar: also the structured output's syntax (add_request leaves it to the background compilation: a bad
+        one finishes with an error)."""
         self.validate_prompt(prompt_ids)
         prompt_images = self.validate_images(prompt_ids, images)
         bad = [t for t, _ in params.logit_bias if t >= self.model_config.vocab_size]
         if bad:
             raise ValueError(f"logit_bias token ids out of range [0, {self.model_config.vocab_size}): {bad[:8]}")
-        if params.logprobs is not None and self.args.parallel.pp > 1:
-            raise ValueError("logprobs are not supported with pp > 1 (the logits are on the last stage)")
         if params.structured is not None:
             if self.parallel_group is not None:
                 raise ValueError("structured outputs are not supported with tp / pp > 1")
-            grammar_text(params.structured)  # ValueError naming what is wrong
+            if grammar:
+                grammar_text(params.structured)  # ValueError naming what is wrong
         self.scheduler.check_fits(len(prompt_ids), params.max_new_tokens)
         return prompt_images
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams,
                     images: Sequence[ImageInput] = ()) -> Request:  # fmt: skip
-        """prompt_ids: with each image's placeholder expanded to its tokens (expand_image_tokens), images in order."""
-        prompt_images = self.validate_request(prompt_ids, params, images)
+        """Queues a request. prompt_ids: with each image's placeholder expanded to its tokens (expand_image_tokens),
+        images in order. One with a structured output waits (WAITING) while its grammar compiles in the background;
+        the steps of the others go on meanwhile."""
+        prompt_images = self.validate_request(prompt_ids, params, images, grammar=False)
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self.args.device).manual_seed(params.seed)
         req = Request(request_id=next(self._ids), prompt_ids=list(prompt_ids), params=params, generator=generator,
                       images=prompt_images)  # fmt: skip
         if params.structured is not None:
-            req.grammar = self.grammar_compiler().matcher(params.structured)
+            self.grammars.start(req)
         self.scheduler.add(req)
         return req
-
-    def grammar_compiler(self) -> GrammarCompiler:
-        """The model tokenizer's grammar compiler (xgrammar), made on first use."""
-        if self._grammars is None:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(self.args.model_dir)
-            self._grammars = GrammarCompiler(tokenizer, self.model_config.vocab_size)
-        return self._grammars
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
@@ -216,17 +214,20 @@ class LLMEngine:
         their inputs from the device (plain decoding: this step's sampled tokens; MTP: the blocks the proposer
         opened), prompt chunks from the host. The host then does this step's bookkeeping while the device runs the
         next one. A request that stops in this step (a stop token, eos) wastes its rows of the queued step; `collect`
-        skips them."""
+        skips them. Requests whose grammar compiles in the background are not scheduled until it is done; with
+        nothing else to run, the step waits a little for one (GRAMMAR_WAIT_S)."""
+        outputs = self._compiled_grammars() if self.grammars else []
         if self._inflight is None:
             scheduled = self.scheduler.schedule()
             if not scheduled:
+                if self.grammars:
+                    return outputs + self._compiled_grammars(wait_s=GRAMMAR_WAIT_S)
                 if self.scheduler.waiting:
                     raise RuntimeError("scheduler made no progress: no request fits the KV pool or the token budget")
-                return []
+                return outputs
             self._inflight = self.runner.launch(scheduled)
         step = self._inflight
         self._inflight = self._launch_next(step) if self.overlap else None
-        outputs = []
         for req, tokens in self.runner.collect(step):
             if req.ended:  # aborted, or stopped in the step before: a wasted row
                 continue
@@ -248,6 +249,13 @@ class LLMEngine:
             outputs.append(StepOutput(req, new, finished, logprobs[: len(new)] if logprobs is not None else None))
         self._drop_idle_inflight()
         return outputs
+
+    def _compiled_grammars(self, wait_s: float = 0.0) -> list[StepOutput]:
+        """Requests whose grammar compiled may be scheduled from now; those whose grammar did not are finished."""
+        failed = self.grammars.collect(wait_s)
+        for req in failed:
+            self._finish(req, FinishReason.ERROR)
+        return [StepOutput(req, [], True) for req in failed]
 
     def _launch_next(self, step: LaunchedStep) -> LaunchedStep | None:
         """The step after `step`, queued before `step`'s results reach the host; None when there is nothing to run.

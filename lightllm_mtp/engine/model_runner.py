@@ -240,10 +240,20 @@ class ModelRunner:
 
     def logprobs_copy(self, logits: torch.Tensor | None, tokens: torch.Tensor, reqs: list[Request]) -> HostCopy | None:
         """The sampled tokens' logprobs (sampling/logprobs.py) on their way to the host, when a request asks."""
+        rows = self.logprobs_on_every_stage(reqs, lambda num_top: emitted_logprobs(logits, tokens, num_top),
+                                            len(reqs))  # fmt: skip
+        return HostCopy(rows) if rows is not None else None
+
+    def logprobs_on_every_stage(self, reqs: list[Request], compute, num_rows: int) -> torch.Tensor | None:
+        """compute(num_top) on the last stage (where the logits are), broadcast to the others, so that the driver
+        (the first stage) delivers them; None when no request asks for logprobs."""
         asked = [r.params.logprobs for r in reqs if r.params.logprobs is not None]
-        if not asked or logits is None:
+        if not asked:
             return None
-        return HostCopy(emitted_logprobs(logits, tokens, max(asked)))
+        if self.model.is_last_stage:
+            return pp_broadcast_from_last(compute(max(asked)))
+        rows = torch.empty(num_rows, 1 + 2 * max(asked), dtype=torch.float64, device=self.device)
+        return pp_broadcast_from_last(rows)
 
     @staticmethod
     def deliver_logprobs(reqs: list[Request], host: HostCopy | None, counts: list[int] | None = None) -> None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -39,6 +40,7 @@ class FinishReason(Enum):
     STOP = "stop"  # eos or a stop token
     LENGTH = "length"  # max_new_tokens or max_model_len
     ABORT = "abort"
+    ERROR = "error"  # the request could not be served (Request.error says why): its grammar did not compile
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,8 @@ class Request:
     output_logprobs: list[TokenLogprob] = field(default_factory=list)
     pending_logprobs: list[TokenLogprob] | None = None
     grammar: RequestGrammar | None = None  # params.structured: its matcher over the committed output
+    compiling: Future | None = None  # its grammar, compiling in the background: it is not admitted until done
+    error: str | None = None  # FinishReason.ERROR: what went wrong
     next_drafts: list[int] = field(default_factory=list)  # MTP: the drafts of its newest open block, as last collected
     images: PromptImages | None = None  # the prompt's images (multimodal/prompt_images.py)
 

@@ -8,7 +8,8 @@ fits beside what running requests reserved, so a running request never runs out 
 
 With the prefix cache a request resumes past its cached prefix: those slots are shared and locked in the tree, so
 it reserves only the rest, and admission keeps reserved + locked tree slots within the pool (unlocked tree slots
-are evicted on demand). Prompt chunks cut by the budget end on a snapshot boundary where they can.
+are evicted on demand). Prompt chunks cut by the budget end on a snapshot boundary where they can. A request whose
+grammar still compiles (in the background) is passed over, the requests behind it are not held up.
 """
 
 from __future__ import annotations
@@ -89,8 +90,12 @@ class Scheduler:
                 out.append(ScheduledRequest(req, n))
                 budget -= n
         reserved = self.reserved if self.waiting else 0
-        while self.waiting and budget > 0 and len(self.running) < self.max_batch_size:
-            req = self.waiting[0]
+        i = 0  # the first waiting request not passed over (those whose grammar still compiles are)
+        while i < len(self.waiting) and budget > 0 and len(self.running) < self.max_batch_size:
+            req = self.waiting[i]
+            if req.compiling is not None:
+                i += 1
+                continue
             cache = self.prefix_cache
             cached = cache.match(req) if cache is not None else 0
             need = self.kv_need(len(req.prompt_ids), req.params.max_new_tokens) - cached
@@ -101,7 +106,7 @@ class Scheduler:
                 break
             if cache is not None:
                 cache.admitted(req)
-            self.waiting.popleft()
+            del self.waiting[i]
             req.advance(RequestStatus.RUNNING)
             self.running.append(req)
             reserved += need  # its reservation (kv_need less its tree positions)

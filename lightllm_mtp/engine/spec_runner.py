@@ -251,7 +251,7 @@ class SpecRunner:
         batch, rows = self.builder.verify_batch(b_req_idx, rows=q)
         out = self.runner.forward(batch)
         drafts, num_drafts = rows[:, DRAFTS : DRAFTS + q - 1], rows[:, NUM_DRAFTS]
-        result = chooser = logprobs = None
+        result = chooser = None
         if self.model.is_last_stage:  # verify where the logits are
             greedy = all(r.params.temperature <= 0 for r in reqs)
             temps, top_ps, top_ks = (None, None, None) if greedy else self.runner.sampling_tensors(reqs)
@@ -266,13 +266,13 @@ class SpecRunner:
                 min_ps=None if greedy else self.runner.min_ps(reqs),
             )  # fmt: skip
             chooser = self._chooser(reqs, vocab, result.emitted, processing)
-            asked = [r.params.logprobs for r in reqs if r.params.logprobs is not None]
-            if asked:
-                per_row = emitted_logprobs(out.logits.view(bsz * q, -1), result.emitted.reshape(-1), max(asked))
-                logprobs = HostCopy(per_row.view(bsz, q, -1))
             verified = torch.cat([result.b_accept_len[:, None].to(torch.int64), result.emitted], dim=1)
         else:
             verified = torch.empty(bsz, 1 + q, dtype=torch.int64, device=self.device)
+        per_row = self.runner.logprobs_on_every_stage(  # each verify row's, from the last stage
+            reqs, lambda num_top: emitted_logprobs(out.logits.view(bsz * q, -1), result.emitted.reshape(-1), num_top),
+            bsz * q)  # fmt: skip
+        logprobs = HostCopy(per_row.view(bsz, q, -1)) if per_row is not None else None
         # accept lengths and emitted tokens reach every stage before it opens its next block: each stage's
         # positions, KV slots, conv slot offset and SSM row follow the accepted tokens only (no optimistic state)
         verified = pp_broadcast_from_last(verified)

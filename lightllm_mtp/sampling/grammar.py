@@ -2,7 +2,8 @@
 
 Why xgrammar: it is the default grammar engine of vLLM, SGLang and TensorRT-LLM, has CPU wheels for Python 3.11 /
 3.12 on the package index (llguidance's newest wheels did not resolve there; outlines-core has no EBNF), compiles
-JSON schema, regex and EBNF, and its matcher rolls back: exactly what speculative decoding needs.
+JSON schema, regex and EBNF, and its matcher rolls back: exactly what speculative decoding needs. Compilation runs in
+the background (grammar_compiler.py).
 
 With `starts_after` (the end of a reasoning block) the output is free until that text has appeared (found in the
 tokens' bytes, so a marker split over several tokens or landing inside a verify block is found where it ends); the
@@ -26,7 +27,7 @@ from lightllm_mtp.sampling.logits_processing import RowMasks
 from lightllm_mtp.sampling_params import StructuredOutput
 
 
-def _xgr():
+def import_xgrammar():
     try:
         import xgrammar
     except ImportError as e:  # the `structured` extra
@@ -36,7 +37,7 @@ def _xgr():
 
 def grammar_text(so: StructuredOutput):
     """The xgrammar Grammar of a structured output (syntax checked, no tokenizer needed); ValueError if invalid."""
-    xgr = _xgr()
+    xgr = import_xgrammar()
     try:
         if so.kind == "json_schema":
             return xgr.Grammar.from_json_schema(so.spec, any_whitespace=False, strict_mode=True)
@@ -52,21 +53,6 @@ def grammar_text(so: StructuredOutput):
         return xgr.Grammar.from_ebnf(so.spec)
     except (RuntimeError, ValueError, TypeError, json.JSONDecodeError) as e:
         raise ValueError(f"invalid {so.kind}: {str(e).splitlines()[-1][:300]}") from None
-
-
-class GrammarCompiler:
-    """One tokenizer's compiler (xgrammar caches compiled grammars); `matcher` gives a request its RequestGrammar."""
-
-    def __init__(self, tokenizer, vocab_size: int, threads: int = 2):
-        xgr = _xgr()
-        self.info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
-        self.compiler = xgr.GrammarCompiler(self.info, max_threads=threads)
-        self.vocab_size = vocab_size
-
-    def matcher(self, so: StructuredOutput) -> RequestGrammar:
-        compiled = self.compiler.compile_grammar(grammar_text(so))
-        gate = Gate(so.starts_after.encode(), self.info.decoded_vocab) if so.starts_after else None
-        return RequestGrammar(_xgr().GrammarMatcher(compiled), self.vocab_size, gate)
 
 
 @dataclass

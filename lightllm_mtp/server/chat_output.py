@@ -64,12 +64,17 @@ class ChatAssembler:
 
     def push(self, text: str, final: bool) -> tuple[str, str, list[dict]]:
         """(reasoning delta, content delta, tool calls completed)."""
+        reasoning, pieces = self.push_pieces(text, final)
+        return reasoning, "".join(p for p in pieces if isinstance(p, str)), [p for p in pieces if isinstance(p, dict)]
+
+    def push_pieces(self, text: str, final: bool) -> tuple[str, list[str | dict]]:
+        """(reasoning delta, what follows it in answer order: content text (str) and completed tool calls (dict))."""
         reasoning, content = self.reasoning.push(text, final) if self.reasoning is not None else ("", text)
-        calls: list[dict] = []
-        if self.tools is not None:
-            content, calls = self.tools.push(content, final)
-            self.num_calls += len(calls)
-        return reasoning, content, calls
+        if self.tools is None:
+            return reasoning, [content] if content else []
+        pieces = self.tools.push_pieces(content, final)
+        self.num_calls += sum(isinstance(p, dict) for p in pieces)
+        return reasoning, pieces
 
     def finish_reason(self, reason: str | None) -> str | None:
         return "tool_calls" if reason == "stop" and self.num_calls else reason

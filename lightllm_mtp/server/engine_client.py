@@ -180,7 +180,8 @@ class EngineClient:
             raise ApiError(503, f"no model worker is serving (replicas {self.replica_states()})",
                            type="server_error")  # fmt: skip
         rid = next(self._rids)
-        detok = IncrementalDetokenizer(self.tokenizer, prompt_ids, stop, params.include_stop_str_in_output)
+        detok = IncrementalDetokenizer(self.tokenizer, prompt_ids, stop, params.include_stop_str_in_output,
+                                       params.min_tokens)  # fmt: skip
         stream = RequestStream(rid, rank, prompt_ids, params, detok)
         self._streams[rid] = stream  # before the worker can answer
         self.metrics.requests.labels(endpoint).inc()

@@ -134,7 +134,7 @@ def create_app(args: ServerArgs, client: EngineClient, metrics: ServerMetrics, o
     app.include_router(chat_routes(client, encoder, args.model_name, auth, body, chat))
     app.include_router(tokenize_routes(client, encoder, args.model_name, auth, body))
     app.include_router(lightllm_routes(client, encoder, auth, body))
-    app.include_router(responses_routes(client, encoder, args.model_name, auth, body))
+    app.include_router(responses_routes(client, encoder, args.model_name, auth, body, chat))
     return app
 
 

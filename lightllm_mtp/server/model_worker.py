@@ -202,7 +202,7 @@ class ModelWorker:
             self.generated_tokens += len(o.new_token_ids)
             if o.finished:
                 deltas.append(self._last_delta(rid, o.request, o.new_token_ids, o.request.finish_reason.value,
-                                               logprobs=o.new_logprobs))  # fmt: skip
+                                               o.request.error, o.new_logprobs))  # fmt: skip
             else:
                 deltas.append(TokenDelta(rid, o.new_token_ids, logprobs=o.new_logprobs))
         return deltas

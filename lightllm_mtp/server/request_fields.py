@@ -92,19 +92,21 @@ FIELDS: list[tuple[str, FieldInfo]] = [*{
     "verbosity": _f(REFUSED, "openai", NOT_BUILT, H),
     "web_search_options": _f(REFUSED, "openai", NOT_BUILT, H),
     # ---- OpenAI responses ----
-    "input": _f(HONORED, "openai", "text or text messages", R, example="b"),
+    "input": _f(HONORED, "openai", "text, or items: text messages, function_call, function_call_output, reasoning "
+                "(other item types: 400)", R, example="b"),  # fmt: skip
     "instructions": _f(HONORED, "openai", "a system message", R, example="be brief"),
     "max_output_tokens": _f(HONORED, "openai", "", R, example=5),
     "text": _f(HONORED, "openai", "format: json_object / json_schema", R,
                example={"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}),  # fmt: skip
-    "reasoning": _f(REFUSED, "openai", NOT_BUILT, R),
+    "reasoning": _f(HONORED, "openai", "effort none: thinking off (the model has no effort levels: others 400); "
+                    "summary: 400", R, example={"effort": "none"}),  # fmt: skip
     "include": _f(REFUSED, "openai", NOT_BUILT, R, neutral=(None, [])),
     "previous_response_id": _f(REFUSED, "openai", "nothing is stored", R),
     "conversation": _f(REFUSED, "openai", "nothing is stored", R),
     "background": _f(REFUSED, "openai", NOT_BUILT, R, neutral=(None, False)),
     "background_options": _f(REFUSED, "openai", NOT_BUILT, R),
     "truncation": _f(REFUSED, "openai", "prompts that do not fit are refused", R, neutral=(None, "disabled")),
-    "max_tool_calls": _f(REFUSED, "openai", "no tools", R),
+    "max_tool_calls": _f(REFUSED, "openai", "not implemented (parallel_tool_calls false: one call)", R),
     "context_management": _f(REFUSED, "openai", NOT_BUILT, R),
     "access_programs": _f(REFUSED, "openai", NOT_BUILT, R),
     "image": _f(REFUSED, "openai", "text only", R),
@@ -116,7 +118,7 @@ FIELDS: list[tuple[str, FieldInfo]] = [*{
     "cache_salt": _f(HONORED, "vllm", "prefix-cache partition", example="tenant"),
     "min_p": _f(HONORED, "vllm", "sampling (greedy keeps the argmax)", CH, example=0.1),
     "repetition_penalty": _f(HONORED, "vllm", "every verify row and draft choice too", CH, example=1.2),
-    "min_tokens": _f(HONORED, "vllm", "eos and stop_token_ids masked until then", CH, example=2),
+    "min_tokens": _f(HONORED, "vllm", "eos, stop_token_ids and stop strings held back until then", CH, example=2),
     "include_stop_str_in_output": _f(HONORED, "vllm", "", CH, example=True),
     "use_beam_search": _f(REFUSED, "vllm", NOT_BUILT, neutral=(None, False)),
     "length_penalty": _f(REFUSED, "vllm", "beam search only", neutral=(None, 1, 1.0)),
@@ -136,7 +138,7 @@ FIELDS: list[tuple[str, FieldInfo]] = [*{
     "mm_processor_kwargs": _f(REFUSED, "vllm", "text only"),
     "return_mtp_stats": _f(HONORED, "lightllm_mtp", "the request's acceptance in usage.mtp", example=True),
     # ---- chat template extensions ----
-    "chat_template_kwargs": _f(HONORED, "vllm", "passed to the template (enable_thinking)", H,
+    "chat_template_kwargs": _f(HONORED, "vllm", "passed to the template (enable_thinking)", H + R,
                                example={"enable_thinking": False}),  # fmt: skip
     "chat_template": _f(REFUSED, "vllm", "per request: use the server's --chat_template", H),
     "add_generation_prompt": _f(REFUSED, "vllm", "always on", H, neutral=(None, True)),
@@ -165,9 +167,11 @@ FIELDS: list[tuple[str, FieldInfo]] = [*{
     "return_hidden_states": _f(REFUSED, "sglang", NOT_BUILT, neutral=(None, False)),
 }.items(), ("prompt", _f(REFUSED, "openai", "prompt templates are not stored", R)),
   ("top_logprobs", _f(REFUSED, "openai", NOT_BUILT, R, neutral=(None, 0))),
-  ("tools", _f(REFUSED, "openai", NOT_BUILT, R, neutral=(None, []))),
-  ("tool_choice", _f(REFUSED, "openai", NOT_BUILT, R, neutral=(None, "none"))),
-  ("parallel_tool_calls", _f(REFUSED, "openai", "no tools", R, neutral=(None, True, False))),
+  ("tools", _f(HONORED, "openai", "function tools, as chat's (other tool types: 400)", R,
+               example=[{"type": "function", "name": "f"}])),
+  ("tool_choice", _f(HONORED, "openai", "none / auto / required / {type: function, name}, as chat's", R,
+                     example="none")),
+  ("parallel_tool_calls", _f(HONORED, "openai", "false: at most one call", R, example=False)),
   ("logprobs", _f(HONORED, "openai", "raw logprobs of the target (MTP: the verify row's), streaming too", H,
                   example=True))]
 

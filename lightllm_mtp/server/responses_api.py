@@ -1,111 +1,81 @@
-"""OpenAI Responses API: POST /v1/responses (text in, text out; streaming with the Responses event types).
+"""OpenAI Responses API: POST /v1/responses (whole, or streamed with the Responses event types).
 
-The input (a string, or messages with text content) and `instructions` become a chat conversation, encoded by the
-tokenizer's chat template as /v1/chat/completions does; `max_output_tokens`, `temperature`, `top_p` map onto the
-same sampling. What each other field does (or its 400): server/request_fields.py.
+The request (responses_protocol.py) becomes a chat conversation, encoded by the chat template as
+/v1/chat/completions does, with the same tools, tool_choice grammar and parsers (chat_output.py's plan); the answer
+becomes output items (responses_output.py): a reasoning item, message items, function_call items.
+`max_output_tokens`, `temperature`, `top_p` map onto the same sampling. What each other field does (or its 400):
+server/request_fields.py.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
-from typing import Annotated, AsyncIterator, Literal
+from typing import AsyncIterator
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, Field, field_validator
 
-from lightllm_mtp.server.engine_client import EngineClient, RequestStream
-from lightllm_mtp.server.openai_api import check_model, completion_budget, submit
-from lightllm_mtp.server.chat_protocol import ChatCompletionRequest
-from lightllm_mtp.server.protocol import FIRST_ERROR, STRICT, SamplingRequest
-from lightllm_mtp.server.request_fields import RESPONSES
+from lightllm_mtp.server.chat_output import ChatOptions, plan_chat
+from lightllm_mtp.server.choices import submit_choices
+from lightllm_mtp.server.engine_client import Delta, EngineClient, RequestStream
+from lightllm_mtp.server.openai_api import check_model, completion_budget
 from lightllm_mtp.server.request_input import BodyLimits, PromptEncoder, read_body
+from lightllm_mtp.server.responses_output import ResponseOutput, reasoning_tokens
+from lightllm_mtp.server.responses_protocol import ResponsesRequest
 from lightllm_mtp.server.streaming import ClientDisconnected, collect, mtp_usage, sse_response
 
 
-class InputPart(BaseModel):
-    model_config = STRICT
-    type: Literal["input_text", "output_text", "text"]
-    text: str
-
-
-class InputMessage(BaseModel):
-    model_config = STRICT
-    type: Literal["message"] = "message"
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | Annotated[list[InputPart], FIRST_ERROR]
-
-    def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-
-
-class ResponsesRequest(SamplingRequest):
-    ENDPOINT = RESPONSES
-    input: str | Annotated[list[InputMessage], FIRST_ERROR] = Field(min_length=1)
-    instructions: str | None = None
-    max_output_tokens: int | None = None
-    text: dict | None = None  # {"format": {"type": "text" | "json_object" | "json_schema", ...}}
-
-    @field_validator("max_output_tokens")
-    @classmethod
-    def _max_output_tokens(cls, v):
-        return cls._max_tokens(v)
-
-    def as_chat(self) -> ChatCompletionRequest:
-        messages = [{"role": "system", "content": self.instructions}] if self.instructions else []
-        if isinstance(self.input, str):
-            messages.append({"role": "user", "content": self.input})
-        else:
-            roles = {"developer": "system"}  # the chat templates know system, user, assistant
-            messages += [{"role": roles.get(m.role, m.role), "content": m.text()} for m in self.input]
-        return ChatCompletionRequest.model_validate({"messages": messages})
-
-
-def responses_routes(client: EngineClient, encoder: PromptEncoder, model_name: str, auth, body_limits: BodyLimits):
+def responses_routes(client: EngineClient, encoder: PromptEncoder, model_name: str, auth, body_limits: BodyLimits,
+                     options: ChatOptions = ChatOptions()) -> APIRouter:  # fmt: skip
     router = APIRouter(dependencies=[Depends(auth)])
 
     @router.post("/v1/responses")
     async def responses(request: Request):
         req = await encoder.parse(ResponsesRequest, await read_body(request, body_limits))
         check_model(req, model_name)
-        prompt_ids = await encoder.encode_chat(req.as_chat(), param="input")
+        prompt_ids, prompt_text = await encoder.encode_chat_text(req.chat, param="input")
+        plan = plan_chat(req.chat, options, prompt_text)
         max_new = completion_budget(client, prompt_ids, req.max_output_tokens, default=client.max_model_len,
                                     field="max_output_tokens")  # fmt: skip
-        stream = submit(client, req, prompt_ids, max_new, "responses")
+        stream = submit_choices(client, req, prompt_ids, max_new, "responses", structured=plan.structured)[0]
         response = _response(f"resp_{uuid.uuid4().hex}", model_name, req)
-        item_id = f"msg_{uuid.uuid4().hex}"
+        output = ResponseOutput(plan, req.chat)
+
+        def count_reasoning(ids: list[int]) -> int:
+            return reasoning_tokens(client.tokenizer, ids, plan.in_reasoning)
+
         if req.stream:
-            events = _events(stream, response, item_id, req.return_mtp_stats)
+            events = _events(stream, response, output, count_reasoning, req.return_mtp_stats)
             return sse_response(client, stream, events, done_marker=False, named=True)
         try:
             out = await collect(client, stream, request)
         except ClientDisconnected:
             return Response(status_code=499)
-        return JSONResponse(_finished(response, item_id, out.text, out.last, req.return_mtp_stats))
+        output.push(out.text, final=True)
+        output.finish(out.last.finish_reason == "length")
+        return JSONResponse(_finished(response, output, out.last, count_reasoning(out.token_ids), req.return_mtp_stats))
 
     return router
 
 
 def _response(rid: str, model: str, req: ResponsesRequest) -> dict:
+    choice = req.tool_choice if req.tool_choice is not None else ("auto" if req.tools else "none")
     return {
         "id": rid, "object": "response", "created_at": int(time.time()), "status": "in_progress", "model": model,
         "output": [], "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
-        "temperature": req.temperature, "top_p": req.top_p, "parallel_tool_calls": False, "tool_choice": "none",
-        "tools": [], "error": None, "incomplete_details": None, "usage": None, "metadata": {},
+        "temperature": req.temperature, "top_p": req.top_p, "parallel_tool_calls": req.parallel_tool_calls,
+        "tool_choice": choice, "tools": req.tools or [], "error": None, "incomplete_details": None, "usage": None,
+        "metadata": {},
     }  # fmt: skip
 
 
-def _message(item_id: str, text: str, status: str) -> dict:
-    content = [{"type": "output_text", "text": text, "annotations": []}]
-    return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
-
-
-def _finished(response: dict, item_id: str, text: str, last, with_mtp: bool) -> dict:
+def _finished(response: dict, output: ResponseOutput, last: Delta, num_reasoning: int, with_mtp: bool) -> dict:
     incomplete = last.finish_reason == "length"
     usage = {
         "input_tokens": last.num_prompt_tokens, "input_tokens_details": {"cached_tokens": last.num_cached_tokens, "cache_write_tokens": 0},
-        "output_tokens": last.num_output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens": last.num_output_tokens, "output_tokens_details": {"reasoning_tokens": num_reasoning},
         "total_tokens": last.num_prompt_tokens + last.num_output_tokens,
     }  # fmt: skip
     if with_mtp:
@@ -114,41 +84,35 @@ def _finished(response: dict, item_id: str, text: str, last, with_mtp: bool) -> 
         **response,
         "status": "incomplete" if incomplete else "completed",
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-        "output": [_message(item_id, text, "incomplete" if incomplete else "completed")],
+        "output": list(output.items),
         "usage": usage,
     }
 
 
-async def _events(stream: RequestStream, response: dict, item_id: str, with_mtp: bool) -> AsyncIterator[dict]:
-    seq = iter(range(1 << 30))
-    where = {"item_id": item_id, "output_index": 0, "content_index": 0}
-    yield {"type": "response.created", "sequence_number": next(seq), "response": response}
-    yield {"type": "response.in_progress", "sequence_number": next(seq), "response": response}
-    yield {"type": "response.output_item.added", "sequence_number": next(seq), "output_index": 0,
-           "item": _message(item_id, "", "in_progress") | {"content": []}}  # fmt: skip
-    yield {"type": "response.content_part.added", "sequence_number": next(seq), **where,
-           "part": {"type": "output_text", "text": "", "annotations": []}}  # fmt: skip
-    texts = []
+async def _events(stream: RequestStream, response: dict, output: ResponseOutput, count_reasoning,
+                  with_mtp: bool) -> AsyncIterator[dict]:  # fmt: skip
+    seq = itertools.count()
+
+    def numbered(event: dict) -> dict:
+        return {"type": event["type"], "sequence_number": next(seq), **event}
+
+    yield numbered({"type": "response.created", "response": response})
+    yield numbered({"type": "response.in_progress", "response": response})
+    ids: list[int] = []
     async for d in stream:
         if d.finish_reason == "error":  # the Responses stream's error event, then the response as failed
             error = {"code": "server_error", "message": d.error or "generation failed"}
-            yield {"type": "error", "sequence_number": next(seq), **error, "param": None}
-            failed = {**response, "status": "failed", "error": error}
-            yield {"type": "response.failed", "sequence_number": next(seq), "response": failed}
+            yield numbered({"type": "error", **error, "param": None})
+            yield numbered({"type": "response.failed", "response": {**response, "status": "failed", "error": error}})
             return
-        if d.text:
-            texts.append(d.text)
-            yield {"type": "response.output_text.delta", "sequence_number": next(seq), **where, "delta": d.text,
-                   "logprobs": []}  # fmt: skip
+        ids += d.token_ids
+        events = output.push(d.text, final=d.finish_reason is not None)
         if d.finish_reason is not None:
-            text = "".join(texts)
-            yield {"type": "response.output_text.done", "sequence_number": next(seq), **where, "text": text,
-                   "logprobs": []}  # fmt: skip
-            yield {"type": "response.content_part.done", "sequence_number": next(seq), **where,
-                   "part": {"type": "output_text", "text": text, "annotations": []}}  # fmt: skip
-            done = _finished(response, item_id, text, d, with_mtp)
-            yield {"type": "response.output_item.done", "sequence_number": next(seq), "output_index": 0,
-                   "item": done["output"][0]}  # fmt: skip
+            events += output.finish(d.finish_reason == "length")
+        for event in events:
+            yield numbered(event)
+        if d.finish_reason is not None:
+            done = _finished(response, output, d, count_reasoning(ids), with_mtp)
             kind = "response.completed" if done["status"] == "completed" else "response.incomplete"
-            yield {"type": kind, "sequence_number": next(seq), "response": done}
+            yield numbered({"type": kind, "response": done})
             return

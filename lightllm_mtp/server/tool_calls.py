@@ -79,37 +79,48 @@ class ToolCallStream:
 
     def push(self, text: str, final: bool = False) -> tuple[str, list[dict]]:
         """(content delta, calls completed by `text`: OpenAI tool_call dicts with their index)."""
+        pieces = self.push_pieces(text, final)
+        return "".join(p for p in pieces if isinstance(p, str)), [p for p in pieces if isinstance(p, dict)]
+
+    def push_pieces(self, text: str, final: bool = False) -> list[str | dict]:
+        """What `text` completes, in answer order: content text (str) and calls (dict), no empty strings."""
         self.buf += text
-        content, calls = "", []
+        pieces: list[str | dict] = []
+
+        def content(text: str, final: bool) -> None:
+            released = self._content(text, final)
+            if released:
+                pieces.append(released)
+
         while True:
             if not self.in_call:
                 i = self.buf.find(START)
                 if i < 0:
                     keep = 0 if final else _partial_suffix(self.buf, START)
-                    content += self._content(self.buf[: len(self.buf) - keep], final)
+                    content(self.buf[: len(self.buf) - keep], final)
                     self.buf = self.buf[len(self.buf) - keep :]
                     break
-                content += self._content(self.buf[:i], False)
+                content(self.buf[:i], False)
                 self.before_call, self.held = self.held, ""  # dropped if this is a call, given back if not
                 self.buf, self.in_call = self.buf[i + len(START) :], True
             else:
                 j = self.buf.find(END)
                 if j < 0:
                     if final:  # an unterminated call is text
-                        content += self._content(self.before_call + START + self.buf, True)
+                        content(self.before_call + START + self.buf, True)
                         self.buf = ""
                     break
                 call = parse_call(self.buf[:j], self.schemas)
                 if call is None:
-                    content += self._content(self.before_call + START + self.buf[: j + len(END)], False)
+                    content(self.before_call + START + self.buf[: j + len(END)], False)
                 elif self.parallel or self.num_calls == 0:
-                    calls.append({"index": self.num_calls, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                                  "function": call})  # fmt: skip
+                    pieces.append({"index": self.num_calls, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                                   "function": call})  # fmt: skip
                     self.num_calls += 1
                 self.buf, self.in_call = self.buf[j + len(END) :], False
         if final and self.num_calls:
             self.held = ""
-        return content, calls
+        return pieces
 
     def _content(self, text: str, final: bool) -> str:
         """Text outside calls, less the whitespace that may only separate calls (held until text or the end)."""

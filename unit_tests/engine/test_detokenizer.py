@@ -139,3 +139,38 @@ def test_an_empty_final_push_releases_held_text(tokenizer):
         detok = IncrementalDetokenizer(tokenizer, [], stop)
         out = "".join(detok.push([t], final=False) for t in ids[:cut])
         assert out + detok.push([], final=True) == tokenizer.decode(ids[:cut])
+
+
+def stop_with_min_tokens(tokenizer, ids, stops, min_tokens):
+    """The oracle, by full decodes: the first prefix of the output whose text holds a stop string ending past the
+    text of its first min_tokens tokens cuts there (the earliest such stop string of that prefix)."""
+    protected = len(tokenizer.decode(ids[:min_tokens]))
+    for k in range(min_tokens + 1, len(ids) + 1):
+        text = tokenizer.decode(ids[:k])
+        found = ((text.find(s, max(0, protected - len(s) + 1)), s) for s in stops)
+        hits = [(i, len(s)) for i, s in found if i >= 0]
+        if hits:
+            return text[: min(hits)[0]], k
+    return tokenizer.decode(ids), len(ids)
+
+
+def test_min_tokens_holds_back_stop_strings(tokenizer):
+    """vLLM's rule: a stop string inside the first min_tokens tokens' text does not end the request; one that ends
+    after it does (also one that starts inside it). Against full decodes, pushed in MTP-like steps of 1..3 tokens."""
+    rng = random.Random(0)
+    ids = tokenizer.encode("ab a\nb ba ab\n" * 4, add_special_tokens=False)
+    cut_later = 0
+    for trial in range(300):
+        stops = tuple("".join(rng.choice("ab \n") for _ in range(rng.randint(1, 4))).strip() or "a"
+                      for _ in range(rng.randint(1, 3)))  # fmt: skip
+        min_tokens = rng.randint(0, len(ids))
+        detok = IncrementalDetokenizer(tokenizer, [], stops, min_tokens=min_tokens)
+        out, kept, at = "", 0, 0
+        while at < len(ids) and not detok.stopped:
+            n = rng.randint(1, 3)
+            out += detok.push(ids[at : at + n], final=at + n >= len(ids))
+            kept, at = kept + detok.used, at + n
+        expected, expected_kept = stop_with_min_tokens(tokenizer, ids, stops, min_tokens)
+        assert (out, kept) == (expected, expected_kept), (stops, min_tokens)
+        cut_later += len(expected) > len(stop_with_min_tokens(tokenizer, ids, stops, 0)[0])
+    assert cut_later > 50  # min_tokens moved the cut in many trials

@@ -70,6 +70,29 @@ def test_stop_strings_end_the_text_before_them(trained_dense_dir, mtp):
     assert not llm.engine.has_unfinished() and llm.engine.scheduler.reserved == 0
 
 
+@pytest.mark.parametrize("mtp", [{}, dict(mtp_mode="eagle_with_att", mtp_step=2)], ids=["plain", "mtp"])
+def test_min_tokens_holds_back_stop_strings(trained_dense_dir, mtp):
+    """A stop string inside the text of the first min_tokens tokens does not end the request; the first one ending
+    after it does (vLLM's rule), with MTP steps of several tokens as with one token a step."""
+    llm = LLM(trained_dense_dir, max_model_len=256, max_batch_size=4, **mtp)
+    tried = 0
+    for prompt in ["def fibonacci(n):", "import os\nimport sys\n\n", "class Stack:\n    def push(self, item):"]:
+        params = dict(max_tokens=40, min_tokens=12, ignore_eos=True, **GREEDY)
+        base = llm.generate(prompt, SamplingParams(**params))[0]
+        protected = len(llm.tokenizer.decode(base.token_ids[:12]))
+        stop = base.text[protected - 6 : protected - 3]  # it ends inside the first 12 tokens' text
+        if not stop.strip():
+            continue
+        tried += 1
+        out = llm.generate(prompt, SamplingParams(stop=[stop], **params))[0]
+        later = base.text.find(stop, protected - len(stop) + 1)
+        assert out.text == (base.text[:later] if later >= 0 else base.text), (prompt, stop)
+        assert out.finish_reason == ("stop" if later >= 0 else "length")
+        early = llm.generate(prompt, SamplingParams(stop=[stop], **{**params, "min_tokens": 0}))[0]
+        assert early.text == base.text[: base.text.index(stop)] and len(early.text) < len(out.text)
+    assert tried >= 2
+
+
 def test_chat_through_the_shipped_template(trained_dense_dir):
     """LLM.chat renders with the template (the Qwen3.5-style one: thinking on, tools listed), then generates as
     generate does; enable_thinking false pre-fills an empty think block."""

@@ -161,3 +161,33 @@ def test_the_template_renders_tools_and_their_history(tokenizer):
     off = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}],
                                                 "chat_template_kwargs": {"enable_thinking": False}})  # fmt: skip
     assert ChatPromptEncoder(tokenizer).encode_text(off)[1].endswith("<think>\n\n</think>\n\n")
+
+
+def test_tool_choice_grammar_caps_the_calls_token_by_token(tokenizer):
+    """The engine's matcher (sampling/grammar.py) over the answer's tokens: after one call, parallel_tool_calls false
+    allows nothing but eos (a second call is refused at its first token); true allows another call after a newline,
+    and the answer must hold at least one call."""
+    from lightllm_mtp.sampling.grammar import new_bitmask
+    from lightllm_mtp.sampling.grammar_compiler import GrammarCompiler
+    from lightllm_mtp.sampling_params import StructuredOutput
+
+    eos = {tokenizer.convert_tokens_to_ids("<|im_end|>")}  # the engine's eos ids are the grammar's stop tokens
+    compiler = GrammarCompiler(lambda: tokenizer, len(tokenizer), eos)
+
+    def allowed_after(grammar, text):
+        g = compiler.matcher(StructuredOutput("grammar", grammar))
+        for t in tokenizer.encode(text, add_special_tokens=False):
+            g.advance(t)
+        bitmask = new_bitmask(1, len(tokenizer))
+        g.fill_after([], bitmask, 0)
+        return {t for t in range(len(tokenizer)) if (int(bitmask[0, t // 32]) >> (t % 32)) & 1}
+
+    one, many = tool_choice_grammar(TOOLS, None, False), tool_choice_grammar(TOOLS, None, True)
+    assert allowed_after(one, CALL) == eos
+    newline = tokenizer.encode("\n", add_special_tokens=False)
+    assert allowed_after(many, CALL) == eos | set(newline)
+    second = allowed_after(many, CALL + "\n")
+    assert not second & eos and any(tokenizer.decode([t]).startswith("<") for t in second)
+    assert not allowed_after(one, "") & eos and not allowed_after(many, "") & eos  # "required": at least one call
+    named = tool_choice_grammar(TOOLS, "now", True)
+    assert allowed_after(named, "<tool_call>\n<function=now>\n</function>\n</tool_call>") == eos

@@ -99,6 +99,24 @@ def test_a_failing_step_fails_its_requests_and_the_worker_goes_on(worker, monkey
     assert last[3].finish_reason == "length" and len(tokens[3]) == 3
 
 
+def test_a_grammar_that_does_not_compile_ends_its_request_with_the_reason(worker, monkeypatch):
+    """The background compilation's error reaches the front as the request's last delta; the other request runs."""
+    from lightllm_mtp.sampling.grammar_compiler import GrammarCompiler
+    from lightllm_mtp.sampling_params import StructuredOutput
+
+    def broken(self, so):
+        raise ValueError("injected compile failure")
+
+    monkeypatch.setattr(GrammarCompiler, "_compile", broken)
+    structured = SamplingParams(temperature=0.0, max_new_tokens=5, structured=StructuredOutput("regex", "[0-9]+"))
+    worker.inbox.put(AddRequest(1, PROMPTS[0], structured))
+    worker.inbox.put(AddRequest(2, PROMPTS[1], greedy(4)))
+    tokens, last, stats = run_until(worker, [1, 2])
+    assert last[1].finish_reason == "error" and "injected compile failure" in last[1].error and not tokens[1]
+    assert last[2].finish_reason == "length" and len(tokens[2]) == 4
+    assert stats.kv_used == 0 and stats.req_slots_used == 0 and stats.waiting == 0
+
+
 def test_a_busy_worker_reports_even_in_steps_without_tokens(tiny_dense_dir, monkeypatch):
     """Issue 35 item 1: the front's watchdog takes a replica silent with work for dead, so a busy worker sends its
     stats at least every HEARTBEAT_S, also between prompt chunks that yield no token."""

@@ -96,7 +96,7 @@ def test_an_integer_past_pythons_digit_limit_is_a_bad_request():
 
 
 def test_cache_salt_reaches_the_sampling_params_of_every_endpoint():
-    from lightllm_mtp.server.responses_api import ResponsesRequest
+    from lightllm_mtp.server.responses_protocol import ResponsesRequest
 
     for model, body in [(CompletionRequest, {"prompt": "a"}), (ChatCompletionRequest, {"messages": [{"role": "user"}]}),
                         (ResponsesRequest, {"input": "a"})]:  # fmt: skip

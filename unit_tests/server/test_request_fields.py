@@ -23,7 +23,7 @@ from lightllm_mtp.server.request_fields import (
     fields_of,
     markdown_table,
 )
-from lightllm_mtp.server.responses_api import ResponsesRequest
+from lightllm_mtp.server.responses_protocol import ResponsesRequest
 
 MODELS = {COMPLETIONS: CompletionRequest, CHAT: ChatCompletionRequest, RESPONSES: ResponsesRequest}
 BASE = {COMPLETIONS: {"prompt": "a"}, CHAT: {"messages": [{"role": "user", "content": "a"}]}, RESPONSES: {"input": "a"}}

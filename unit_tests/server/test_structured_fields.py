@@ -7,7 +7,7 @@ import pytest
 from lightllm_mtp.sampling_params import StructuredOutput
 from lightllm_mtp.server.chat_protocol import ChatCompletionRequest
 from lightllm_mtp.server.protocol import ApiError, CompletionRequest, parse_body
-from lightllm_mtp.server.responses_api import ResponsesRequest
+from lightllm_mtp.server.responses_protocol import ResponsesRequest
 
 CHAT = {"messages": [{"role": "user", "content": "a"}]}
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}

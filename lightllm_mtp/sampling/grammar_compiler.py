@@ -1,0 +1,82 @@
+"""Grammar compilation off the engine's loop.
+
+Compiling a request's grammar against the vocabulary takes tens of milliseconds for a large JSON schema (and the
+tokenizer's table, built once, about a second on a 150k vocabulary): done in the engine's loop, it would stall the
+steps of every running request. `compile` hands it to one background thread instead (xgrammar releases the GIL while
+it compiles) and returns a future; the engine keeps the request waiting until it is done (engine/llm_engine.py).
+Compiled grammars are cached by their text (kind and spec; least recently used out first), so a schema sent again is
+ready at once; a failed compilation is not kept. The cache is used from the engine's thread only; the background
+thread only compiles.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from lightllm_mtp.sampling.grammar import Gate, RequestGrammar, import_xgrammar, grammar_text
+from lightllm_mtp.sampling_params import StructuredOutput
+
+CACHE_SIZE = 64  # compiled grammars kept
+
+
+class GrammarCompiler:
+    """One tokenizer's grammars. load_tokenizer: returns the HF tokenizer (called once, in the background);
+    stop_token_ids: the tokens that end an answer once its grammar is complete (the engine's eos ids)."""
+
+    def __init__(self, load_tokenizer: Callable[[], object], vocab_size: int,
+                 stop_token_ids: Sequence[int] | None = None, threads: int = 2, cache_size: int = CACHE_SIZE):  # fmt: skip
+        self.load_tokenizer = load_tokenizer
+        self.vocab_size = vocab_size
+        self.stop_token_ids = sorted(stop_token_ids) if stop_token_ids else None
+        self.threads = threads
+        self.cache_size = cache_size
+        self.cache: OrderedDict[tuple[str, str], Future] = OrderedDict()
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
+        self._built = threading.Lock()
+        self._compiler = None  # xgrammar's, with its TokenizerInfo: made by the first compilation
+        self._token_bytes: list | None = None  # token id -> its bytes (the reasoning gate's table)
+
+    def compile(self, so: StructuredOutput) -> Future:
+        """A future of the compiled grammar of `so` (done at once when the cache holds it); its exception is the
+        ValueError of a grammar that does not compile."""
+        key = (so.kind, so.spec)
+        future = self.cache.get(key)
+        if future is not None and not (future.done() and future.exception() is not None):
+            self.cache.move_to_end(key)
+            return future
+        self.cache[key] = future = self.executor.submit(self._compile, so)
+        while len(self.cache) > self.cache_size:
+            self.cache.popitem(last=False)
+        return future
+
+    def matcher(self, so: StructuredOutput, compiled=None) -> RequestGrammar:
+        """A request's matcher over the compiled grammar (`compile(so)`'s result; None: compiled now, waiting)."""
+        if compiled is None:
+            compiled = self.compile(so).result()
+        gate = Gate(so.starts_after.encode(), self._token_bytes) if so.starts_after else None
+        return RequestGrammar(import_xgrammar().GrammarMatcher(compiled), self.vocab_size, gate)
+
+    @property
+    def info(self):
+        """xgrammar's TokenizerInfo (built now if no compilation has run yet)."""
+        return self._xgr_compiler().tokenizer_info
+
+    def _compile(self, so: StructuredOutput):
+        grammar = grammar_text(so)
+        try:
+            return self._xgr_compiler().compile_grammar(grammar)
+        except RuntimeError as e:
+            raise ValueError(f"{so.kind} does not compile: {str(e).splitlines()[-1][:300]}") from None
+
+    def _xgr_compiler(self):
+        with self._built:
+            if self._compiler is None:
+                xgr = import_xgrammar()
+                info = xgr.TokenizerInfo.from_huggingface(self.load_tokenizer(), vocab_size=self.vocab_size,
+                                                          stop_token_ids=self.stop_token_ids)  # fmt: skip
+                self._token_bytes = info.decoded_vocab
+                self._compiler = xgr.GrammarCompiler(info, max_threads=self.threads, cache_enabled=False)
+            return self._compiler
