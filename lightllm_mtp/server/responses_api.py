@@ -1,8 +1,10 @@
-"""OpenAI Responses API: POST /v1/responses (text in, text out; streaming with the Responses event types).
+"""OpenAI Responses API: POST /v1/responses (text and images in, text out; streaming with the Responses event
+types).
 
-The input (a string, or messages with text content) and `instructions` become a chat conversation, encoded by the
-tokenizer's chat template as /v1/chat/completions does; `max_output_tokens`, `temperature`, `top_p` map onto the
-same sampling. What each other field does (or its 400): server/request_fields.py.
+The input (a string, or messages with input_text / input_image content) and `instructions` become a chat
+conversation, encoded by the tokenizer's chat template as /v1/chat/completions does (an input_image is chat's
+image_url part); `max_output_tokens`, `temperature`, `top_p` map onto the same sampling. What each other field does
+(or its 400): server/request_fields.py.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Annotated, AsyncIterator, Literal
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from lightllm_mtp.server.engine_client import EngineClient, RequestStream
 from lightllm_mtp.server.openai_api import check_model, completion_budget, submit
@@ -25,9 +27,31 @@ from lightllm_mtp.server.streaming import ClientDisconnected, collect, mtp_usage
 
 
 class InputPart(BaseModel):
+    """Text, or an image: {"type": "input_image", "image_url": "data:image/...;base64,...", "detail": "auto"}."""
+
     model_config = STRICT
-    type: Literal["input_text", "output_text", "text"]
-    text: str
+    type: Literal["input_text", "output_text", "text", "input_image"]
+    text: str | None = None
+    image_url: str | None = None
+    detail: Literal["auto", "low", "high"] = "auto"
+    file_id: str | None = None
+
+    @model_validator(mode="after")
+    def _complete(self):
+        if self.type == "input_image":
+            if self.file_id is not None:
+                raise ValueError("input_image file_id is not supported (nothing is stored): send image_url as a "
+                                 "data: URI")  # fmt: skip
+            if self.image_url is None:
+                raise ValueError("an input_image part needs image_url (a data: URI)")
+        elif self.text is None:
+            raise ValueError(f"a {self.type} part needs text")
+        return self
+
+    def as_chat_part(self) -> dict:
+        if self.type == "input_image":
+            return {"type": "image_url", "image_url": {"url": self.image_url, "detail": self.detail}}
+        return {"type": "text", "text": self.text}
 
 
 class InputMessage(BaseModel):
@@ -36,8 +60,8 @@ class InputMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | Annotated[list[InputPart], FIRST_ERROR]
 
-    def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+    def chat_content(self) -> str | list[dict]:
+        return self.content if isinstance(self.content, str) else [p.as_chat_part() for p in self.content]
 
 
 class ResponsesRequest(SamplingRequest):
@@ -58,7 +82,7 @@ class ResponsesRequest(SamplingRequest):
             messages.append({"role": "user", "content": self.input})
         else:
             roles = {"developer": "system"}  # the chat templates know system, user, assistant
-            messages += [{"role": roles.get(m.role, m.role), "content": m.text()} for m in self.input]
+            messages += [{"role": roles.get(m.role, m.role), "content": m.chat_content()} for m in self.input]
         return ChatCompletionRequest.model_validate({"messages": messages})
 
 
@@ -69,10 +93,10 @@ def responses_routes(client: EngineClient, encoder: PromptEncoder, model_name: s
     async def responses(request: Request):
         req = await encoder.parse(ResponsesRequest, await read_body(request, body_limits))
         check_model(req, model_name)
-        prompt_ids = await encoder.encode_chat(req.as_chat(), param="input")
-        max_new = completion_budget(client, prompt_ids, req.max_output_tokens, default=client.max_model_len,
+        prompt = await encoder.encode_chat_text(req.as_chat(), param="input")
+        max_new = completion_budget(client, prompt.ids, req.max_output_tokens, default=client.max_model_len,
                                     field="max_output_tokens")  # fmt: skip
-        stream = submit(client, req, prompt_ids, max_new, "responses")
+        stream = submit(client, req, prompt.ids, max_new, "responses", images=prompt.images)
         response = _response(f"resp_{uuid.uuid4().hex}", model_name, req)
         item_id = f"msg_{uuid.uuid4().hex}"
         if req.stream:
@@ -108,6 +132,8 @@ def _finished(response: dict, item_id: str, text: str, last, with_mtp: bool) -> 
         "output_tokens": last.num_output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": last.num_prompt_tokens + last.num_output_tokens,
     }  # fmt: skip
+    if last.num_image_tokens:
+        usage["input_tokens_details"]["image_tokens"] = last.num_image_tokens
     if with_mtp:
         usage["mtp"] = mtp_usage(last.spec)
     return {
