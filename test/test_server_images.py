@@ -43,7 +43,8 @@ def model_dir():
 def server(model_dir, tmp_path_factory):
     flags = ["--model_dir", str(model_dir), "--device", "cpu", "--max_req_total_len", "1024", "--log_level", "warning",
              "--running_max_req_size", "4", "--mtp_mode", "eagle_with_att", "--mtp_step", "2",
-             "--limit_mm_per_prompt", "2", "--max_image_pixels", str(MAX_PIXELS)]  # fmt: skip
+             "--limit_mm_per_prompt", "2", "--max_image_pixels", str(MAX_PIXELS),
+             "--prefix_cache_interval", "16"]  # fmt: skip  (GDN snapshots every 16 tokens: short prompts hit)
     with ServerProcess(flags, tmp_path_factory.mktemp("images") / "server.log") as s:
         yield s
 
