@@ -1,5 +1,6 @@
 """Reading what a client sends, without letting one request stall the others: the body read up to a size cap, and
-prompt text checked against a sound lower bound of its token count before it is tokenized, off the event loop.
+prompt text checked against a sound lower bound of its token count before it is tokenized, off the event loop, and a
+chat's images counted against the limit before any is decoded, then decoded and preprocessed there too.
 
 The bound: a token covers at most `max_token_bytes` UTF-8 bytes of (normalized) text, so a text of n bytes has at
 least ceil(n / max_token_bytes) tokens, and one with at least max_model_len tokens cannot fit (the prompt needs room
@@ -211,10 +212,6 @@ class ChatPrompt:
     ids: list[int]  # each image's placeholder expanded to its tokens
     text: str  # the templated conversation (one placeholder per image)
     images: tuple[ImageInput, ...] = ()
-
-    @property
-    def num_image_tokens(self) -> int:
-        return sum(image.num_tokens for image in self.images)
 
 
 @contextlib.contextmanager
