@@ -112,6 +112,13 @@ class EngineArgs:
     language_model_only: bool = option(False, "do not load an image-text checkpoint's vision tower (model.visual.*): "
                                        "text only, requests with images are refused", group=MODEL)
     limit_mm_per_prompt: int = option(8, "most images in one request (0: images refused)", group=MODEL)
+    max_image_bytes: int = option(20 * 2**20, "largest encoded image accepted (a data: URI's decoded bytes, a file); "
+                                  "the server's --max_request_body_bytes also bounds a data: URI", group=MODEL)
+    max_image_pixels: int = option(4096 * 4096, "largest image accepted, width x height (read from its header "
+                                   "before it is decoded)", group=MODEL)
+    allowed_local_media_path: str | None = option(None, "file:// image URLs in chat messages are read only inside "
+                                                  "this directory (symlinks and '..' resolved); none: refused",
+                                                  group=MODEL)
     cpu_threads: int | None = option(None, "torch threads of each process on CPU (none: 1 for models with hidden "
                                      f"size < {SMALL_MODEL_HIDDEN}, which are latency-bound, else the cores divided "
                                      "among this host's engine processes)", group=MODEL)
@@ -260,6 +267,16 @@ class EngineArgs:
             if device.type != "cuda":
                 raise ValueError("mem_fraction sizes the KV pool from the GPU's memory: it needs a CUDA device "
                                  "(on CPU give max_total_token_num, or nothing for max_batch_size x max_model_len)")
+        for name in ("max_image_bytes", "max_image_pixels"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.limit_mm_per_prompt < 0:
+            raise ValueError(f"limit_mm_per_prompt must be >= 0, got {self.limit_mm_per_prompt}")
+        if self.allowed_local_media_path is not None:
+            root = Path(self.allowed_local_media_path)
+            if not root.is_dir():
+                raise ValueError(f"allowed_local_media_path {self.allowed_local_media_path} is not a directory")
+            set_field(self, "allowed_local_media_path", str(root.resolve()))
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ValueError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
 

@@ -1,4 +1,5 @@
-"""Offline API: `LLM(model_dir, ...).generate(prompts, SamplingParams(...))` and `LLM.chat(messages, ...)`."""
+"""Offline API: `LLM(model_dir, ...).generate(prompts, SamplingParams(...))` and `LLM.chat(messages, ...)`, images
+included (vLLM's multi_modal_data, chat image_url parts)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.config.options import options_of
 from lightllm_mtp.engine.detokenizer import IncrementalDetokenizer
 from lightllm_mtp.engine.llm_engine import LLMEngine
+from lightllm_mtp.engine.prompt_inputs import PromptInput, as_prompt_list, chat_messages, describe, from_dict
 from lightllm_mtp.engine.request import Request
 from lightllm_mtp.env import ENV
+from lightllm_mtp.multimodal.content_parts import ImagePart
+from lightllm_mtp.multimodal.image_input import ImageInput
+from lightllm_mtp.multimodal.image_intake import ImageIntake
 from lightllm_mtp.sampling_params import SamplingParams
 from lightllm_mtp.spec_decode.stats import SpecStats
-
-PromptInput = str | list[int] | dict  # dict: vLLM's {"prompt": str} or {"prompt_token_ids": list[int]}
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class LLM:
     def __init__(self, model_dir: str | Path | None = None, **options: Any):
         self.engine = LLMEngine(engine_args_from_keywords(model_dir, options))
         self.tokenizer = _load_tokenizer(self.engine.args.model_dir)
+        self._image_intake: ImageIntake | None = None
 
     def shutdown(self) -> None:
         """Ends the follower ranks of a tp / pp LLM (they also end with this process)."""
@@ -61,24 +65,30 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
-        """Prompts are strings, token-id lists or vLLM's dicts ({"prompt": str} / {"prompt_token_ids": [...]}), one
-        or a list of them; outputs come back in prompt order. Stop strings (SamplingParams.stop) end a text as the
-        server's do: just before the stop string, which is not returned."""
-        prompt_ids = [self._encode(p) for p in _as_prompt_list(prompts)]
+        """Prompts are strings, token-id lists or vLLM's dicts ({"prompt": str} / {"prompt_token_ids": [...]}, with
+        "multi_modal_data": {"image": an image or a list}: PIL images, encoded bytes, data: URIs or local paths, the
+        prompt holding one <|vision_start|><|image_pad|><|vision_end|> per image), one or a list of them; outputs
+        come back in prompt order. Stop strings (SamplingParams.stop) end a text as the server's do: just before the
+        stop string, which is not returned."""
+        return self._generate([self._prepare(p) for p in as_prompt_list(prompts)], sampling_params, use_tqdm)
+
+    def _generate(self, prompts: list[tuple[list[int], list[ImageInput]]],
+                  sampling_params: SamplingParams | Sequence[SamplingParams] | None, use_tqdm: bool,
+                  ) -> list[RequestOutput]:  # fmt: skip
         if sampling_params is None:
             sampling_params = SamplingParams()
-        params = [sampling_params] * len(prompt_ids) if isinstance(sampling_params, SamplingParams) else list(
+        params = [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) else list(
             sampling_params
         )
-        if len(params) != len(prompt_ids):
-            raise ValueError(f"{len(params)} SamplingParams for {len(prompt_ids)} prompts")
-        for ids, p in zip(prompt_ids, params):  # reject bad input before any request is queued
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(params)} SamplingParams for {len(prompts)} prompts")
+        for (ids, images), p in zip(prompts, params):  # reject bad input before any request is queued
             if not isinstance(p, SamplingParams):
                 raise TypeError(f"sampling_params must be SamplingParams, got {type(p).__name__}")
             if p.stop and self.tokenizer is None:
                 raise ValueError("stop strings need a tokenizer: this model directory has none")
-            self.engine.validate_request(ids, p)
-        reqs = [self.engine.add_request(ids, p) for ids, p in zip(prompt_ids, params)]
+            self.engine.validate_request(ids, p, images)
+        reqs = [self.engine.add_request(ids, p, images=images) for (ids, images), p in zip(prompts, params)]
         stops = {id(r): _StopStrings(self.tokenizer, r) for r in reqs if r.params.stop}
         with tqdm(total=len(reqs), desc="generate", disable=not use_tqdm or ENV.disable_progress_bars) as bar:
             while self.engine.has_unfinished():
@@ -104,17 +114,42 @@ class LLM:
     ) -> list[RequestOutput]:
         """One conversation (a list of OpenAI-style message dicts) or a list of them, through the chat template (the
         tokenizer's, or `chat_template`: a shipped template's name such as "qwen3_5", or a Jinja file) with `tools`
-        and `chat_template_kwargs` (e.g. {"enable_thinking": False}); then `generate`. The text is the raw answer:
-        the server's --reasoning_parser / --tool_call_parser split it."""
+        and `chat_template_kwargs` (e.g. {"enable_thinking": False}); then `generate`. Content may be a list of parts:
+        text, image_url ({"url": data: URI or file:// URL under allowed_local_media_path}) or vLLM's image_pil.
+        The text is the raw answer: the server's --reasoning_parser / --tool_call_parser split it."""
         if self.tokenizer is None:
             raise ValueError("chat needs a tokenizer: this model directory has none")
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         template = chat_template_text(chat_template) if chat_template is not None else None
-        prompts = [self.tokenizer.apply_chat_template(c, tools=tools, chat_template=template, tokenize=False,
-                                                      add_generation_prompt=True, **(chat_template_kwargs or {}))
-                   for c in conversations]  # fmt: skip
-        ids = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
-        return self.generate(ids, sampling_params, use_tqdm=use_tqdm)
+        prompts = []
+        for conversation in conversations:
+            conversation, parts = chat_messages(conversation)
+            text = self.tokenizer.apply_chat_template(conversation, tools=tools, chat_template=template,
+                                                      tokenize=False, add_generation_prompt=True,
+                                                      **(chat_template_kwargs or {}))  # fmt: skip
+            prompts.append(self._with_images(self.tokenizer.encode(text, add_special_tokens=False), parts))
+        return self._generate(prompts, sampling_params, use_tqdm)
+
+    @property
+    def image_intake(self) -> ImageIntake:
+        """How images are taken (built on first use: the checkpoint's image processor)."""
+        if self._image_intake is None:
+            self._image_intake = ImageIntake.for_engine(self.engine.args)
+        return self._image_intake
+
+    def _prepare(self, prompt: PromptInput) -> tuple[list[int], list[ImageInput]]:
+        parts: list[ImagePart] = []
+        if isinstance(prompt, dict):
+            prompt, parts = from_dict(prompt)
+        return self._with_images(self._encode(prompt), parts, bare_paths=True)
+
+    def _with_images(self, ids: list[int], parts: list[ImagePart], bare_paths: bool = False,
+                     ) -> tuple[list[int], list[ImageInput]]:  # fmt: skip
+        """The prompt with its images loaded and their placeholders expanded (ImageInputError: a ValueError)."""
+        if not parts:
+            return ids, []
+        images = self.image_intake.load(parts, bare_paths=bare_paths)
+        return self.image_intake.expand(ids, images), images
 
     def _output(self, req: Request, stop: "_StopStrings | None") -> RequestOutput:
         token_ids, text = list(req.output_ids), None
@@ -134,9 +169,7 @@ class LLM:
             error=req.error,
         )
 
-    def _encode(self, prompt: PromptInput) -> list[int]:
-        if isinstance(prompt, dict):
-            prompt = _from_dict(prompt)
+    def _encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this model directory has no tokenizer: pass token-id lists")
@@ -144,7 +177,7 @@ class LLM:
         if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return list(prompt)
         raise TypeError(f"a prompt must be a str, a list of token ids or a dict with 'prompt' / 'prompt_token_ids', "
-                        f"got {_describe(prompt)}")
+                        f"got {describe(prompt)}")
 
     def _decode(self, token_ids: list[int]) -> str:
         if self.tokenizer is None:
@@ -167,33 +200,6 @@ class _StopStrings:
         if not was_stopped:
             self.kept += self.detok.used
         return self.detok.stopped
-
-
-def _as_prompt_list(prompts) -> list:
-    if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-        return [prompts]  # one prompt
-    if isinstance(prompts, (list, tuple)):
-        return list(prompts)
-    raise TypeError(f"prompts must be a prompt or a list of prompts, got {_describe(prompts)}")
-
-
-def _from_dict(prompt: dict) -> str | list[int]:
-    keys = set(prompt) & {"prompt", "prompt_token_ids"}
-    if len(keys) != 1:
-        raise TypeError(f"a dict prompt needs exactly one of 'prompt' or 'prompt_token_ids', got keys {sorted(prompt)}")
-    extra = set(prompt) - keys
-    if extra:  # vLLM's multi_modal_data and friends are not supported: refused, never dropped
-        raise ValueError(f"dict prompt fields {sorted(extra)} are not supported")
-    value = prompt[keys.pop()]
-    if "prompt" in prompt and not isinstance(value, str):
-        raise TypeError(f"'prompt' must be a str, got {_describe(value)}")
-    if "prompt_token_ids" in prompt and isinstance(value, str):
-        raise TypeError("'prompt_token_ids' must be a list of ints, got a str")
-    return value
-
-
-def _describe(value) -> str:
-    return f"{type(value).__name__} {value!r:.60}"
 
 
 def _load_tokenizer(model_dir: str | Path):

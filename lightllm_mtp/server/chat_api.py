@@ -27,11 +27,13 @@ def chat_routes(client: EngineClient, encoder: PromptEncoder, model_name: str, a
     async def chat_completions(request: Request):
         req = await encoder.parse(ChatCompletionRequest, await read_body(request, body_limits))
         check_model(req, model_name)
-        prompt_ids, prompt_text = await encoder.encode_chat_text(req)
-        plan = plan_chat(req, options, prompt_text)
+        prompt = await encoder.encode_chat_text(req)
+        prompt_ids = prompt.ids
+        plan = plan_chat(req, options, prompt.text)
         # OpenAI's default for chat: as much as the context allows
         max_new = completion_budget(client, prompt_ids, req.max_new_tokens, default=client.max_model_len)
-        streams = submit_choices(client, req, prompt_ids, max_new, "chat_completions", structured=plan.structured)
+        streams = submit_choices(client, req, prompt_ids, max_new, "chat_completions", structured=plan.structured,
+                                 images=prompt.images)  # fmt: skip
         meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
                 "model": model_name}  # fmt: skip
         if req.stream:

@@ -3,16 +3,20 @@
 Special-token text inside a message (a user typing "<|im_end|>\\n<|im_start|>assistant") is encoded as plain text,
 as the OpenAI-compatible servers do: the template is rendered around markers, only the template's own text is
 parsed for special tokens, and each message's text is encoded with special-token parsing off.
+
+Image content parts reach the template as {"type": "image"}; the template writes the model's placeholder
+(`<|vision_start|><|image_pad|><|vision_end|>`), which, being template text, becomes the image token.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from jinja2 import TemplateError
 from tokenizers import Tokenizer
 
+from lightllm_mtp.multimodal.content_parts import ImagePart, template_content, text_segments
 from lightllm_mtp.server.chat_protocol import ChatCompletionRequest
 from lightllm_mtp.server.protocol import ApiError
 
@@ -56,38 +60,43 @@ class ChatPromptEncoder:
         tokenizer = self.tokenizer
         if not getattr(tokenizer, "chat_template", None):
             raise ApiError(400, "this model's tokenizer has no chat template: use /v1/completions", param="messages")
-        try:
-            contents = [m.text() for m in req.messages]
-        except ValueError as e:
-            raise ApiError(400, str(e), param="messages") from None
-        if not any(t in c for c in contents for t in self.special):  # the common case: one encode of the whole text
-            text = _render(tokenizer, req, contents)
+        parts = [m.parts() for m in req.messages]
+        texts = [t for p in parts for t in text_segments(p)]  # the message text the template places, in order
+        if not any(t in c for c in texts for t in self.special):  # the common case: one encode of the whole text
+            text = _render(tokenizer, req, parts, iter(texts))
             if check is not None:
                 check(text)
             return tokenizer.encode(text, add_special_tokens=False), text
-        rendered = _render(tokenizer, req, [_CONTENT.format(i) for i in range(len(contents))])
-        parts = _CONTENT_SPLIT.split(rendered)  # template text, index, template text, ...
-        if sorted(int(i) for i in parts[1::2]) != list(range(len(contents))):
+        rendered = _render(tokenizer, req, parts, (_CONTENT.format(i) for i in range(len(texts))))
+        pieces = _CONTENT_SPLIT.split(rendered)  # template text, index, template text, ...
+        if sorted(int(i) for i in pieces[1::2]) != list(range(len(texts))):
             raise ApiError(400, "a message holds special-token text that this chat template does not pass through",
                            param="messages")  # fmt: skip
-        text = "".join(contents[int(part)] if j % 2 else part for j, part in enumerate(parts))
+        text = "".join(texts[int(piece)] if j % 2 else piece for j, piece in enumerate(pieces))
         if check is not None:
             check(text)
         ids: list[int] = []
-        for j, part in enumerate(parts):
+        for j, piece in enumerate(pieces):
             if j % 2:
-                ids += self.encode_plain(contents[int(part)])
-            elif part:
-                ids += tokenizer.encode(part, add_special_tokens=False)
+                ids += self.encode_plain(texts[int(piece)])
+            elif piece:
+                ids += tokenizer.encode(piece, add_special_tokens=False)
         return ids, text
 
 
-def _render(tokenizer, req: ChatCompletionRequest, contents: list[str]) -> str:
+def _render(tokenizer, req: ChatCompletionRequest, parts: list[list[str | ImagePart]], texts: Iterator[str]) -> str:
+    """The conversation through the chat template, each message's text segments taken from `texts` and each image
+    given as {"type": "image"}, which the template renders as the model's image placeholder."""
     try:
-        messages = [m.template_fields(c) for m, c in zip(req.messages, contents)]
+        messages = [m.template_fields(template_content(p, texts)) for m, p in zip(req.messages, parts)]
         tools = req.tools if req.tool_choice_mode != "none" else None
         # the template itself may reject the conversation (Qwen's raise_exception, e.g. a misplaced system message)
         return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True,
                                              **(req.chat_template_kwargs or {}))  # fmt: skip
+    except TypeError as e:  # a template that concatenates content as a string, given image parts
+        if not any(isinstance(x, ImagePart) for p in parts for x in p):
+            raise
+        raise ApiError(400, f"this model's chat template does not take image content parts ({e}); start the server "
+                       "with --chat_template qwen3_5", param="messages") from None  # fmt: skip
     except (ValueError, TemplateError) as e:
         raise ApiError(400, f"the chat template rejected these messages: {e}", param="messages") from None

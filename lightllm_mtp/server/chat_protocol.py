@@ -1,5 +1,5 @@
-"""The chat completions request (/v1/chat/completions): messages (with tool calls and tool turns), tools and
-tool_choice, chat_template_kwargs; the sampling fields are protocol.py's SamplingRequest."""
+"""The chat completions request (/v1/chat/completions): messages (text and image content parts, tool calls and tool
+turns), tools and tool_choice, chat_template_kwargs; the sampling fields are protocol.py's SamplingRequest."""
 
 from __future__ import annotations
 
@@ -8,15 +8,24 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from lightllm_mtp.multimodal.content_parts import ImagePart, content_part
 from lightllm_mtp.sampling_params import MAX_TOP_LOGPROBS
 from lightllm_mtp.server.protocol import FIRST_ERROR, STRICT, Objects, SamplingRequest
 from lightllm_mtp.server.request_fields import CHAT, UnsupportedField
 
 
 class ContentPart(BaseModel):
+    """text, image_url ({"url", "detail"} or a URL string) or image (a URL string; vLLM / SGLang); other types are
+    refused by name (multimodal/content_parts.py)."""
+
     model_config = STRICT
     type: str
     text: str | None = None
+    image_url: dict | str | None = None
+    image: str | None = None
+
+    def part(self) -> str | ImagePart:
+        return content_part(self.model_dump(exclude_none=True))
 
 
 class ChatMessage(BaseModel):
@@ -29,7 +38,19 @@ class ChatMessage(BaseModel):
     reasoning_content: str | None = None  # an assistant turn's reasoning (vLLM; `reasoning` too)
     reasoning: str | None = None
 
-    def template_fields(self, content: str) -> dict:
+    @field_validator("content", mode="before")
+    @classmethod
+    def _content_parts(cls, v):
+        """Each part checked as it is (one error naming it, not one per member of the content union)."""
+        if isinstance(v, list):
+            for i, part in enumerate(v):
+                try:
+                    content_part(part)
+                except ValueError as e:
+                    raise ValueError(f"content part {i}: {e}") from None
+        return v
+
+    def template_fields(self, content: str | list[dict]) -> dict:
         """The message as the chat template reads it: tool-call arguments as objects (sent as JSON text)."""
         out = {"role": self.role, "content": content}
         if self.tool_calls:
@@ -41,13 +62,11 @@ class ChatMessage(BaseModel):
             out["reasoning_content"] = self.reasoning_content or self.reasoning
         return out
 
-    def text(self) -> str:
+    def parts(self) -> list[str | ImagePart]:
+        """The content's texts and images, in order."""
         if self.content is None or isinstance(self.content, str):
-            return self.content or ""
-        bad = [p.type for p in self.content if p.type != "text"]
-        if bad:
-            raise ValueError(f"only text content parts are supported, got {bad[0]!r}")
-        return "".join(p.text or "" for p in self.content)
+            return [self.content or ""]
+        return [p.part() for p in self.content]
 
 
 def _call_for_template(call: dict) -> dict:
@@ -70,6 +89,10 @@ class ChatCompletionRequest(SamplingRequest):
     tool_choice: str | dict | None = None  # none / auto (default with tools) / required / {"type": "function", ..}
     parallel_tool_calls: bool = True  # false: at most one call
     chat_template_kwargs: dict | None = None  # e.g. {"enable_thinking": false}
+
+    def image_parts(self) -> list[ImagePart]:
+        """Every image of the conversation, in message order (the order the chat template renders them)."""
+        return [p for m in self.messages for p in m.parts() if isinstance(p, ImagePart)]
 
     @field_validator("tools")
     @classmethod

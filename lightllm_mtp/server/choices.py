@@ -9,6 +9,7 @@ from typing import AsyncIterator
 
 from fastapi import Request
 
+from lightllm_mtp.multimodal.image_input import ImageInput
 from lightllm_mtp.sampling_params import StructuredOutput
 from lightllm_mtp.server.engine_client import Delta, EngineClient, RequestStream
 from lightllm_mtp.server.protocol import ApiError, SamplingRequest
@@ -16,9 +17,11 @@ from lightllm_mtp.server.streaming import Collected, collect
 
 
 def submit_choices(client: EngineClient, req: SamplingRequest, prompt_ids: list[int], max_new: int, endpoint: str,
-                   structured: StructuredOutput | None | str = "request") -> list[RequestStream]:  # fmt: skip
+                   structured: StructuredOutput | None | str = "request",
+                   images: tuple[ImageInput, ...] = ()) -> list[RequestStream]:  # fmt: skip
     """One engine request per choice (every one validated before any is queued). structured: the grammar to
-    enforce instead of the request's own (chat: the tool_choice grammar, or one that starts after the reasoning)."""
+    enforce instead of the request's own (chat: the tool_choice grammar, or one that starts after the reasoning).
+    images: the prompt's, in placeholder order (each choice's request carries them)."""
     try:
         params = [req.sampling_params(max_new, choice=i) for i in range(req.n)]
         if structured != "request":
@@ -28,7 +31,7 @@ def submit_choices(client: EngineClient, req: SamplingRequest, prompt_ids: list[
     streams: list[RequestStream] = []
     try:
         for p in params:
-            streams.append(client.submit(prompt_ids, p, req.stop_strings, endpoint))
+            streams.append(client.submit(prompt_ids, p, req.stop_strings, endpoint, images=images))
     except ApiError:
         for s in streams:
             client.abort(s)

@@ -21,6 +21,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from lightllm_mtp.multimodal.image_input import ImageInput
 from lightllm_mtp.sampling_params import SamplingParams
 from lightllm_mtp.engine.detokenizer import IncrementalDetokenizer
 from lightllm_mtp.server.messages import (
@@ -56,15 +57,18 @@ class Delta:
     spec: SpecStats | None  # on the last delta of an MTP request
     num_cached_tokens: int = 0  # on the last delta: prompt tokens served from the prefix cache
     logprobs: list | None = None  # params.logprobs: one (logprob, top pairs) per token of token_ids
+    num_image_tokens: int = 0  # of num_prompt_tokens, those of the prompt's images
 
 
 class RequestStream:
     def __init__(self, rid: int, rank: int, prompt_ids: list[int], params: SamplingParams,
-                 detok: IncrementalDetokenizer):  # fmt: skip
+                 detok: IncrementalDetokenizer, images: tuple[ImageInput, ...] = ()):  # fmt: skip
         self.rid, self.rank = rid, rank
-        self.prompt_ids, self.params = prompt_ids, params  # to send it again if its replica goes down before it starts
+        # to send it again if its replica goes down before it starts
+        self.prompt_ids, self.params, self.images = prompt_ids, params, images
         self.rerouted = False
         self.num_prompt_tokens = len(prompt_ids)
+        self.num_image_tokens = sum(image.num_tokens for image in images)
         self.queue: asyncio.Queue[Delta] = asyncio.Queue()
         self.finished = False  # the last delta was taken by the handler
         self.aborted = False
@@ -95,6 +99,7 @@ class EngineClient:
         info = pool.ready[0]
         self.max_model_len = info.max_model_len
         self.vocab_size = info.vocab_size
+        self.image_token_id = info.image_token_id  # None: the workers take no images
         self.mtp_step = info.mtp_step
         self.kv_capacity = info.stats.kv_capacity
         self.kv_lookahead_slots = info.kv_lookahead_slots
@@ -149,7 +154,8 @@ class EngineClient:
         return rank
 
     # ---- event-loop side -----------------------------------------------------------------------------------
-    def validate(self, prompt_ids: list[int], max_new_tokens: int, logit_bias=()) -> None:
+    def validate(self, prompt_ids: list[int], max_new_tokens: int, logit_bias=(),
+                 images: tuple[ImageInput, ...] = ()) -> None:  # fmt: skip
         n = len(prompt_ids)
         if n == 0:
             raise ApiError(400, "the prompt is empty", param="prompt")
@@ -160,6 +166,7 @@ class EngineClient:
         bad = [t for t in prompt_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ApiError(400, f"token ids out of range [0, {self.vocab_size}): {bad[:8]}", param="prompt")
+        self._validate_image_tokens(prompt_ids, images)
         bad = [t for t, _ in logit_bias if t >= self.vocab_size]
         if bad:
             raise ApiError(400, f"logit_bias token ids out of range [0, {self.vocab_size}): {bad[:8]}",
@@ -169,10 +176,23 @@ class EngineClient:
             raise ApiError(400, f"the request needs {need} KV tokens, a replica's pool holds {self.kv_capacity}: "
                            "lower max_tokens", param="max_tokens")  # fmt: skip
 
+    def _validate_image_tokens(self, prompt_ids: list[int], images: tuple[ImageInput, ...]) -> None:
+        """The prompt's image tokens are exactly its images' (a text prompt naming <|image_pad|> has no image)."""
+        if self.image_token_id is None:
+            if images:
+                raise ApiError(400, "this server takes no images", param="messages")
+            return
+        found, expected = prompt_ids.count(self.image_token_id), sum(image.num_tokens for image in images)
+        if found != expected:
+            hint = " (images are sent as image_url content parts to /v1/chat/completions)" if not images else ""
+            raise ApiError(400, f"the prompt holds {found} image tokens (id {self.image_token_id}); its "
+                           f"{len(images)} images have {expected}{hint}", param="prompt")  # fmt: skip
+
     def submit(self, prompt_ids: list[int], params: SamplingParams, stop: tuple[str, ...] = (),
-               endpoint: str = "") -> RequestStream:  # fmt: skip
-        """Validates (ApiError on bad input), then hands the request to the least loaded replica."""
-        self.validate(prompt_ids, params.max_new_tokens, params.logit_bias)
+               endpoint: str = "", images: tuple[ImageInput, ...] = ()) -> RequestStream:  # fmt: skip
+        """Validates (ApiError on bad input), then hands the request to the least loaded replica. images: the
+        prompt's, in order, each placeholder in prompt_ids already expanded to its tokens."""
+        self.validate(prompt_ids, params.max_new_tokens, params.logit_bias, images)
         if self.draining:
             raise ApiError(503, "the server is shutting down", type="server_error", code="shutting_down")
         rank = self._pick()
@@ -182,11 +202,11 @@ class EngineClient:
         rid = next(self._rids)
         detok = IncrementalDetokenizer(self.tokenizer, prompt_ids, stop, params.include_stop_str_in_output,
                                        params.min_tokens)  # fmt: skip
-        stream = RequestStream(rid, rank, prompt_ids, params, detok)
+        stream = RequestStream(rid, rank, prompt_ids, params, detok, tuple(images))
         self._streams[rid] = stream  # before the worker can answer
         self.metrics.requests.labels(endpoint).inc()
         self.metrics.prompt_tokens.inc(len(prompt_ids))
-        self.pool.send(rank, AddRequest(rid, list(prompt_ids), params))
+        self.pool.send(rank, AddRequest(rid, list(prompt_ids), params, tuple(images)))
         return stream
 
     def abort(self, stream: RequestStream) -> None:
@@ -261,7 +281,7 @@ class EngineClient:
                 return None
             self._end(stream, "stop", now, d.spec)
             return Delta("", [], "stop", None, stream.num_prompt_tokens, stream.num_output_tokens, d.spec,
-                         d.num_cached_tokens)  # fmt: skip
+                         d.num_cached_tokens, num_image_tokens=stream.num_image_tokens)  # fmt: skip
         reason = d.finish_reason
         text = stream.detok.push(d.token_ids, final=reason is not None)
         token_ids = d.token_ids[: stream.detok.used]  # not the tokens past a stop string within this step
@@ -280,7 +300,7 @@ class EngineClient:
         if reason is not None:
             self._end(stream, reason, now, d.spec)
         return Delta(text, token_ids, reason, d.error, stream.num_prompt_tokens, stream.num_output_tokens, d.spec,
-                     d.num_cached_tokens, logprobs)  # fmt: skip
+                     d.num_cached_tokens, logprobs, stream.num_image_tokens)  # fmt: skip
 
     def _end(self, stream: RequestStream, reason: str, now: float, spec: SpecStats | None) -> None:
         del self._streams[stream.rid]
@@ -330,7 +350,7 @@ class EngineClient:
             return False
         self.router.done(stream.rank)
         stream.rank, stream.rerouted = rank, True
-        self.pool.send(rank, AddRequest(stream.rid, list(stream.prompt_ids), stream.params))
+        self.pool.send(rank, AddRequest(stream.rid, list(stream.prompt_ids), stream.params, stream.images))
         logger.info("request %d moved to replica %d", stream.rid, rank)
         return True
 
@@ -340,7 +360,7 @@ class EngineClient:
         for stream in list(streams):
             self._end(stream, "error", now, None)
             posts.append((stream, Delta("", [], "error", error(stream), stream.num_prompt_tokens,
-                                        stream.num_output_tokens, None)))  # fmt: skip
+                                        stream.num_output_tokens, None, num_image_tokens=stream.num_image_tokens)))
         if posts:
             self._post(posts)
 

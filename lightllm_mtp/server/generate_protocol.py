@@ -73,3 +73,12 @@ class GenerateRequest(BaseModel):
     model_config = STRICT
     inputs: str = Field(min_length=1)
     parameters: GenerateParameters = Field(default_factory=GenerateParameters)
+    multimodal_params: dict | None = None  # LightLLM's images: refused (this server takes them in chat messages)
+
+    @field_validator("multimodal_params")
+    @classmethod
+    def _multimodal_params(cls, v):
+        if v and any(v.values()):
+            raise ValueError("images are not taken by /generate: send them as image_url parts to "
+                             "/v1/chat/completions")  # fmt: skip
+        return v

@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from lightllm_mtp.multimodal.image_intake import ImageIntake
 from lightllm_mtp.server.args import ServerArgs
 from lightllm_mtp.server.engine_client import EngineClient
 from lightllm_mtp.server.lightllm_api import lightllm_routes
@@ -31,7 +32,9 @@ from lightllm_mtp.server.responses_api import responses_routes
 logger = logging.getLogger("lightllm_mtp.server")
 
 
-def create_app(args: ServerArgs, client: EngineClient, metrics: ServerMetrics, on_shutdown=None) -> FastAPI:
+def create_app(args: ServerArgs, client: EngineClient, metrics: ServerMetrics, on_shutdown=None,
+               images: ImageIntake | None = None) -> FastAPI:  # fmt: skip
+    """images: how chat images are taken (default: as the engine args say, the checkpoint's image processor)."""
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         client.start(asyncio.get_running_loop())
@@ -127,7 +130,10 @@ def create_app(args: ServerArgs, client: EngineClient, metrics: ServerMetrics, o
             "front": {**client.reader, **{f"loop_{k}": v for k, v in client.loop_lag.items()}},
         }
 
-    encoder = PromptEncoder(client.tokenizer, client.max_model_len)  # one tokenizer thread pool for every endpoint
+    if images is None:
+        images = ImageIntake.for_engine(args.engine)
+    # one tokenizer thread pool for every endpoint, images decoded there too
+    encoder = PromptEncoder(client.tokenizer, client.max_model_len, images)
     body = BodyLimits(args.max_request_body_bytes, args.body_timeout_s)
     app.include_router(openai_routes(client, encoder, args.model_name, auth, body))
     chat = ChatOptions(args.reasoning_parser, args.tool_call_parser, args.enable_auto_tool_choice)

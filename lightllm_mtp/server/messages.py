@@ -1,6 +1,7 @@
 """What the HTTP front and the model workers send each other.
 
-front -> worker (one inbox queue per worker): AddRequest, AbortRequest, Shutdown.
+front -> worker (one inbox queue per worker): AddRequest (with the prompt's preprocessed images), AbortRequest,
+Shutdown.
 worker -> front (one outbox pipe per worker, worker_channels.py): WorkerReady / WorkerFailed once at start-up, then
 one WorkerOutput per loop iteration that did something (the tokens each request got in that step, plus the worker's
 usage), and at least one a second while it has work (a heartbeat, maybe without deltas).
@@ -11,6 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
+from lightllm_mtp.multimodal.image_input import ImageInput
 from lightllm_mtp.sampling_params import SamplingParams
 from lightllm_mtp.spec_decode.stats import SpecStats
 
@@ -18,8 +22,20 @@ from lightllm_mtp.spec_decode.stats import SpecStats
 @dataclass(frozen=True)
 class AddRequest:
     rid: int  # unique across the server
-    prompt_ids: list[int]
+    prompt_ids: list[int]  # each image placeholder expanded to its image's tokens
     params: SamplingParams
+    images: tuple[ImageInput, ...] = ()  # the prompt's, in order
+
+    def __reduce__(self):
+        """Images travel as numpy arrays: a torch tensor put on a multiprocessing queue would go through torch's
+        shared-memory file descriptors, which the inbox's feeder thread has no business holding open."""
+        wire = tuple((i.pixel_values.numpy(), i.grid_thw, i.merge_size, i.content_hash) for i in self.images)
+        return _add_request, (self.rid, self.prompt_ids, self.params, wire)
+
+
+def _add_request(rid: int, prompt_ids: list[int], params: SamplingParams, wire: tuple) -> AddRequest:
+    images = tuple(ImageInput(torch.from_numpy(values), grid, merge, digest) for values, grid, merge, digest in wire)
+    return AddRequest(rid, prompt_ids, params, images)
 
 
 @dataclass(frozen=True)
@@ -91,6 +107,7 @@ class WorkerReady:
     kv_lookahead_slots: int  # KV slots a request may hold beyond its tokens (Scheduler.kv_need)
     stats: WorkerStats
     follower_pids: tuple[int, ...] = ()  # the replica's other tp / pp ranks (the front's watchdog ends them too)
+    image_token_id: int | None = None  # the replica takes images with this placeholder token (None: text only)
 
 
 @dataclass(frozen=True)

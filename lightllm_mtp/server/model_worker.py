@@ -108,6 +108,7 @@ class ModelWorker:
             name = f"{platform.machine()}, {torch.get_num_threads()} threads"
         spec = self.engine.spec
         group = self.engine.parallel_group
+        vision = self.engine.model_config.vision  # None where this engine takes no images
         outbox.put(
             WorkerReady(
                 rank=rank,
@@ -119,6 +120,7 @@ class ModelWorker:
                 kv_lookahead_slots=self.engine.scheduler.lookahead_slots,
                 stats=self._stats(),
                 follower_pids=tuple(p.pid for p in group.procs) if group is not None else (),
+                image_token_id=vision.image_token_id if vision is not None else None,
             )
         )
 
@@ -169,7 +171,7 @@ class ModelWorker:
     def _handle(self, msg) -> list[TokenDelta]:
         if isinstance(msg, AddRequest):
             try:
-                req = self.engine.add_request(msg.prompt_ids, msg.params)
+                req = self.engine.add_request(msg.prompt_ids, msg.params, images=msg.images)
             except Exception as e:  # the front validates first; this is the last line of defence
                 self.finished_requests += 1
                 return [TokenDelta(msg.rid, [], "error", error=f"{type(e).__name__}: {e}")]

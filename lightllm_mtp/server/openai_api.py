@@ -81,12 +81,13 @@ def completion_budget(client: EngineClient, prompt_ids: list[int], asked: int | 
     return asked
 
 
-def submit(client: EngineClient, req: SamplingRequest, prompt_ids: list[int], max_new: int, endpoint: str):
+def submit(client: EngineClient, req: SamplingRequest, prompt_ids: list[int], max_new: int, endpoint: str,
+           images: tuple = ()):  # fmt: skip
     try:
         params = req.sampling_params(max_new)
     except ValueError as e:
         raise ApiError(400, str(e)) from None
-    return client.submit(prompt_ids, params, req.stop_strings, endpoint)
+    return client.submit(prompt_ids, params, req.stop_strings, endpoint, images=images)
 
 
 async def _completion_chunks(client: EngineClient, streams: list[RequestStream], req: CompletionRequest, meta: dict,

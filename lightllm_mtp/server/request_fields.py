@@ -73,7 +73,8 @@ FIELDS: list[tuple[str, FieldInfo]] = [*{
     "frequency_penalty": _f(HONORED, "openai", "every verify row and draft choice too", CH, example=0.5),
     "logit_bias": _f(HONORED, "openai", "{token id: bias}", CH, example={"7": 5}),
     # ---- OpenAI chat ----
-    "messages": _f(HONORED, "openai", "text content; the tokenizer's chat template", H,
+    "messages": _f(HONORED, "openai", "text and image_url content parts (data: URIs; docs/openai_api.md#images); the "
+                   "tokenizer's chat template", H,
                    example=[{"role": "user", "content": "b"}]),  # fmt: skip
     "max_completion_tokens": _f(HONORED, "openai", "", H, example=5),
     "response_format": _f(HONORED, "openai", "json_object / json_schema (strict): xgrammar, under MTP too", CH,
@@ -92,8 +93,8 @@ FIELDS: list[tuple[str, FieldInfo]] = [*{
     "verbosity": _f(REFUSED, "openai", NOT_BUILT, H),
     "web_search_options": _f(REFUSED, "openai", NOT_BUILT, H),
     # ---- OpenAI responses ----
-    "input": _f(HONORED, "openai", "text, or items: text messages, function_call, function_call_output, reasoning "
-                "(other item types: 400)", R, example="b"),  # fmt: skip
+    "input": _f(HONORED, "openai", "text, or items: messages of input_text / input_image parts, function_call, "
+                "function_call_output, reasoning (other item types: 400)", R, example="b"),  # fmt: skip
     "instructions": _f(HONORED, "openai", "a system message", R, example="be brief"),
     "max_output_tokens": _f(HONORED, "openai", "", R, example=5),
     "text": _f(HONORED, "openai", "format: json_object / json_schema", R,
@@ -109,7 +110,7 @@ FIELDS: list[tuple[str, FieldInfo]] = [*{
     "max_tool_calls": _f(REFUSED, "openai", "not implemented (parallel_tool_calls false: one call)", R),
     "context_management": _f(REFUSED, "openai", NOT_BUILT, R),
     "access_programs": _f(REFUSED, "openai", NOT_BUILT, R),
-    "image": _f(REFUSED, "openai", "text only", R),
+    "image": _f(REFUSED, "openai", "image context options: not implemented", R),
     # ---- vLLM / SGLang sampling extensions ----
     "top_k": _f(HONORED, "vllm", "-1 or 0: off", example=5),
     "stop_token_ids": _f(HONORED, "vllm", "", example=[7]),
@@ -135,7 +136,8 @@ FIELDS: list[tuple[str, FieldInfo]] = [*{
     "add_special_tokens": _f(REFUSED, "vllm", "the template's tokens only", CH, neutral=(None, False)),
     "kv_transfer_params": _f(REFUSED, "vllm", NOT_BUILT),
     "vllm_xargs": _f(REFUSED, "vllm", NOT_BUILT),
-    "mm_processor_kwargs": _f(REFUSED, "vllm", "text only"),
+    "mm_processor_kwargs": _f(REFUSED, "vllm", "the checkpoint's preprocessor_config.json applies"),
+    "multi_modal_data": _f(REFUSED, "vllm", "images are taken as image_url parts of chat messages", C),
     "return_mtp_stats": _f(HONORED, "lightllm_mtp", "the request's acceptance in usage.mtp", example=True),
     # ---- chat template extensions ----
     "chat_template_kwargs": _f(HONORED, "vllm", "passed to the template (enable_thinking)", H + R,

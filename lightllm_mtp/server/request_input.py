@@ -1,5 +1,6 @@
 """Reading what a client sends, without letting one request stall the others: the body read up to a size cap, and
-prompt text checked against a sound lower bound of its token count before it is tokenized, off the event loop.
+prompt text checked against a sound lower bound of its token count before it is tokenized, off the event loop, and a
+chat's images counted against the limit before any is decoded, then decoded and preprocessed there too.
 
 The bound: a token covers at most `max_token_bytes` UTF-8 bytes of (normalized) text, so a text of n bytes has at
 least ceil(n / max_token_bytes) tokens, and one with at least max_model_len tokens cannot fit (the prompt needs room
@@ -19,6 +20,7 @@ their text is tokenized whole, in the thread pool, and the body cap bounds the c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +28,9 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
+from lightllm_mtp.multimodal.image_input import ImageInput
+from lightllm_mtp.multimodal.image_intake import ImageIntake
+from lightllm_mtp.multimodal.image_loading import ImageInputError
 from lightllm_mtp.server.chat_prompt import ChatPromptEncoder
 from lightllm_mtp.server.chat_protocol import ChatCompletionRequest
 from lightllm_mtp.server.protocol import ApiError, parse_body
@@ -114,10 +119,12 @@ def max_token_bytes(tokenizer) -> int | None:
 
 class PromptEncoder:
     """Parses large bodies and tokenizes prompt text and chat conversations in a small thread pool (neither blocks
-    the event loop), tokenizing after the lower-bound check above."""
+    the event loop), tokenizing after the lower-bound check above; a conversation's images are decoded and
+    preprocessed there too (`images`, default: none taken)."""
 
-    def __init__(self, tokenizer, max_model_len: int):
+    def __init__(self, tokenizer, max_model_len: int, images: ImageIntake | None = None):
         self.tokenizer = tokenizer
+        self.images = images if images is not None else ImageIntake.text_only()
         self.max_model_len = max_model_len
         self.max_token_bytes = max_token_bytes(tokenizer)
         backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -170,12 +177,26 @@ class PromptEncoder:
         return await self.run(self._encode, text, param)
 
     async def encode_chat(self, req: ChatCompletionRequest, param: str = "messages") -> list[int]:
-        """The conversation through the chat template; the whole prompt text is checked before it is tokenized."""
-        return (await self.encode_chat_text(req, param))[0]
+        """The conversation's token ids through the chat template, images expanded to their tokens."""
+        return (await self.encode_chat_text(req, param)).ids
 
-    async def encode_chat_text(self, req: ChatCompletionRequest, param: str = "messages") -> tuple[list[int], str]:
-        """(token ids, prompt text) of the conversation through the chat template."""
-        return await self.run(self.chat.encode_text, req, functools.partial(self.check_fits, param=param))
+    async def encode_chat_text(self, req: ChatCompletionRequest, param: str = "messages") -> ChatPrompt:
+        """The conversation through the chat template, the whole prompt text checked before it is tokenized; its
+        images (checked against the limits before any is decoded) loaded and preprocessed in the thread pool."""
+        parts = req.image_parts()
+        with _image_errors(param, "unsupported_input"):
+            self.images.check_count(len(parts))
+        ids, text = await self.run(self.chat.encode_text, req, functools.partial(self.check_fits, param=param))
+        if not parts:
+            return ChatPrompt(ids, text)
+        images = await self.run(self._load_images, parts, param)
+        with _image_errors(param, "invalid_image"):
+            ids = self.images.expand(ids, images)
+        return ChatPrompt(ids, text, tuple(images))
+
+    def _load_images(self, parts, param: str) -> list[ImageInput]:
+        with _image_errors(param, "invalid_image"):
+            return self.images.load(parts)
 
     def _encode(self, text: str, param: str) -> list[int]:
         self.check_fits(text, param)
@@ -184,3 +205,18 @@ class PromptEncoder:
 
 def _utf8_bytes(text: str) -> int:
     return len(text.encode("utf-8", "surrogatepass"))
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    ids: list[int]  # each image's placeholder expanded to its tokens
+    text: str  # the templated conversation (one placeholder per image)
+    images: tuple[ImageInput, ...] = ()
+
+
+@contextlib.contextmanager
+def _image_errors(param: str, code: str):
+    try:
+        yield
+    except ImageInputError as e:
+        raise ApiError(400, str(e), param=param, code=code) from None

@@ -1,4 +1,5 @@
-"""OpenAI Responses API: POST /v1/responses (whole, or streamed with the Responses event types).
+"""OpenAI Responses API: POST /v1/responses (whole, or streamed with the Responses event types; input_image parts
+are chat's image_url parts).
 
 The request (responses_protocol.py) becomes a chat conversation, encoded by the chat template as
 /v1/chat/completions does, with the same tools, tool_choice grammar and parsers (chat_output.py's plan); the answer
@@ -35,11 +36,13 @@ def responses_routes(client: EngineClient, encoder: PromptEncoder, model_name: s
     async def responses(request: Request):
         req = await encoder.parse(ResponsesRequest, await read_body(request, body_limits))
         check_model(req, model_name)
-        prompt_ids, prompt_text = await encoder.encode_chat_text(req.chat, param="input")
-        plan = plan_chat(req.chat, options, prompt_text)
+        prompt = await encoder.encode_chat_text(req.chat, param="input")
+        prompt_ids = prompt.ids
+        plan = plan_chat(req.chat, options, prompt.text)
         max_new = completion_budget(client, prompt_ids, req.max_output_tokens, default=client.max_model_len,
                                     field="max_output_tokens")  # fmt: skip
-        stream = submit_choices(client, req, prompt_ids, max_new, "responses", structured=plan.structured)[0]
+        stream = submit_choices(client, req, prompt_ids, max_new, "responses", structured=plan.structured,
+                                images=prompt.images)[0]  # fmt: skip
         response = _response(f"resp_{uuid.uuid4().hex}", model_name, req)
         output = ResponseOutput(plan, req.chat)
 

@@ -30,16 +30,50 @@ INPUT_ITEMS = ("message", "function_call", "function_call_output", "reasoning")
 
 
 class InputPart(BaseModel):
+    """Text, or an image: {"type": "input_image", "image_url": "data:image/...;base64,...", "detail": "auto"}."""
+
     model_config = STRICT
-    type: Literal["input_text", "output_text", "text"]
-    text: str
+    type: Literal["input_text", "output_text", "text", "input_image"]
+    text: str | None = None
+    image_url: str | None = None
+    detail: Literal["auto", "low", "high"] = "auto"
+    file_id: str | None = None
+
+    @model_validator(mode="after")
+    def _complete(self):
+        if self.type == "input_image":
+            if self.file_id is not None:
+                raise ValueError("input_image file_id is not supported (nothing is stored): send image_url as a "
+                                 "data: URI")  # fmt: skip
+            if self.image_url is None:
+                raise ValueError("an input_image part needs image_url (a data: URI)")
+        elif self.text is None:
+            raise ValueError(f"a {self.type} part needs text")
+        return self
+
+    def as_chat_part(self) -> dict:
+        if self.type == "input_image":
+            return {"type": "image_url", "image_url": {"url": self.image_url, "detail": self.detail}}
+        return {"type": "text", "text": self.text}
 
 
 Parts = Annotated[list[InputPart], FIRST_ERROR]
 
 
 def _text(content: str | list[InputPart]) -> str:
-    return content if isinstance(content, str) else "".join(p.text for p in content)
+    """Text-only content (assistant turns, tool outputs): an image there is refused."""
+    if isinstance(content, str):
+        return content
+    if any(p.type == "input_image" for p in content):
+        raise ValueError("input_image parts are taken in user / system messages only")
+    return "".join(p.text for p in content)
+
+
+def _content(content: str | list[InputPart]) -> str | list[dict]:
+    """A user / system message's content: its text, or chat content parts when it holds an image."""
+    if isinstance(content, str) or all(p.type != "input_image" for p in content):
+        return _text(content)
+    return [p.as_chat_part() for p in content]
 
 
 class MessageItem(BaseModel):
@@ -167,7 +201,7 @@ class ResponsesRequest(SamplingRequest):
                 assistant_turn()["content"] = _text(item.content)
             elif isinstance(item, MessageItem):  # the chat templates read developer as system
                 role = {"developer": "system"}.get(item.role, item.role)
-                messages.append({"role": role, "content": _text(item.content)})
+                messages.append({"role": role, "content": _content(item.content)})
             elif isinstance(item, FunctionCallItem):  # one assistant turn holds its text and the calls after it
                 last = messages[-1] if messages else {}
                 turn = last if last.get("role") == "assistant" and reasoning is None else assistant_turn()

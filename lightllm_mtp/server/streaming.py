@@ -107,6 +107,8 @@ def usage(last: Delta | list[Delta], with_mtp: bool) -> dict:
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": lasts[0].num_cached_tokens},
     }
+    if lasts[0].num_image_tokens:  # of prompt_tokens, the images' (an extension: OpenAI's schema has no field)
+        u["prompt_tokens_details"]["image_tokens"] = lasts[0].num_image_tokens
     if with_mtp:
         specs = [d.spec for d in lasts if d.spec is not None]
         u["mtp"] = mtp_usage(sum(specs[1:], specs[0]) if specs else None)

@@ -32,8 +32,8 @@ def test_anything_else_is_a_type_error_and_queues_nothing(llm, prompt):
 
 
 def test_unsupported_dict_fields_are_refused(llm):
-    with pytest.raises(ValueError, match="multi_modal_data"):
-        llm.generate({"prompt": "x", "multi_modal_data": {}}, SamplingParams(max_tokens=4))
+    with pytest.raises(ValueError, match="mm_processor_kwargs"):
+        llm.generate({"prompt": "x", "mm_processor_kwargs": {}}, SamplingParams(max_tokens=4))
 
 
 def test_max_tokens_is_max_new_tokens():

@@ -24,7 +24,7 @@ def test_valid_requests_and_their_sampling_params():
     chat = parse(ChatCompletionRequest, {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
                                                                                   {"type": "text", "text": "b"}]}],
                                          "max_completion_tokens": 7})  # fmt: skip
-    assert chat.messages[0].text() == "ab" and chat.max_new_tokens == 7
+    assert chat.messages[0].parts() == ["a", "b"] and chat.max_new_tokens == 7
     g = parse(GenerateRequest, {"inputs": "x", "parameters": {"max_new_tokens": 3, "stop_sequences": "y"}})
     assert g.parameters.sampling_params().greedy and g.parameters.stop_strings == ("y",)
     sampled = parse(GenerateRequest, {"inputs": "x", "parameters": {"do_sample": True, "temperature": 0.7}})
@@ -112,10 +112,17 @@ def test_cache_salt_reaches_the_sampling_params_of_every_endpoint():
     assert e.value.param == "parameters"
 
 
-def test_non_text_chat_content_is_rejected():
-    chat = parse(ChatCompletionRequest, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})
-    with pytest.raises(ValueError, match="only text content parts"):
-        chat.messages[0].text()
+@pytest.mark.parametrize("part, message", [
+    ({"type": "image_url"}, "messages.0.content: content part 1: an image_url content part needs"),
+    ({"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}},
+     "messages.0.content: content part 1: content parts of type 'video_url' are not supported"),
+    ({"type": "text", "text": 3}, "messages.0.content: content part 1: a text content part needs a string 'text'"),
+])  # fmt: skip
+def test_bad_chat_content_parts_are_named(part, message):
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, part]}]}
+    with pytest.raises(ApiError) as e:
+        parse(ChatCompletionRequest, body)
+    assert e.value.status == 400 and e.value.param == "messages" and e.value.message.startswith(message), e.value.message
 
 
 @pytest.mark.parametrize("do_sample", ["true", "false"])
