@@ -153,7 +153,7 @@ def test_input_items_become_the_conversation():
     ({"tools": TOOLS, "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": []}}, "tool_choice"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "name": "missing"}}, "tool_choice"),
     ({"input": [{"type": "item_reference", "id": "x"}]}, "input"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "file-1"}]}]}, "input"),
     ({"input": [{"type": "reasoning", "summary": [], "encrypted_content": "xyz"}]}, "input"),
     ({"reasoning": {"effort": "high"}}, "reasoning"),
     ({"reasoning": {"summary": "auto"}}, "reasoning"),
