@@ -3,7 +3,7 @@ bf16 (`kernels.linear.gemv.linear`: the GEMV or cuBLAS), the FP8 GEMV (T <= 4), 
 w8a8, the dispatcher `fp8_linear`, and torch._scaled_mm's blockwise mode (1x128 activations x 128x128 weights) where
 this torch has it: time per call inside a CUDA graph over enough weight copies that every read comes from HBM,
 effective weight bandwidth, and each result's error against the fp32 reference (a path whose error is off is
-reported, not timed). Decides WEIGHT_ONLY_MAX_ROWS / WIDE_OUTPUT (kernels/quant/fp8_linear.py) and whether
+reported, not timed). Decides FP8_GEMV_MAX_ROWS / WEIGHT_ONLY_MAX_ROWS (kernels/quant/fp8_linear.py) and whether
 the prefill should call _scaled_mm.
 
     python benchmark/check_fp8_gemm_gpu.py [--rows 1,2,4,16,64,256,1024,4096,16384] [--out results.json]
@@ -22,7 +22,7 @@ from lightllm_mtp.kernels.linear.gemv import linear
 from lightllm_mtp.kernels.quant.fp8_block import quantize_fp8_block
 from lightllm_mtp.kernels.quant.fp8_gemm import fp8_gemm_ref, fp8_gemm_triton, quantize_activations_fp8
 from lightllm_mtp.kernels.quant.fp8_gemv import fp8_gemv_triton
-from lightllm_mtp.kernels.quant.fp8_linear import WEIGHT_ONLY_MAX_ROWS, WIDE_OUTPUT, fp8_linear
+from lightllm_mtp.kernels.quant.fp8_linear import WEIGHT_ONLY_MAX_ROWS, fp8_linear
 
 SHAPES = {  # name: (N, K)
     "27b GDN in_proj qkv+z": (16384, 5120),
@@ -84,7 +84,7 @@ def main():
                 row = dict(shape=name, n=n, k=k, t=t, path=label)
                 try:
                     got = fn(x, fp8[0], bf16[0]).float()
-                    w8a8 = label in ACTIVATION_FP8 or (label.startswith("fp8_linear") and (t > WEIGHT_ONLY_MAX_ROWS or n >= WIDE_OUTPUT))
+                    w8a8 = label in ACTIVATION_FP8 or (label.startswith("fp8_linear") and t > WEIGHT_ONLY_MAX_ROWS)
                     ref = want_w8a8 if w8a8 else want
                     row["reference"] = "w8a8" if w8a8 else "weight-only"
                     row["rel_err"] = ((got - ref).norm() / ref.norm()).item()
