@@ -11,6 +11,12 @@ class VisionConfigError(ValueError):
     pass
 
 
+# transformers' Qwen3_5VisionConfig / Qwen3_5Config defaults, which apply to a field the checkpoint leaves out
+_HF_DEFAULTS = {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16, "patch_size": 16,
+                "num_position_embeddings": 2304, "image_token_id": 248056, "vision_start_token_id": 248053,
+                "vision_end_token_id": 248054}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class VisionConfig:
     depth: int
@@ -76,22 +82,23 @@ def parse_vision_config(hf: dict[str, Any], text: dict[str, Any], text_hidden: i
     if rope.get("mrope_interleaved", True) is not True:
         raise VisionConfigError("'mrope_interleaved' = false (sectioned M-RoPE) is not supported; Qwen3.5 interleaves")
     vision_rope = vision.get("rope_parameters") or {}
+    d = _HF_DEFAULTS
     cfg = VisionConfig(
-        depth=_field(vision, "depth"),
-        hidden_size=_field(vision, "hidden_size"),
-        intermediate_size=_field(vision, "intermediate_size"),
-        num_heads=_field(vision, "num_heads"),
+        depth=_field(vision, "depth", default=d["depth"]),
+        hidden_size=_field(vision, "hidden_size", default=d["hidden_size"]),
+        intermediate_size=_field(vision, "intermediate_size", default=d["intermediate_size"]),
+        num_heads=_field(vision, "num_heads", default=d["num_heads"]),
         in_channels=_field(vision, "in_channels", default=3),
-        patch_size=_field(vision, "patch_size"),
+        patch_size=_field(vision, "patch_size", default=d["patch_size"]),
         temporal_patch_size=_field(vision, "temporal_patch_size", default=2),
         spatial_merge_size=_field(vision, "spatial_merge_size", default=2),
-        num_position_embeddings=_field(vision, "num_position_embeddings"),
+        num_position_embeddings=_field(vision, "num_position_embeddings", default=d["num_position_embeddings"]),
         out_hidden_size=_field(vision, "out_hidden_size", default=text_hidden),
         hidden_act=_field(vision, "hidden_act", str, default="gelu_pytorch_tanh"),
         rope_theta=_field(vision_rope, "rope_theta", float, default=10000.0),
-        image_token_id=_field(hf, "image_token_id"),
-        vision_start_token_id=_field(hf, "vision_start_token_id"),
-        vision_end_token_id=_field(hf, "vision_end_token_id"),
+        image_token_id=_field(hf, "image_token_id", default=d["image_token_id"]),
+        vision_start_token_id=_field(hf, "vision_start_token_id", default=d["vision_start_token_id"]),
+        vision_end_token_id=_field(hf, "vision_end_token_id", default=d["vision_end_token_id"]),
         mrope_section=section,
     )
     if cfg.out_hidden_size != text_hidden:

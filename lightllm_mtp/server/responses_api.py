@@ -77,10 +77,13 @@ def _response(rid: str, model: str, req: ResponsesRequest) -> dict:
 def _finished(response: dict, output: ResponseOutput, last: Delta, num_reasoning: int, with_mtp: bool) -> dict:
     incomplete = last.finish_reason == "length"
     usage = {
-        "input_tokens": last.num_prompt_tokens, "input_tokens_details": {"cached_tokens": last.num_cached_tokens, "cache_write_tokens": 0},
+        "input_tokens": last.num_prompt_tokens,
+        "input_tokens_details": {"cached_tokens": last.num_cached_tokens, "cache_write_tokens": 0},
         "output_tokens": last.num_output_tokens, "output_tokens_details": {"reasoning_tokens": num_reasoning},
         "total_tokens": last.num_prompt_tokens + last.num_output_tokens,
     }  # fmt: skip
+    if last.num_image_tokens:  # of input_tokens, the images' (an extension, as chat's prompt_tokens_details)
+        usage["input_tokens_details"]["image_tokens"] = last.num_image_tokens
     if with_mtp:
         usage["mtp"] = mtp_usage(last.spec)
     return {
