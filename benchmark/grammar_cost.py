@@ -3,7 +3,7 @@ fills, matcher advance / rollback, the draft masks' read-back) with MTP k=2 vs t
 the acceptance (tokens per verify step) with and without it, on the trained tiny fixture.
 
     python -m benchmark.grammar_cost [--model_dir DIR] [--mtp_step 2] [--batch 4] [--max_tokens 96]
-        [--disable_overlap] [--device cuda] [--out FILE]
+        [--disable_overlap] [--device cuda] [--model_shape qwen3.5-27b] [--out FILE]
 
 Both runs generate greedily from the same prompts with the same MTP settings, to the same number of tokens
 (ignore_eos without the schema; the schema run ends at its grammar's end, so its steps are counted, not assumed).
@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import sys
+import tempfile
 import time
 from pathlib import Path
 
+from benchmark.model_shapes import MODEL_SHAPES
 from lightllm_mtp import LLM, SamplingParams
 from lightllm_mtp.engine import grammar_rows
 from lightllm_mtp.sampling import grammar as grammar_module
@@ -86,6 +90,16 @@ def run(llm: LLM, prompts: list[str], params: SamplingParams) -> dict:
             / max(verify, 1), "texts": [llm._decode(r.output_ids) for r in done]}  # fmt: skip
 
 
+def shape_with_tokenizer(shape: str, tokenizer_dir: Path) -> Path:
+    """A config-only checkpoint of `shape` (random weights) beside `tokenizer_dir`'s tokenizer files."""
+    root = Path(tempfile.mkdtemp(prefix="grammar_cost_"))
+    for f in tokenizer_dir.iterdir():
+        if f.name.startswith("tokenizer") or f.name in ("chat_template.jinja", "generation_config.json"):
+            shutil.copy(f, root / f.name)
+    (root / "config.json").write_text(json.dumps(MODEL_SHAPES[shape]))
+    return root
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model_dir", default=str(FIXTURES_DIR / TRAINED_CHECKPOINTS["qwen3_5"]))
@@ -95,16 +109,24 @@ def main(argv=None) -> None:
     ap.add_argument("--max_tokens", type=int, default=96)
     ap.add_argument("--disable_overlap", action="store_true", help="both runs without overlap scheduling (grammar "
                     "requests skip the overlapped step: this isolates the grammar's own cost)")
+    ap.add_argument("--model_shape", default=None, choices=sorted(MODEL_SHAPES),
+                    help="random weights of this published shape (its 248320-id vocabulary) with --model_dir's "
+                         "tokenizer: the logits, the bitmask and its copies are the shape's; the matcher walks the "
+                         "tokenizer's ids (the tiny fixture's 4096: fewer than Qwen's, so its host work is a floor)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
-    llm = LLM(a.model_dir, max_model_len=256, mtp_mode="eagle_with_att", mtp_step=a.mtp_step, prefix_cache=False,
-              disable_overlap=a.disable_overlap, device=a.device)
+    model_dir, extra = a.model_dir, {}
+    if a.model_shape is not None:
+        model_dir, extra = shape_with_tokenizer(a.model_shape, Path(a.model_dir)), {"load_format": "dummy"}
+    llm = LLM(model_dir, max_model_len=256, mtp_mode="eagle_with_att", mtp_step=a.mtp_step, prefix_cache=False,
+              disable_overlap=a.disable_overlap, device=a.device, **extra)
     prompts = (PROMPTS * a.batch)[: a.batch]
     so = StructuredOutput("json_schema", json.dumps(SCHEMA))
     run(llm, prompts, SamplingParams(temperature=0.0, max_new_tokens=8, structured=so))  # warm-up (compile)
     schema = run(llm, prompts, SamplingParams(temperature=0.0, max_new_tokens=a.max_tokens, structured=so))
     free = run(llm, prompts, SamplingParams(temperature=0.0, max_new_tokens=a.max_tokens, ignore_eos=True))
-    report = {"model_dir": a.model_dir, "mtp_step": a.mtp_step, "batch": a.batch, "max_tokens": a.max_tokens,
+    report = {"command": " ".join(["python -m benchmark.grammar_cost", *(argv if argv is not None else sys.argv[1:])]),
+              "model_dir": a.model_dir, "model_shape": a.model_shape, "device": a.device, "mtp_step": a.mtp_step, "batch": a.batch, "max_tokens": a.max_tokens,
               "overlap": not a.disable_overlap,
               "with_schema": schema, "without_schema": free,
               "overhead_ms_per_step": schema["ms_per_step"] - free["ms_per_step"]}  # fmt: skip
