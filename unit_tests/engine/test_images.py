@@ -4,6 +4,9 @@ sequence each step, fp32) with one and two images; MTP (eagle, multi-layer, para
 decoding; chunked prefill splitting an image; prefix-cache hits with the same image and none with a different one
 of the same size; a text request reusing an image request's slot."""
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -58,7 +61,9 @@ def hf_greedy_uncached(model_dir, ids, images, new):
     log-softmax."""
     import transformers
 
-    model = transformers.Qwen3_5ForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    moe = json.loads((Path(model_dir) / "config.json").read_text())["model_type"] == "qwen3_5_moe"
+    cls = transformers.Qwen3_5MoeForConditionalGeneration if moe else transformers.Qwen3_5ForConditionalGeneration
+    model = cls.from_pretrained(model_dir, dtype=torch.float32).eval()
     image_id = model.config.image_token_id
     pixels = torch.cat([im.pixel_values for im in images])
     grids = torch.tensor([im.grid_thw for im in images])
@@ -89,6 +94,13 @@ def test_greedy_and_logprobs_equal_hf(dense, n_images):
         assert ids_top == hf_lp.topk(3).indices.tolist()
         torch.testing.assert_close(torch.tensor([v for _, v in top], dtype=torch.float64), hf_lp.topk(3).values.double(), rtol=0,
                                    atol=2e-4)  # fmt: skip
+
+
+def test_moe_greedy_equals_hf_with_an_image():
+    moe = tiny_vision_checkpoint("qwen3_5_moe")
+    ids, images = prompt_of(moe, 1, seed=21)
+    want, _ = hf_greedy_uncached(moe, ids, images, NEW)
+    assert run(engine(moe, chunked_prefill_size=8), [(ids, images)])[0].output_ids == want
 
 
 def test_chunked_prefill_splits_images(dense):
