@@ -88,7 +88,8 @@ def build_runner(args: EngineArgs, cfg: ModelConfig, max_model_len: int, rank: R
         caches = model.caches
         builder = StepBuilder(state, caches.req_manager.req_to_token, max_model_len, caches.kv_pool.hold_slot)
         if model.is_last_stage:  # the drafts run where the final hidden is
-            proposer = create_proposer(model, spec, args.model_dir, builder, graphs.max_batch_size, graphs.pool)
+            proposer = create_proposer(model, spec, args.model_dir, builder, graphs.max_batch_size, graphs.pool,
+                                       args.rope_scaling)  # fmt: skip
         controller = SpecLengthController(_step_costs(graphs, model, proposer, spec)) if spec.adaptive else None
         if spec.force_acceptance is not None:
             forced = ForcedAcceptRule.on_device(spec.force_acceptance, args.device)

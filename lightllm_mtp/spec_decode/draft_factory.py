@@ -70,15 +70,16 @@ def draft_token_map(main: TpPartBaseModel, spec: SpecConfig) -> torch.Tensor | N
 
 def create_proposer(
     main: TpPartBaseModel, spec: SpecConfig, main_model_dir: str, builder: StepBuilder, graph_max_batch_size: int,
-    graph_pool,
+    graph_pool, rope_scaling: dict | None = None,
 ) -> Proposer:  # fmt: skip
-    """The proposer of `spec` over the checkpoint's MTP modules. With CUDA graphs (graph_max_batch_size > 0)
+    """The proposer of `spec` over the checkpoint's MTP modules (rope_scaling: the engine's RoPE override, which a
+    draft model takes as the target does). With CUDA graphs (graph_max_batch_size > 0)
     each module replays its draft-window pass (EXTEND, window rows per request) and the eagle module its chain
     steps (DECODE, one row per request)."""
     token_map = draft_token_map(main, spec)
     if spec.mode is MtpMode.DRAFT_MODEL:
         return create_draft_model_proposer(main, spec, main_model_dir, builder, graph_max_batch_size, graph_pool,
-                                           token_map)  # fmt: skip
+                                           token_map, rope_scaling)  # fmt: skip
     drafts = create_drafts(main, spec, main_model_dir, token_map)
     k = spec.num_draft_tokens
     if spec.parallel_drafting:
@@ -111,11 +112,11 @@ def create_proposer(
 
 def create_draft_model_proposer(
     main: TpPartBaseModel, spec: SpecConfig, main_model_dir: str, builder: StepBuilder, graph_max_batch_size: int,
-    graph_pool, token_map: torch.Tensor | None,
+    graph_pool, token_map: torch.Tensor | None, rope_scaling: dict | None = None,
 ) -> DraftModelProposer:  # fmt: skip
     """The external draft model behind its CUDA graphs: the window pass (VERIFY, k+1 rows; PARD 2k) and the
     autoregressive chain steps (VERIFY, 1 row, writing one state position on)."""
-    draft = load_draft_model(main, main_model_dir, spec, token_map)
+    draft = load_draft_model(main, main_model_dir, spec, token_map, rope_scaling)
     k = spec.num_draft_tokens
     mask_token = pard_mask_token(spec, draft) if spec.parallel_drafting else None
     window_rows = 2 * k if spec.parallel_drafting else k + 1

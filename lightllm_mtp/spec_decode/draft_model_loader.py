@@ -29,13 +29,15 @@ def draft_state_tokens(num_draft_tokens: int) -> int:
     return 2 * num_draft_tokens - 1
 
 
-def load_draft_model(main: TpPartBaseModel, main_model_dir: str, spec: SpecConfig, token_map=None) -> TpPartBaseModel:
-    """The draft checkpoint of `spec` beside `main` (same dtype, device, request slots, KV slot count). Raises
-    ValueError naming the problem: no such directory, another vocabulary, too short a context."""
+def load_draft_model(main: TpPartBaseModel, main_model_dir: str, spec: SpecConfig, token_map=None,
+                     rope_scaling: dict | None = None) -> TpPartBaseModel:  # fmt: skip
+    """The draft checkpoint of `spec` beside `main` (same dtype, device, request slots, KV slot count), with the
+    engine's RoPE override (`rope_scaling`, as the target takes it). Raises ValueError naming the problem: no such
+    directory, another vocabulary, too short a context."""
     path = Path(spec.draft_model_dir)
     if not path.is_dir():
         raise ValueError(f"mtp_draft_model_dir {path}: no such directory (the draft model's checkpoint)")
-    cfg = ModelConfig.from_model_dir(path)
+    cfg = ModelConfig.from_model_dir(path, rope_scaling=rope_scaling)
     if cfg.vocab_size != main.cfg.vocab_size:
         raise ValueError(
             f"draft model {path} has vocab_size {cfg.vocab_size}, the target {main_model_dir} has "
@@ -49,7 +51,7 @@ def load_draft_model(main: TpPartBaseModel, main_model_dir: str, spec: SpecConfi
                   f"a RoPE-scaled window of {cfg.max_context_len}")  # fmt: skip
         raise ValueError(
             f"draft model {path} has {window} < max_model_len {main.rt.max_model_len}: the draft must cover the "
-            "target's context (lower max_model_len)"
+            "target's context (lower max_model_len, or pass a rope_scaling that covers it: it applies to the draft too)"
         )
     rt = dataclasses.replace(main.rt, num_draft_tokens=draft_state_tokens(spec.num_draft_tokens), draft_kv_layers=0,
                              kv_dtype=main.rt.draft_kv_pool_dtype)  # the draft's KV: draft_kv_cache_dtype
