@@ -14,6 +14,8 @@ setup(
         "transformers>=5.17,<6",  # Qwen3.5 reference modeling code, tokenizers, chat templates
         "tokenizers>=0.21",
         "tqdm>=4.60",
+        "numpy>=1.24",
+        "Pillow>=10",  # image input: decoding and the processor's resize (lightllm_mtp/multimodal/)
     ],
     extras_require={
         "test": [
