@@ -164,3 +164,23 @@ def test_refusals(dense):
         run(engine(dense, language_model_only=True), [(ids, images)])
     with pytest.raises(ValueError, match="image placeholder|do not match|image tokens"):
         run(engine(dense), [(ids, images[:1])])
+
+
+def test_prefix_cache_resumes_inside_an_image(dense):
+    """Two prompts with the same image whose text parts right after it: the deepest shared snapshot falls inside the
+    image, so the second request's recompute starts mid-image (the tower runs again for its remaining rows)."""
+    ids, images = prompt_of(dense, 1, seed=30)
+    vision = EngineArgs(model_dir=str(dense)).model_config().vision
+    end = len(ids) - 1 - ids[::-1].index(vision.image_token_id) + 1  # one past the last image token
+    start = ids.index(vision.image_token_id)
+    other = ids[: end + 1] + [77, 78, 79, 80]  # same prefix through the image and <|vision_end|>, then other text
+    mode = dict(mtp_mode="eagle_with_att", mtp_step=2)
+    # positions 0..end-1 are shared (position end's key, under eagle's lookahead of 1, holds the diverging token):
+    # the deepest snapshot, a multiple of the interval, must fall strictly inside the image
+    interval = next(i for i in (6, 7, 9, 11, 13) if start < end // i * i < end)
+    eng = engine(dense, prefix_cache_interval=interval, **mode)
+    run(eng, [(ids, images)])
+    second = run(eng, [(other, images)])[0]
+    assert start < second.num_cached_tokens < end
+    fresh = run(engine(dense, prefix_cache=False, **mode), [(other, images)])[0]
+    assert second.output_ids == fresh.output_ids
