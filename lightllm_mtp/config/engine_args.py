@@ -339,8 +339,6 @@ class EngineArgs:
             return "this server runs the language model only (--language_model_only): images are not accepted"
         if self.limit_mm_per_prompt == 0:
             return "images are disabled on this server (--limit_mm_per_prompt 0)"
-        if self.parallel.world_size > 1:
-            return "images are not supported with tp / pp > 1 yet (the vision tower runs in one process)"
         if self.spec is not None and self.spec.mode is MtpMode.DRAFT_MODEL:
             return "images are not supported with a draft model (mtp_mode draft_model has no M-RoPE input)"
         return None

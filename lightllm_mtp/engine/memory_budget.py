@@ -13,6 +13,7 @@ from lightllm_mtp.common.quantization.methods import spec_bytes
 from lightllm_mtp.config.engine_args import EngineArgs
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.config.spec_config import MtpMode
+from lightllm_mtp.models.qwen3_5_vision.tower import VisionTower
 from lightllm_mtp.models.registry import model_class
 
 FIXED_RESERVE_BYTES = 2 * 2**30  # CUDA context leftovers, graph pools, fla / Triton workspaces, fragmentation
@@ -44,7 +45,7 @@ def rank_share(cfg: ModelConfig, args: EngineArgs) -> float:
 def weight_bytes(args: EngineArgs, cfg: ModelConfig) -> int:
     """This rank's weights as stored (block-FP8 projections and their scales under a quantization_config or
     online FP8): the main model's stage (its tp shards), the MTP modules (one decoder layer and the fc each, on the
-    last stage), a draft model's whole tensor set."""
+    last stage), a draft model's whole tensor set, the vision tower."""
     elem = torch.empty((), dtype=args.dtype).element_size()
     tp, pp = args.parallel.tp, args.parallel.pp
 
@@ -60,6 +61,8 @@ def weight_bytes(args: EngineArgs, cfg: ModelConfig) -> int:
         layer = (model_bytes(cfg, tp) - cfg.vocab_size * cfg.hidden_size * elem * (1 if cfg.tie_word_embeddings else 2)
                  // tp) // cfg.num_hidden_layers  # fmt: skip
         total += spec.num_draft_modules * (layer + 2 * cfg.hidden_size * cfg.hidden_size * elem // tp)
+    if cfg.vision is not None:  # the vision tower: whole (never quantized) on every rank
+        total += sum(spec_bytes(t, args.dtype, None, 1) for t in VisionTower.specs(cfg.vision))
     return total
 
 

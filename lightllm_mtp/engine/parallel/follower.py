@@ -26,6 +26,7 @@ from lightllm_mtp.engine.request import Request, RequestStatus
 from lightllm_mtp.engine.request_end import end_request
 from lightllm_mtp.engine.runner_factory import BuiltRunner, build_runner, rank_args
 from lightllm_mtp.engine.scheduler import ScheduledRequest
+from lightllm_mtp.multimodal.prompt_images import PromptImages
 
 def follower_main(args: EngineArgs, rank: int, link: tuple[int, str, bool], num_threads: int, started) -> None:
     """link: (rendezvous port, backend, host_staged), as the driver decided them."""
@@ -106,7 +107,11 @@ class Follower:
         generator = None
         if new.generator_seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(new.generator_seed)
-        self.requests[new.request_id] = Request(new.request_id, list(new.prompt_ids), new.params, generator)
+        images = None
+        if new.images:  # the driver checked them against this model (LLMEngine.validate_images)
+            images = PromptImages.of(list(new.prompt_ids), new.images, self.built.model.cfg.vision.image_token_id)
+        self.requests[new.request_id] = Request(new.request_id, list(new.prompt_ids), new.params, generator,
+                                                images=images)  # fmt: skip
 
     def _apply_cache_op(self, op) -> None:
         """The prefix cache's calls made outside the runner, as the driver made them (engine/scheduler.py)."""

@@ -35,7 +35,8 @@ class StepJournal:
             seed = random.getrandbits(63)
             req.generator = torch.Generator(device=self.device).manual_seed(seed)
         sampled = req.params.temperature > 0
-        return NewRequest(req.request_id, list(req.prompt_ids), req.params, seed if sampled else None)
+        images = req.images.images if req.images is not None else ()
+        return NewRequest(req.request_id, list(req.prompt_ids), req.params, seed if sampled else None, images)
 
     # ---- the prefix cache's calls (engine/prefix_cache.py CacheJournal) -----------------------------------------
     def cache_match(self, req: Request) -> None:

@@ -17,14 +17,19 @@ decides (Scheduler, StepBuilder via its runner); followers only replay:
   Stop: the group shuts down.
 Ops that need no collective (Collect, Release, Settle, the prefix cache's) wait in the driver's StepJournal and go out
 with the next Launch or SaveState. On the wire they are JSON (encode_ops / decode_ops): a decode step of B requests is
-about 10 x B bytes."""
+about 10 x B bytes; a new request's images travel once, as base64 of their fp32 patches (every rank runs its own copy
+of the vision tower on them)."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 from dataclasses import dataclass
 
+import torch
+
+from lightllm_mtp.multimodal.image_input import ImageInput
 from lightllm_mtp.sampling_params import SamplingParams
 
 
@@ -37,6 +42,7 @@ class NewRequest:
     prompt_ids: list[int]
     params: SamplingParams
     generator_seed: int | None  # the generator every rank builds (sampled requests), None: greedy
+    images: tuple[ImageInput, ...] = ()  # the prompt's images: every rank runs its own copy of the vision tower
 
 
 @dataclass(frozen=True)
@@ -125,12 +131,24 @@ def decode_ops(data: bytes) -> list[StepOp]:
 
 
 def _new_fields(r: NewRequest) -> list:
-    return [r.request_id, r.prompt_ids, _params_fields(r.params), r.generator_seed]
+    return [r.request_id, r.prompt_ids, _params_fields(r.params), r.generator_seed, [_image_fields(i) for i in r.images]]
 
 
 def _new_request(fields: list) -> NewRequest:
-    rid, prompt, params, seed = fields
-    return NewRequest(rid, prompt, SamplingParams(**params), seed)
+    rid, prompt, params, seed, images = fields
+    return NewRequest(rid, prompt, SamplingParams(**params), seed, tuple(_image(i) for i in images))
+
+
+def _image_fields(image: ImageInput) -> list:
+    """An image's patches as base64 of their fp32 bytes (exact), with its grid, merge size and content hash."""
+    raw = base64.b64encode(image.pixel_values.numpy().tobytes()).decode()
+    return [list(image.grid_thw), image.merge_size, image.content_hash, list(image.pixel_values.shape), raw]
+
+
+def _image(fields: list) -> ImageInput:
+    grid, merge, digest, shape, raw = fields
+    values = torch.frombuffer(bytearray(base64.b64decode(raw)), dtype=torch.float32).view(*shape)
+    return ImageInput(values, tuple(grid), merge, digest)
 
 
 def _params_fields(params: SamplingParams) -> dict:
