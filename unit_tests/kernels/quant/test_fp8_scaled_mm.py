@@ -37,4 +37,4 @@ def test_scaled_mm_equals_the_w8a8_reference_on_hopper(m, n, k):
     w = quantize_fp8_block(torch.randn(n, k, device="cuda") * 0.02, (128, 128))
     assert scaled_mm_fits(x, w)
     got, want = fp8_scaled_mm(x, weight=w).float(), fp8_scaled_mm_ref(x, w).float()
-    assert ((got - want).norm() / want.norm()).item() < 1e-2
+    assert ((got - want).norm() / want.norm()).item() < 2e-3  # measured 7e-4 (bf16 output rounding)
