@@ -184,3 +184,13 @@ def test_prefix_cache_resumes_inside_an_image(dense):
     assert start < second.num_cached_tokens < end
     fresh = run(engine(dense, prefix_cache=False, **mode), [(other, images)])[0]
     assert second.output_ids == fresh.output_ids
+
+
+@pytest.mark.parametrize("mode", [{}, dict(mtp_mode="eagle_with_att", mtp_step=2)])
+def test_one_row_prompt_chunks_through_images(dense, mode):
+    """A token budget of 1 cuts the prompt into one-row chunks: each is a batch of one row with a cached prefix (the
+    shape of a decode step) whose row may be an image token; it must still get its vision embedding and grid
+    position (and under MTP the ahead embedding)."""
+    requests = [prompt_of(dense, 2, seed=41)]
+    whole = run(engine(dense, prefix_cache=False), requests)[0].output_ids
+    assert run(engine(dense, prefix_cache=False, chunked_prefill_size=1, **mode), requests)[0].output_ids == whole
