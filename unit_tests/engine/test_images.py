@@ -194,3 +194,36 @@ def test_one_row_prompt_chunks_through_images(dense, mode):
     requests = [prompt_of(dense, 2, seed=41)]
     whole = run(engine(dense, prefix_cache=False), requests)[0].output_ids
     assert run(engine(dense, prefix_cache=False, chunked_prefill_size=1, **mode), requests)[0].output_ids == whole
+
+
+def test_prefill_graph_padding_rows_stay_inside_the_rope_tables(dense, monkeypatch):
+    """A warm hit on an image prompt resumes past the image: its short text chunk runs in a prefill graph bucket
+    (padded; eagerly on CPU) whose padding rows belong to the request, so they get its (negative) rope delta too; no
+    row may index the rope tables below 0 (the GPU kernel would read before the table)."""
+    from lightllm_mtp.common.basemodel.prefill_graph import PrefillGraphSet
+    from lightllm_mtp.common.layers import gated_attention
+
+    requests = [prompt_of(dense, 1, seed=42)]
+    fresh = run(engine(dense, prefix_cache=False), requests)[0].output_ids
+    eng = engine(dense, prefix_cache_interval=2)
+    runner = eng.model_runner
+    graphs = PrefillGraphSet(runner.model.forward, runner.model.caches, keep_all_hidden=False, pool=None,
+                             sizes=(16, 32), capture=False)  # fmt: skip
+    padded_runs = []
+    run_graph = graphs.run
+    graphs.run = lambda batch: (padded_runs.append(batch.num_tokens), run_graph(batch))[1]
+    runner.graphed.graph_sets.append(graphs)
+    lowest, inputs = [], gated_attention.rope_inputs
+
+    def recorded(batch, *args):
+        out = inputs(batch, *args)
+        lowest.append(int(out[0].min()))
+        return out
+
+    monkeypatch.setattr(gated_attention, "rope_inputs", recorded)
+    assert run(eng, requests)[0].output_ids == fresh
+    lowest.clear()
+    again = run(eng, requests)[0]
+    assert again.num_cached_tokens > requests[0][0].index(eng.model_config.vision.image_token_id)
+    assert padded_runs and again.output_ids == fresh
+    assert min(lowest) >= 0
