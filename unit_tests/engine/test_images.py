@@ -227,3 +227,24 @@ def test_prefill_graph_padding_rows_stay_inside_the_rope_tables(dense, monkeypat
     assert again.num_cached_tokens > requests[0][0].index(eng.model_config.vision.image_token_id)
     assert padded_runs and again.output_ids == fresh
     assert min(lowest) >= 0
+
+
+def test_images_the_tower_cannot_take_are_refused_at_admission(dense):
+    """An ImageInput made for another processor (patch size, merge size) is a ValueError at add_request, not a
+    tower error inside every later step."""
+    from lightllm_mtp.multimodal.image_input import ImageInput
+
+    ids, images = prompt_of(dense, 1, seed=43)
+    good = images[0]
+    t, h, w = good.grid_thw
+    wider = ImageInput.of(torch.randn(t * h * w, good.pixel_values.shape[1] + 3), good.grid_thw, good.merge_size)
+    unmerged = ImageInput.of(good.pixel_values, good.grid_thw, 1)  # 1 x 1 merge windows: 4x the tokens
+    eng = engine(dense)
+    image_id = eng.model_config.vision.image_token_id
+    params = SamplingParams(max_new_tokens=2)
+    with pytest.raises(ValueError, match="values a patch"):
+        eng.add_request(ids, params, images=[wider])
+    with pytest.raises(ValueError, match="merge"):
+        eng.add_request(expand_image_tokens([11, image_id, 13], [unmerged], image_id), params, images=[unmerged])
+    assert not eng.has_unfinished()
+    assert run(eng, [(ids, images)])[0].output_ids == run(engine(dense), [(ids, images)])[0].output_ids
