@@ -162,6 +162,11 @@ class LLMEngine:
                              "(--limit_mm_per_prompt)")  # fmt: skip
         if any(not isinstance(image, ImageInput) for image in images):
             raise TypeError("images must be ImageInput (multimodal.image_processor's output)")
+        for image in images:  # one made by another processor would fail in the tower, inside every later step
+            if image.pixel_values.shape[1] != vision.patch_dim or image.merge_size != vision.spatial_merge_size:
+                raise ValueError(f"an image of {image.pixel_values.shape[1]} values a patch, merge {image.merge_size}: "
+                                 f"this model's tower takes {vision.patch_dim} values a patch, merge "
+                                 f"{vision.spatial_merge_size} (this checkpoint's image processor makes them)")
         return PromptImages.of(list(prompt_ids), images, vision.image_token_id)
 
     def validate_request(self, prompt_ids: list[int], params: SamplingParams, images: Sequence[ImageInput] = (),

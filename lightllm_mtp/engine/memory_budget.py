@@ -1,7 +1,7 @@
 """`mem_fraction` (vLLM's gpu_memory_utilization): the KV + snapshot budget that keeps one process within a fraction
 of its GPU's memory. It is sized before the model is built (the pools are allocated with the model), from what the
-rest will take: the weights this rank loads (its tensor specs), the request slots' GDN state, and a reserve for
-activations, logits, CUDA graph pools and the allocator's slack."""
+rest will take: the weights this rank loads (its tensor specs; the vision tower's where images are served), the
+request slots' GDN state, and a reserve for activations, logits, CUDA graph pools and the allocator's slack."""
 
 from __future__ import annotations
 
@@ -61,8 +61,8 @@ def weight_bytes(args: EngineArgs, cfg: ModelConfig) -> int:
         layer = (model_bytes(cfg, tp) - cfg.vocab_size * cfg.hidden_size * elem * (1 if cfg.tie_word_embeddings else 2)
                  // tp) // cfg.num_hidden_layers  # fmt: skip
         total += spec.num_draft_modules * (layer + 2 * cfg.hidden_size * cfg.hidden_size * elem // tp)
-    if cfg.vision is not None:  # the vision tower: whole (never quantized) on every rank
-        total += sum(spec_bytes(t, args.dtype, None, 1) for t in VisionTower.specs(cfg.vision))
+    if cfg.vision is not None:  # the tower, loaded where images are served (else cleared from cfg): whole, unquantized,
+        total += sum(spec_bytes(s, args.dtype, None) for s in VisionTower.specs(cfg.vision))  # on every rank
     return total
 
 

@@ -162,8 +162,9 @@ class ModelRunner:
         if self.prefix_cache is not None:  # GDN snapshots at the prompt chunks' boundaries (an EXTEND forward)
             plan = self.prefix_cache.plan(chunks, len(input_ids), dev)
             decode = decode and plan is None
-        if self.image_rows is not None and not decode:  # vision embeddings and M-RoPE rows of image prompts
+        if self.image_rows is not None:  # vision embeddings and M-RoPE rows of image prompts
             image_fields = self.image_rows.batch_fields(chunks)
+            decode = decode and not image_fields  # one-row prompt chunks over an image token look like decode rows
         batch = ForwardBatch(
             mode=ForwardMode.DECODE if decode else ForwardMode.EXTEND,
             input_ids=input_ids_dev,

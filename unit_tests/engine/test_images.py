@@ -184,3 +184,67 @@ def test_prefix_cache_resumes_inside_an_image(dense):
     assert start < second.num_cached_tokens < end
     fresh = run(engine(dense, prefix_cache=False, **mode), [(other, images)])[0]
     assert second.output_ids == fresh.output_ids
+
+
+@pytest.mark.parametrize("mode", [{}, dict(mtp_mode="eagle_with_att", mtp_step=2)])
+def test_one_row_prompt_chunks_through_images(dense, mode):
+    """A token budget of 1 cuts the prompt into one-row chunks: each is a batch of one row with a cached prefix (the
+    shape of a decode step) whose row may be an image token; it must still get its vision embedding and grid
+    position (and under MTP the ahead embedding)."""
+    requests = [prompt_of(dense, 2, seed=41)]
+    whole = run(engine(dense, prefix_cache=False), requests)[0].output_ids
+    assert run(engine(dense, prefix_cache=False, chunked_prefill_size=1, **mode), requests)[0].output_ids == whole
+
+
+def test_prefill_graph_padding_rows_stay_inside_the_rope_tables(dense, monkeypatch):
+    """A warm hit on an image prompt resumes past the image: its short text chunk runs in a prefill graph bucket
+    (padded; eagerly on CPU) whose padding rows belong to the request, so they get its (negative) rope delta too; no
+    row may index the rope tables below 0 (the GPU kernel would read before the table)."""
+    from lightllm_mtp.common.basemodel.prefill_graph import PrefillGraphSet
+    from lightllm_mtp.common.layers import gated_attention
+
+    requests = [prompt_of(dense, 1, seed=42)]
+    fresh = run(engine(dense, prefix_cache=False), requests)[0].output_ids
+    eng = engine(dense, prefix_cache_interval=2)
+    runner = eng.model_runner
+    graphs = PrefillGraphSet(runner.model.forward, runner.model.caches, keep_all_hidden=False, pool=None,
+                             sizes=(16, 32), capture=False)  # fmt: skip
+    padded_runs = []
+    run_graph = graphs.run
+    graphs.run = lambda batch: (padded_runs.append(batch.num_tokens), run_graph(batch))[1]
+    runner.graphed.graph_sets.append(graphs)
+    lowest, inputs = [], gated_attention.rope_inputs
+
+    def recorded(batch, *args):
+        out = inputs(batch, *args)
+        lowest.append(int(out[0].min()))
+        return out
+
+    monkeypatch.setattr(gated_attention, "rope_inputs", recorded)
+    assert run(eng, requests)[0].output_ids == fresh
+    lowest.clear()
+    again = run(eng, requests)[0]
+    assert again.num_cached_tokens > requests[0][0].index(eng.model_config.vision.image_token_id)
+    assert padded_runs and again.output_ids == fresh
+    assert min(lowest) >= 0
+
+
+def test_images_the_tower_cannot_take_are_refused_at_admission(dense):
+    """An ImageInput made for another processor (patch size, merge size) is a ValueError at add_request, not a
+    tower error inside every later step."""
+    from lightllm_mtp.multimodal.image_input import ImageInput
+
+    ids, images = prompt_of(dense, 1, seed=43)
+    good = images[0]
+    t, h, w = good.grid_thw
+    wider = ImageInput.of(torch.randn(t * h * w, good.pixel_values.shape[1] + 3), good.grid_thw, good.merge_size)
+    unmerged = ImageInput.of(good.pixel_values, good.grid_thw, 1)  # 1 x 1 merge windows: 4x the tokens
+    eng = engine(dense)
+    image_id = eng.model_config.vision.image_token_id
+    params = SamplingParams(max_new_tokens=2)
+    with pytest.raises(ValueError, match="values a patch"):
+        eng.add_request(ids, params, images=[wider])
+    with pytest.raises(ValueError, match="merge"):
+        eng.add_request(expand_image_tokens([11, image_id, 13], [unmerged], image_id), params, images=[unmerged])
+    assert not eng.has_unfinished()
+    assert run(eng, [(ids, images)])[0].output_ids == run(engine(dense), [(ids, images)])[0].output_ids

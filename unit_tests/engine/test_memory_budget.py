@@ -59,3 +59,18 @@ def test_moe_plan_and_one_long_request():
         return memory_plan(args, dense, snapshot_bytes(dense, 2), fraction, total=H200, free=H200).cache_bytes
 
     assert 1048576 * 65536 < cache(0.9) < 1048576 * 69632 < cache(0.95)
+
+
+def test_the_vision_tower_counts_when_images_are_served(tmp_path):
+    """The tower loads beside the language model (replicated, never quantized): its bytes come off the cache too,
+    and only when this engine serves images (otherwise it is not loaded)."""
+    from benchmark.image_ttft import image_checkpoint
+    from lightllm_mtp.common.quantization.methods import spec_bytes
+    from lightllm_mtp.models.qwen3_5_vision.tower import VisionTower
+
+    model_dir = str(image_checkpoint("qwen3.5-27b", tmp_path))
+    served = EngineArgs(model_dir=model_dir, dtype="bf16")
+    text_only = EngineArgs(model_dir=model_dir, dtype="bf16", language_model_only=True)
+    tower = sum(spec_bytes(s, served.dtype, None) for s in VisionTower.specs(served.model_config().vision))
+    assert 0.8e9 < tower < 1.0e9  # ~0.46B parameters in bf16
+    assert weight_bytes(served, served.model_config()) == weight_bytes(text_only, text_only.model_config()) + tower

@@ -46,5 +46,8 @@ def rope_inputs(batch: ForwardBatch, cos: torch.Tensor, sin: torch.Tensor, rope_
         return rows, tables[0], tables[1]
     if rope_delta is None:
         return batch.positions, cos, sin
-    positions = batch.derived("rope_positions", lambda: batch.positions + rope_delta[row_requests(batch)])
+    # clamped: a prefill graph bucket's padding rows (ForwardBatch.padded) are the request's rows too, at stale
+    # positions, where its delta would index the tables below 0; real rows past the images never go below 0
+    positions = batch.derived("rope_positions",
+                              lambda: (batch.positions + rope_delta[row_requests(batch)]).clamp_min(0))  # fmt: skip
     return positions, cos, sin
