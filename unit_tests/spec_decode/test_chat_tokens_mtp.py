@@ -1,9 +1,10 @@
 """Issue 32 items 4, 5 and 7 on the tiny chat fixture (unit_tests/chat_fixture.py: `</think>`, `<tool_call>`, ... as
 single tokens, as Qwen's tokenizer has them, and the shipped Qwen3.5 template): the model writes `</think>` of itself,
-so under greedy MTP it lands inside accepted draft blocks. MTP equals plain decoding there; the reasoning split
-happens exactly at that token, for whole answers and for the step deltas the server streams; a json_schema gated
-after the reasoning end applies from the token after it; tool calls forced by tool_choice, their tags single tokens,
-stream at k = 1..5 into exactly the whole answer's calls."""
+so under greedy speculative decoding (eagle k = 2, 3, multi-layer MTP, parallel drafting, a draft model) it is drafted,
+accepted inside draft blocks and rejected. Speculative equals plain decoding there; the reasoning split happens
+exactly at that token, for whole answers and for the step deltas the server streams; a json_schema gated after the
+reasoning end applies from the token after it; tool calls forced by tool_choice, their tags single tokens, stream at
+k = 1..5 into exactly the whole answer's calls; a reduced draft vocabulary keeps the chat tokens."""
 
 import json
 
@@ -13,7 +14,7 @@ from lightllm_mtp import LLM, SamplingParams
 from lightllm_mtp.engine.detokenizer import IncrementalDetokenizer
 from lightllm_mtp.server.chat_output import ChatAssembler, ChatOptions, chat_message, plan_chat
 from lightllm_mtp.server.chat_protocol import ChatCompletionRequest
-from unit_tests.chat_fixture import tiny_chat_dir  # noqa: F401 (fixture)
+from unit_tests.chat_fixture import tiny_chat_checkpoint, tiny_chat_dir  # noqa: F401 (fixture)
 
 MAX_MODEL_LEN = 320
 QUESTIONS = ["What is the weather in Paris?", "Sort a list.", "Write a function that adds two numbers.",
@@ -23,6 +24,14 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
                                            "kind": {"enum": ["file", "dir"]},
                                            "sizes": {"type": "array", "items": {"type": "integer"}, "maxItems": 3}},
           "required": ["name", "kind", "sizes"]}  # fmt: skip
+# mode -> (the trained fixture the chat checkpoint grows from, engine options; `draft`: the draft model's fixture)
+MODES = {
+    "eagle2": ("qwen3_5", dict(mtp_mode="eagle_with_att", mtp_step=2)),
+    "eagle3": ("qwen3_5", dict(mtp_mode="eagle_with_att", mtp_step=3)),
+    "multi_layer3": ("qwen3_5_mtp3_ptd", dict(mtp_mode="vanilla_with_att", mtp_step=3)),
+    "ptd3": ("qwen3_5_mtp3_ptd", dict(mtp_mode="eagle_with_att", mtp_step=3, parallel_drafting=True)),
+    "draft_model2": ("qwen3_5", dict(mtp_mode="draft_model", mtp_step=2, draft="qwen3_5_draft")),
+}
 WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
     "city": {"type": "string"}, "days": {"type": "integer"}}}}}]  # fmt: skip
 
@@ -38,15 +47,25 @@ def plain(tiny_chat_dir):
 
 @pytest.fixture(scope="module")
 def plain_run(plain):
-    """run() on the plain LLM, each scenario once for all the k it is compared at."""
-    done = {}
+    """run() on the plain LLM of a chat checkpoint's source, each scenario once for all the modes it is compared at."""
+    llms, done = {"qwen3_5": plain}, {}
 
-    def get(scenario: str, prompts, params):
-        if scenario not in done:
-            done[scenario] = run(plain, prompts, params)
-        return done[scenario]
+    def get(scenario: str, prompts, params, source: str = "qwen3_5"):
+        if source not in llms:
+            llms[source] = LLM(tiny_chat_checkpoint(source), max_model_len=MAX_MODEL_LEN, max_batch_size=8)
+        if (source, scenario) not in done:
+            done[source, scenario] = run(llms[source], prompts, params)
+        return done[source, scenario]
 
     return get
+
+
+def mtp_llm(mode: str) -> LLM:
+    source, options = MODES[mode]
+    options = dict(options)
+    if "draft" in options:
+        options["mtp_draft_model_dir"] = str(tiny_chat_checkpoint(options.pop("draft")))
+    return LLM(tiny_chat_checkpoint(source), max_model_len=MAX_MODEL_LEN, max_batch_size=8, **options)
 
 
 def prompt_of(llm, req: ChatCompletionRequest) -> tuple[list[int], str]:
@@ -90,18 +109,42 @@ def drafted(token: int, steps: list[list[int]]) -> int:
     return sum(step[:-1].count(token) for step in steps)
 
 
-@pytest.mark.parametrize("k", [2, 3])
-def test_reasoning_end_inside_accepted_drafts_splits_exactly(plain, plain_run, tiny_chat_dir, k):
+@pytest.fixture
+def proposed(monkeypatch):
+    """The drafts every proposer writes, as one flat list (rejected ones included)."""
+    from lightllm_mtp.spec_decode.draft_state import DraftState
+
+    seen: list[int] = []
+    write = DraftState.write_drafts
+
+    def recording(self, b_req_idx, drafts):
+        seen.extend(drafts.flatten().tolist())
+        return write(self, b_req_idx, drafts)
+
+    monkeypatch.setattr(DraftState, "write_drafts", recording)
+    return seen
+
+
+def check_drafted(mode: str, token: int, outs, proposed: list[int]) -> None:
+    """`token` was drafted and rejected somewhere, and (the MTP modes) accepted as a draft somewhere. The tiny draft
+    model's choice between `</think>` and its twin is its own coin, never the target's here: its drafts of it are
+    all rejected."""
+    accepted = sum(drafted(token, steps) for _, steps in outs)
+    assert proposed.count(token) > accepted
+    assert accepted > 0 or MODES[mode][1]["mtp_mode"] == "draft_model"
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_reasoning_end_inside_accepted_drafts_splits_exactly(plain, plain_run, proposed, mode):
     tok = plain.tokenizer
     end = tok.convert_tokens_to_ids("</think>")
     reqs = [chat_request(q) for q in QUESTIONS]
     prompts = [prompt_of(plain, r) for r in reqs]
     params = [SamplingParams(temperature=0.0, max_tokens=48)] * len(reqs)
-    expect = plain_run("reasoning", [p for p, _ in prompts], params)
-    mtp = LLM(tiny_chat_dir, max_model_len=MAX_MODEL_LEN, max_batch_size=8, mtp_mode="eagle_with_att", mtp_step=k)
-    outs = run(mtp, [p for p, _ in prompts], params)
+    expect = plain_run("reasoning", [p for p, _ in prompts], params, MODES[mode][0])
+    outs = run(mtp_llm(mode), [p for p, _ in prompts], params)
     assert [ids for ids, _ in outs] == [ids for ids, _ in expect]
-    assert sum(drafted(end, steps) for _, steps in outs) > 0  # </think> accepted as a draft
+    check_drafted(mode, end, outs, proposed)
     closed = 0
     for req, (prompt_ids, text), (ids, steps) in zip(reqs, prompts, outs):
         plan = plan_chat(req, OPTIONS, text)
@@ -118,10 +161,11 @@ def test_reasoning_end_inside_accepted_drafts_splits_exactly(plain, plain_run, t
     assert 0 < closed < len(reqs)
 
 
-@pytest.mark.parametrize("k", [2, 3])
-def test_json_schema_after_the_reasoning_end(plain, plain_run, tiny_chat_dir, k):
+@pytest.mark.parametrize("mode", list(MODES))
+def test_json_schema_after_the_reasoning_end(plain, plain_run, proposed, mode):
     """response_format json_schema with thinking on: the grammar is gated after `</think>` (plan_chat), free before,
-    so the answer's content is the schema's JSON; MTP equals plain with the reasoning end inside accepted drafts."""
+    so the answer's content is the schema's JSON; MTP equals plain with the reasoning end inside accepted drafts, and
+    a rejected `</think>` draft opens nothing."""
     tok = plain.tokenizer
     end = tok.convert_tokens_to_ids("</think>")
     fmt = {"type": "json_schema", "json_schema": {"name": "entry", "schema": SCHEMA, "strict": True}}
@@ -130,11 +174,10 @@ def test_json_schema_after_the_reasoning_end(plain, plain_run, tiny_chat_dir, k)
     plans = [plan_chat(r, OPTIONS, text) for r, (_, text) in zip(reqs, prompts)]
     assert all(p.structured.starts_after == "</think>" for p in plans)
     params = [SamplingParams(temperature=0.0, max_tokens=96, structured=p.structured) for p in plans]
-    expect = plain_run("json", [p for p, _ in prompts], params)
-    mtp = LLM(tiny_chat_dir, max_model_len=MAX_MODEL_LEN, max_batch_size=8, mtp_mode="eagle_with_att", mtp_step=k)
-    outs = run(mtp, [p for p, _ in prompts], params)
+    expect = plain_run("json", [p for p, _ in prompts], params, MODES[mode][0])
+    outs = run(mtp_llm(mode), [p for p, _ in prompts], params)
     assert [ids for ids, _ in outs] == [ids for ids, _ in expect]
-    assert sum(drafted(end, steps) for _, steps in outs) > 0
+    check_drafted(mode, end, outs, proposed)
     answered = 0
     for req, plan, (prompt_ids, _), (ids, steps) in zip(reqs, plans, prompts, outs):
         reasoning, content, _ = message = whole(plan, req, tok.decode(ids, skip_special_tokens=True))
