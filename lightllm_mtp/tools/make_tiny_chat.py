@@ -66,7 +66,8 @@ def twin_rows(twins: list[int | None]) -> RowInit:
             if twin is None:
                 rows.append(randoms(name, t, gen))
             else:
-                rows.append((t[twin].float() + torch.randn(t.shape[1], generator=gen) * noise * spread)[None].to(t.dtype))
+                row = t[twin].float() + torch.randn(t.shape[1], generator=gen) * noise * spread
+                rows.append(row[None].to(t.dtype))
         return torch.cat(rows)
 
     return init

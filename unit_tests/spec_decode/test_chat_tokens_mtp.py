@@ -101,7 +101,8 @@ def streamed(tokenizer, plan, req, prompt_ids, steps):
 
 def whole(plan, req, text):
     message, _ = chat_message(plan, req, text)
-    return message["reasoning_content"] or None, message["content"], [c["function"] for c in message.get("tool_calls", [])]
+    calls = [c["function"] for c in message.get("tool_calls", [])]
+    return message["reasoning_content"] or None, message["content"], calls
 
 
 def drafted(token: int, steps: list[list[int]]) -> int:
@@ -186,7 +187,8 @@ def test_json_schema_after_the_reasoning_end(plain, plain_run, proposed, mode):
             answered += 1
             value = json.loads(content)
             assert value["kind"] in ("file", "dir") and len(value["sizes"]) <= 3 and len(value["name"]) <= 10
-            assert content == tok.decode(ids[ids.index(end) + 1 :], skip_special_tokens=True)  # JSON from the next token
+            # the JSON from the token after the reasoning end
+            assert content == tok.decode(ids[ids.index(end) + 1 :], skip_special_tokens=True)
     assert answered > 0
 
 
