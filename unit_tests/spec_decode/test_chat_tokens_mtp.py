@@ -246,3 +246,32 @@ def test_a_reduced_draft_vocabulary_keeps_the_chat_tokens(plain, plain_run, tiny
     outs = run(mtp, prompts, params)
     assert [ids for ids, _ in outs] == [ids for ids, _ in expect]
     assert sum(drafted(end, steps) for _, steps in outs) > 0
+
+
+def test_speculative_sampling_with_a_grammar_after_the_reasoning_end_is_exact(plain):
+    """Temperature 1, top-k 3, a bias that makes `</think>` likely early, two digits gated after it: the joint
+    distribution of the answers (reasoning end anywhere in the first tokens, inside draft blocks too) under eagle
+    k=2 equals plain sampling's (chi-square homogeneity, p > 1e-3)."""
+    import torch
+
+    from lightllm_mtp.sampling_params import StructuredOutput
+    from unit_tests.spec_decode.test_trained_drafting import _chi2_homogeneity_p
+
+    end = plain.tokenizer.convert_tokens_to_ids("</think>")
+    prompt = prompt_of(plain, chat_request("def fibonacci(n):"))[0]
+    params = SamplingParams(temperature=1.0, top_k=3, max_tokens=5, logit_bias={end: 4.0},
+                            structured=StructuredOutput("regex", "[0-9]{2}", starts_after="</think>"))  # fmt: skip
+
+    def counts(**mtp) -> dict[tuple, int]:
+        torch.manual_seed(0)
+        out: dict[tuple, int] = {}
+        llm = LLM(tiny_chat_checkpoint(), max_model_len=128, max_batch_size=64, **mtp)
+        for o in llm.generate([prompt] * 500, params):
+            out[tuple(o.token_ids)] = out.get(tuple(o.token_ids), 0) + 1
+        return out
+
+    base, spec = counts(), counts(mtp_mode="eagle_with_att", mtp_step=2)
+    closed = sum(n for ids, n in base.items() if end in ids)
+    assert 100 < closed < 490 and len(base) > 20
+    assert _chi2_homogeneity_p(base, spec) > 1e-3, (sorted(base.items(), key=lambda kv: -kv[1])[:6],
+                                                    sorted(spec.items(), key=lambda kv: -kv[1])[:6])  # fmt: skip
