@@ -1,8 +1,10 @@
-"""Issue 32 through the official openai client against real servers on CPU (the trained tiny checkpoint, the shipped
-Qwen3.5-style chat template, the qwen3 reasoning and tool-call parsers): MTP (eagle, k=2) and plain decoding give the
-same greedy text and logprobs under penalties, bias and min_tokens, the same JSON under a schema and the same tool
-calls; n choices, reasoning and tool calls streamed reassemble to the whole answers; include_stop_str_in_output;
-/tokenize, /detokenize, /v1/models/{id}; a refused field is a 400 naming it."""
+"""Issue 32 through the official openai client against real servers on CPU (the qwen3 reasoning and tool-call
+parsers; the trained tiny checkpoint with --chat_template qwen3_5, whose tags are several tokens each, and the tiny chat
+checkpoint, whose `<think>`, `</think>`, `<tool_call>` ... are single tokens as in Qwen's tokenizer): MTP (eagle, k=2)
+and plain decoding give the same greedy text and logprobs under penalties, bias and min_tokens, the same JSON under a
+schema and the same tool calls; n choices, reasoning and tool calls streamed reassemble to the whole answers; the
+reasoning splits where the model closes it; include_stop_str_in_output; /tokenize, /detokenize, /v1/models/{id}; a
+refused field is a 400 naming it."""
 
 import json
 
@@ -11,6 +13,8 @@ import openai
 import pytest
 
 from lightllm_mtp.server.launcher import ServerProcess
+from unit_tests.chat_fixture import tiny_chat_checkpoint
+from unit_tests.trained_fixtures import trained_fixture, trained_fixture_path
 
 COMMON = ["--device", "cpu", "--max_req_total_len", "512", "--log_level", "warning", "--running_max_req_size", "8",
           "--chat_template", "qwen3_5", "--reasoning_parser", "qwen3", "--tool_call_parser", "qwen3_coder",
@@ -19,11 +23,22 @@ NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 PROMPT = "def fibonacci(n):"
 
 
+@pytest.fixture(scope="module", params=["text", "chat"])
+def model_kind(request):
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def servers(trained_dense_dir, tmp_path_factory):
-    mtp_flags = ["--model_dir", str(trained_dense_dir), "--mtp_mode", "eagle_with_att", "--mtp_step", "2", *COMMON]
-    plain_flags = ["--model_dir", str(trained_dense_dir), *COMMON]
-    logs = tmp_path_factory.mktemp("chat_api")
+def servers(model_kind, tmp_path_factory):
+    if model_kind == "text":
+        model_dir = trained_fixture("qwen3_5")
+        if model_dir is None:
+            pytest.skip(f"trained qwen3_5 checkpoint not there complete at {trained_fixture_path('qwen3_5')}")
+    else:
+        model_dir = tiny_chat_checkpoint()
+    mtp_flags = ["--model_dir", str(model_dir), "--mtp_mode", "eagle_with_att", "--mtp_step", "2", *COMMON]
+    plain_flags = ["--model_dir", str(model_dir), *COMMON]
+    logs = tmp_path_factory.mktemp(f"chat_api_{model_kind}")
     with ServerProcess(mtp_flags, logs / "mtp.log") as mtp, ServerProcess(plain_flags, logs / "plain.log") as plain:
         yield {"mtp": mtp, "plain": plain}
 
@@ -172,14 +187,25 @@ def whole(out):
     return m.content, (m.model_extra or {}).get("reasoning_content"), calls, out.choices[0].finish_reason
 
 
-def test_reasoning_content_and_enable_thinking(servers):
+def test_reasoning_content_and_enable_thinking(servers, model_kind):
     on = chat(servers["mtp"], max_tokens=24)
     content, reasoning, _, _ = whole(on)
-    assert reasoning and content is None  # thinking on (the template's default): the tiny model never closes it
+    assert reasoning and content is None  # thinking on (the template's default): the tiny model does not close it here
     assert reassembled(chat(servers["mtp"], stream=True, max_tokens=24)) == whole(on)
     off = chat(servers["mtp"], max_tokens=24, extra_body=NO_THINKING)
     assert whole(off)[0] and whole(off)[1] is None
     assert whole(off) == whole(chat(servers["plain"], max_tokens=24, extra_body=NO_THINKING))
+    # this question's answer closes its reasoning: the chat model writes the single `</think>` after ten tokens
+    closing = dict(max_tokens=32, messages=[{"role": "user", "content": "def fibonacci(n):"}],
+                   extra_body={"return_token_ids": True})  # fmt: skip
+    mtp, plain = chat(servers["mtp"], **closing), chat(servers["plain"], **closing)
+    assert whole(mtp) == whole(plain) and reassembled(chat(servers["mtp"], stream=True, **closing)) == whole(mtp)
+    if model_kind == "chat":
+        end = httpx.post(f"{servers['mtp'].url}/tokenize", json={"prompt": "</think>"}).json()["tokens"]
+        ids = mtp.choices[0].model_extra["token_ids"]
+        assert len(end) == 1 and end[0] in ids and whole(mtp)[0] and whole(mtp)[1]
+        text = httpx.post(f"{servers['mtp'].url}/detokenize", json={"tokens": ids[: ids.index(end[0])]}).json()
+        assert whole(mtp)[1] == text["prompt"]  # the reasoning ends exactly before the token
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])

@@ -4,7 +4,9 @@
 
 The tokenizer comes from DIR; the corpus is the given text files, else the training split of the tiny corpus (the
 interpreter's standard library, tools/tiny_corpus.py). Ids the corpus never produces are not ranked; the
-tokenizer's special ids and the checkpoint's eos ids go into "always" and are kept at every size.
+tokenizer's special ids, its added tokens (special or not: Qwen's `<think>`, `</think>`, `<tool_call>` are added
+tokens that are not special, and a corpus without chat text never ranks them, so drafts could never propose a
+reasoning end or a tool call) and the checkpoint's eos ids go into "always" and are kept at every size.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ def build(model_dir: str | Path, texts: list[str], source: str) -> dict:
     for text in texts:
         counts.update(tokenizer(text, add_special_tokens=False)["input_ids"])
     ranked = [t for t, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if t < cfg.vocab_size]
-    always = sorted({*tokenizer.all_special_ids, *cfg.eos_token_ids} & set(range(cfg.vocab_size)))
+    added = tokenizer.added_tokens_decoder
+    always = sorted({*tokenizer.all_special_ids, *added, *cfg.eos_token_ids} & set(range(cfg.vocab_size)))
     total = sum(counts.values())
     return {
         "token_ids": ranked,

@@ -27,13 +27,14 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 
-from lightllm_mtp.common.weight_loader import shard_index
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.models.qwen3_5_vision.tower import VisionTower
 from lightllm_mtp.multimodal.image_processor import ImageProcessor
 from lightllm_mtp.tools.default_checkpoint import FIXTURES_DIR, TRAINED_CHECKPOINTS
+from lightllm_mtp.tools.grow_vocab import NewToken, grow_checkpoint, random_rows, write_config, write_index
 
 DEFAULT_SOURCE = FIXTURES_DIR / TRAINED_CHECKPOINTS["qwen3_5"]
 CHAT_TEMPLATE = Path(__file__).resolve().parents[1] / "chat_templates" / "qwen3_5.jinja"
@@ -47,25 +48,6 @@ TOWER = {
 }  # fmt: skip
 PIXEL_BUDGET = {"shortest_edge": (8 * 4) ** 2, "longest_edge": (32 * 4) ** 2}  # 8 x 8 .. 32 x 32 patches of 4 pixels
 TOWER_SHARD = "model-visual.safetensors"
-_WRITTEN = ("config.json", "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json",
-            "chat_template.jinja")  # fmt: skip
-
-
-def _is_vocab_tensor(name: str) -> bool:
-    return name.endswith("embed_tokens.weight") or name.endswith("lm_head.weight")
-
-
-def _grow_vocab(tensors: dict[str, torch.Tensor], vocab: int, gen: torch.Generator) -> None:
-    """Appends the new tokens' rows to every vocabulary-sized tensor (in place in the dict)."""
-    for name in sorted(tensors):
-        t = tensors[name]
-        if not _is_vocab_tensor(name):
-            continue
-        if t.shape[0] != vocab:
-            raise SystemExit(f"{name}: {t.shape[0]} rows, the vocabulary is {vocab}")
-        scale = t.float().std().item() * (0.1 if name.endswith("lm_head.weight") else 1.0)
-        rows = torch.randn(len(VISION_TOKENS), t.shape[1], generator=gen) * scale
-        tensors[name] = torch.cat([t, rows.to(t.dtype)])
 
 
 def _random_tower(specs, gen: torch.Generator) -> dict[str, torch.Tensor]:
@@ -101,32 +83,12 @@ def _scaled_tower(model_dir: Path, vision_cfg, target_std: float, seed: int) -> 
     return weights
 
 
-def _write_tokenizer(source: Path, out: Path, first_id: int) -> None:
-    tok = json.loads((source / "tokenizer.json").read_text())
-    present = {t["content"] for t in tok["added_tokens"]} | set(tok["model"]["vocab"])
-    if present & set(VISION_TOKENS):
-        raise SystemExit(f"{source}: the tokenizer already has vision tokens ({sorted(present & set(VISION_TOKENS))})")
-    highest = max([*tok["model"]["vocab"].values(), *(t["id"] for t in tok["added_tokens"])])
-    if highest >= first_id:
-        raise SystemExit(f"{source}: tokenizer id {highest} is not below the vocabulary size {first_id}")
-    for i, content in enumerate(VISION_TOKENS):
-        tok["added_tokens"].append({"id": first_id + i, "content": content, "single_word": False, "lstrip": False,
-                                    "rstrip": False, "normalized": False, "special": True})  # fmt: skip
-    (out / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False))
-    config = json.loads((source / "tokenizer_config.json").read_text())
-    config["extra_special_tokens"] = list(config.get("extra_special_tokens") or []) + list(VISION_TOKENS)
-    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-
-
-def _write_configs(source: Path, out: Path, vocab: int) -> dict:
-    hf = json.loads((source / "config.json").read_text())
-    if "text_config" not in hf:
-        raise SystemExit(f"{source}: not a multimodal-layout checkpoint (config.json has no text_config)")
-    hf["text_config"]["vocab_size"] = vocab + len(VISION_TOKENS)
+def _write_vision_configs(out: Path, hf: dict, vocab: int) -> None:
+    """config.json's vision tower and token ids (the new tokens from `vocab` on), the preprocessor, the template."""
     for i, field in enumerate(TOKEN_ID_FIELDS):
         hf[field] = vocab + i
     hf["vision_config"] = {**TOWER, "out_hidden_size": hf["text_config"]["hidden_size"]}
-    (out / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    write_config(out, hf)
     preprocessor = {
         "image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen3VLProcessor",
         "size": PIXEL_BUDGET, "patch_size": TOWER["patch_size"], "temporal_patch_size": TOWER["temporal_patch_size"],
@@ -135,45 +97,30 @@ def _write_configs(source: Path, out: Path, vocab: int) -> dict:
     }  # fmt: skip
     (out / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2) + "\n")
     shutil.copyfile(CHAT_TEMPLATE, out / "chat_template.jinja")
-    return hf
 
 
 def make_tiny_vision(out_dir: str | Path, source: str | Path = DEFAULT_SOURCE, seed: int = 0) -> Path:
     """Writes OUT_DIR (which must not exist yet, or be empty); returns it. Same source and seed, same files."""
     source, out = Path(source), Path(out_dir)
-    if out.exists() and any(out.iterdir()):
-        raise SystemExit(f"{out}: exists and is not empty")
-    out.mkdir(parents=True, exist_ok=True)
-    hf = json.loads((source / "config.json").read_text())
-    vocab = hf.get("text_config", {}).get("vocab_size")
-    for path in source.iterdir():
-        measured = path.name.startswith(("acceptance", "train_log"))  # figures of the source model, not of this one
-        if path.is_file() and path.name not in _WRITTEN and path.suffix != ".safetensors" and not measured:
-            shutil.copyfile(path, out / path.name)
-    _write_tokenizer(source, out, vocab)
-    hf = _write_configs(source, out, vocab)
+    if "text_config" not in json.loads((source / "config.json").read_text()):
+        raise SystemExit(f"{source}: not a multimodal-layout checkpoint (config.json has no text_config)")
+    tokens = [NewToken(t, special=True) for t in VISION_TOKENS]
+    hf, weight_map = grow_checkpoint(source, out, tokens, random_rows(len(tokens)), seed,
+                                     keep=lambda name: not name.startswith("model.visual."),
+                                     rewritten=("chat_template.jinja",))  # fmt: skip
+    vocab = hf["text_config"]["vocab_size"] - len(tokens)
+    _write_vision_configs(out, hf, vocab)
     vision_cfg = ModelConfig.from_hf(hf).vision
     assert vision_cfg is not None
 
-    gen = torch.Generator().manual_seed(seed)
-    where = shard_index(source)
-    weight_map: dict[str, str] = {}
-    embed_std, dtype = None, None
-    for shard in sorted(set(where.values())):
-        tensors = {n: t for n, t in load_file(str(source / shard)).items() if not n.startswith("model.visual.")}
-        _grow_vocab(tensors, vocab, gen)
-        for name, t in tensors.items():
-            if name.endswith("language_model.embed_tokens.weight"):
-                embed_std, dtype = t[:vocab].float().std().item(), t.dtype
-        save_file(tensors, str(out / shard), metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(tensors, shard))
-    if embed_std is None:
+    embed = [n for n in weight_map if n.endswith("language_model.embed_tokens.weight")]
+    if not embed:
         raise SystemExit(f"{source}: no model.language_model.embed_tokens.weight")
-    tower = _scaled_tower(out, vision_cfg, embed_std, seed)
-    save_file({n: t.to(dtype).contiguous() for n, t in tower.items()}, str(out / TOWER_SHARD), {"format": "pt"})
-    weight_map.update(dict.fromkeys(tower, TOWER_SHARD))
-    index = {"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}
-    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    with safe_open(str(out / weight_map[embed[0]]), "pt") as f:
+        table = f.get_tensor(embed[0])
+    tower = _scaled_tower(out, vision_cfg, table[:vocab].float().std().item(), seed)
+    save_file({n: t.to(table.dtype).contiguous() for n, t in tower.items()}, str(out / TOWER_SHARD), {"format": "pt"})
+    write_index(out, {**weight_map, **dict.fromkeys(tower, TOWER_SHARD)})
     return out
 
 

@@ -17,6 +17,7 @@ from lightllm_mtp.server.protocol import ApiError
 from lightllm_mtp.server.reasoning import split_reasoning
 from lightllm_mtp.server.tool_calls import tool_choice_grammar
 from lightllm_mtp.tools.default_checkpoint import FIXTURES_DIR, TRAINED_CHECKPOINTS
+from unit_tests.chat_fixture import tiny_chat_checkpoint
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
@@ -31,11 +32,14 @@ ANSWER = "The user wants weather.\nCall it.</think>\n\nLet me check.\n" + CALL +
 OPTIONS = ChatOptions("qwen3", "qwen3_coder", True)
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
+@pytest.fixture(scope="module", params=["text", "chat"])
+def tokenizer(request):
+    """The trained fixture's tokenizer (the tags are several tokens each) and the chat fixture's (each tag one token,
+    as in Qwen's tokenizer), both with the shipped template."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(FIXTURES_DIR / TRAINED_CHECKPOINTS["qwen3_5"])
+    model_dir = FIXTURES_DIR / TRAINED_CHECKPOINTS["qwen3_5"] if request.param == "text" else tiny_chat_checkpoint()
+    tok = AutoTokenizer.from_pretrained(model_dir)
     tok.chat_template = chat_template_text("qwen3_5")
     return tok
 
@@ -94,6 +98,7 @@ def test_mtp_step_deltas_through_the_detokenizer(tokenizer, k):
     expect = (message["reasoning_content"], message["content"], [c["function"] for c in message["tool_calls"]],
               "tool_calls")  # fmt: skip
     ids = tokenizer.encode(ANSWER, add_special_tokens=False)
+    first_closed = next(n for n in range(len(ids)) if "</tool_call>" in tokenizer.decode(ids[:n]))
     rng = random.Random(k)
     for trial in range(20):
         steps, at = [], 0
@@ -102,7 +107,7 @@ def test_mtp_step_deltas_through_the_detokenizer(tokenizer, k):
             steps.append(ids[at : at + n])
             at += n
         if trial == 1:  # both calls' closing tags in one delta
-            steps = [ids[: len(ids) - 30], ids[len(ids) - 30 :]]
+            steps = [ids[: first_closed - 1], ids[first_closed - 1 :]]
         detok = IncrementalDetokenizer(tokenizer, [1, 2, 3])
         pieces = [detok.push(step, final=i == len(steps) - 1) for i, step in enumerate(steps)]
         assert streamed(plan, req, pieces) == expect
@@ -188,6 +193,9 @@ def test_tool_choice_grammar_caps_the_calls_token_by_token(tokenizer):
     assert allowed_after(many, CALL) == eos | set(newline)
     second = allowed_after(many, CALL + "\n")
     assert not second & eos and any(tokenizer.decode([t]).startswith("<") for t in second)
+    tag = tokenizer.encode("<tool_call>", add_special_tokens=False)
+    if len(tag) == 1:  # the chat tokenizer: the single token opens a call, the first one or a next one
+        assert tag[0] in second and tag[0] in allowed_after(one, "")
     assert not allowed_after(one, "") & eos and not allowed_after(many, "") & eos  # "required": at least one call
     named = tool_choice_grammar(TOOLS, "now", True)
     assert allowed_after(named, "<tool_call>\n<function=now>\n</function>\n</tool_call>") == eos

@@ -174,3 +174,15 @@ def test_reasoning_tokens_count_up_to_the_end_marker():
     ids = [ord(c) for c in "ab</think>cd"]
     assert reasoning_tokens(Chars(), ids, True) == 10 and reasoning_tokens(Chars(), ids[:5], True) == 5
     assert reasoning_tokens(Chars(), ids, False) == 0 and reasoning_tokens(Chars(), ids, None) == 0
+
+
+def test_reasoning_tokens_with_a_single_token_marker():
+    """The chat fixture's tokenizer (`</think>` one token, as in Qwen's): the count ends at that token."""
+    from transformers import AutoTokenizer
+
+    from unit_tests.chat_fixture import tiny_chat_checkpoint
+
+    tok = AutoTokenizer.from_pretrained(tiny_chat_checkpoint())
+    ids = tok.encode("def f(x):\n    return x</think>\n\nIt returns x.", add_special_tokens=False)
+    end = tok.convert_tokens_to_ids("</think>")
+    assert ids.count(end) == 1 and reasoning_tokens(tok, ids, True) == ids.index(end) + 1
