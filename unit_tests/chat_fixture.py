@@ -12,31 +12,19 @@ test session into a temporary directory, removed when the session ends."""
 
 from __future__ import annotations
 
-import atexit
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from unit_tests.trained_fixtures import trained_fixture, trained_fixture_path
-
-_BUILT: dict[str, Path] = {}
+from unit_tests.grown_fixtures import grown_checkpoint
 
 
 def tiny_chat_checkpoint(source: str = "qwen3_5") -> Path:
     """The chat checkpoint grown from the trained fixture `source` (a key of unit_tests/trained_fixtures.py);
     skips the test when that fixture is not there complete."""
-    if source not in _BUILT:
-        from lightllm_mtp.tools.make_tiny_chat import make_tiny_chat
+    from lightllm_mtp.tools.make_tiny_chat import make_tiny_chat
 
-        model_dir = trained_fixture(source)
-        if model_dir is None:
-            pytest.skip(f"trained {source} checkpoint not there complete at {trained_fixture_path(source)}")
-        root = Path(tempfile.mkdtemp(prefix=f"tiny_chat_{source}_"))
-        atexit.register(shutil.rmtree, root, ignore_errors=True)
-        _BUILT[source] = make_tiny_chat(root / "ckpt", model_dir, seed=0)
-    return _BUILT[source]
+    return grown_checkpoint("chat", make_tiny_chat, source)
 
 
 @pytest.fixture(scope="session")

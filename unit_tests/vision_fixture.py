@@ -11,31 +11,19 @@ Each source is built once per test session into a temporary directory, removed w
 
 from __future__ import annotations
 
-import atexit
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from unit_tests.trained_fixtures import trained_fixture, trained_fixture_path
-
-_BUILT: dict[str, Path] = {}
+from unit_tests.grown_fixtures import grown_checkpoint
 
 
 def tiny_vision_checkpoint(source: str = "qwen3_5") -> Path:
     """The vision checkpoint grown from the trained fixture `source` (a key of unit_tests/trained_fixtures.py:
     qwen3_5, qwen3_5_moe, qwen3_5_mtp3_ptd); skips the test when that fixture is not there complete."""
-    if source not in _BUILT:
-        from lightllm_mtp.tools.make_tiny_vision import make_tiny_vision
+    from lightllm_mtp.tools.make_tiny_vision import make_tiny_vision
 
-        model_dir = trained_fixture(source)
-        if model_dir is None:
-            pytest.skip(f"trained {source} checkpoint not there complete at {trained_fixture_path(source)}")
-        root = Path(tempfile.mkdtemp(prefix=f"tiny_vision_{source}_"))
-        atexit.register(shutil.rmtree, root, ignore_errors=True)
-        _BUILT[source] = make_tiny_vision(root / "ckpt", model_dir, seed=0)
-    return _BUILT[source]
+    return grown_checkpoint("vision", make_tiny_vision, source)
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ for bit, and so is every other file (less the source model's measured figures). 
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 from collections.abc import Callable, Sequence
@@ -16,7 +17,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lightllm_mtp.common.weight_loader import shard_index
+from lightllm_mtp.tools.default_checkpoint import FIXTURES_DIR, TRAINED_CHECKPOINTS
 
+DEFAULT_SOURCE = FIXTURES_DIR / TRAINED_CHECKPOINTS["qwen3_5"]  # the tools' default: the shipped trained checkpoint
 INDEX = "model.safetensors.index.json"
 _GROWN = ("config.json", INDEX, "tokenizer.json", "tokenizer_config.json")
 
@@ -116,3 +119,13 @@ def grow_checkpoint(source: str | Path, out_dir: str | Path, tokens: Sequence[Ne
         weight_map.update(dict.fromkeys(tensors, shard))
     write_index(out, weight_map)
     return hf, weight_map
+
+
+def grow_main(make: Callable[[Path, Path, int], Path], description: str, argv: list[str] | None = None) -> None:
+    """The tools' command line: OUT_DIR [--source DIR] [--seed N]; prints the checkpoint made."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("out_dir", type=Path)
+    p.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="a trained tiny text checkpoint")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    print(make(args.out_dir, args.source, args.seed))

@@ -22,17 +22,14 @@ transformers loads the result; nothing of it is committed (tests build it: unit_
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 from pathlib import Path
 
 import torch
 
-from lightllm_mtp.tools.default_checkpoint import FIXTURES_DIR, TRAINED_CHECKPOINTS
-from lightllm_mtp.tools.grow_vocab import NewToken, RowInit, grow_checkpoint, random_rows
+from lightllm_mtp.tools.grow_vocab import DEFAULT_SOURCE, NewToken, RowInit, grow_checkpoint, grow_main, random_rows
 
-DEFAULT_SOURCE = FIXTURES_DIR / TRAINED_CHECKPOINTS["qwen3_5"]
 CHAT_TEMPLATE = Path(__file__).resolve().parents[1] / "chat_templates" / "qwen3_5.jinja"
 CHAT_TOKENS = tuple(NewToken(t, special=False) for t in (
     "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"))  # fmt: skip
@@ -89,12 +86,7 @@ def make_tiny_chat(out_dir: str | Path, source: str | Path = DEFAULT_SOURCE, see
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("out_dir", type=Path)
-    p.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="a trained tiny text checkpoint")
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
-    print(make_tiny_chat(args.out_dir, args.source, args.seed))
+    grow_main(make_tiny_chat, __doc__.split("\n\n")[0], argv)
 
 
 if __name__ == "__main__":

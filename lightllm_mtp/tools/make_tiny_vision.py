@@ -19,7 +19,6 @@ transformers' Qwen3_5ForConditionalGeneration loads the result; nothing of it is
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 from pathlib import Path
@@ -33,10 +32,10 @@ from safetensors.torch import save_file
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.models.qwen3_5_vision.tower import VisionTower
 from lightllm_mtp.multimodal.image_processor import ImageProcessor
-from lightllm_mtp.tools.default_checkpoint import FIXTURES_DIR, TRAINED_CHECKPOINTS
-from lightllm_mtp.tools.grow_vocab import NewToken, grow_checkpoint, random_rows, write_config, write_index
+from lightllm_mtp.tools.grow_vocab import (
+    DEFAULT_SOURCE, NewToken, grow_checkpoint, grow_main, random_rows, write_config, write_index,
+)
 
-DEFAULT_SOURCE = FIXTURES_DIR / TRAINED_CHECKPOINTS["qwen3_5"]
 CHAT_TEMPLATE = Path(__file__).resolve().parents[1] / "chat_templates" / "qwen3_5.jinja"
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 TOKEN_ID_FIELDS = ("vision_start_token_id", "vision_end_token_id", "image_token_id", "video_token_id")
@@ -125,12 +124,7 @@ def make_tiny_vision(out_dir: str | Path, source: str | Path = DEFAULT_SOURCE, s
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("out_dir", type=Path)
-    p.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="a trained tiny text checkpoint")
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
-    print(make_tiny_vision(args.out_dir, args.source, args.seed))
+    grow_main(make_tiny_vision, __doc__.split("\n\n")[0], argv)
 
 
 if __name__ == "__main__":
