@@ -126,7 +126,8 @@ def main(argv=None) -> None:
     schema = run(llm, prompts, SamplingParams(temperature=0.0, max_new_tokens=a.max_tokens, structured=so))
     free = run(llm, prompts, SamplingParams(temperature=0.0, max_new_tokens=a.max_tokens, ignore_eos=True))
     report = {"command": " ".join(["python -m benchmark.grammar_cost", *(argv if argv is not None else sys.argv[1:])]),
-              "model_dir": a.model_dir, "model_shape": a.model_shape, "device": a.device, "mtp_step": a.mtp_step, "batch": a.batch, "max_tokens": a.max_tokens,
+              "model_dir": a.model_dir, "model_shape": a.model_shape, "device": a.device, "mtp_step": a.mtp_step,
+              "batch": a.batch, "max_tokens": a.max_tokens,
               "overlap": not a.disable_overlap,
               "with_schema": schema, "without_schema": free,
               "overhead_ms_per_step": schema["ms_per_step"] - free["ms_per_step"]}  # fmt: skip

@@ -62,7 +62,8 @@ def main(argv=None) -> None:
         ids = [vision.vision_start_token_id, vision.image_token_id, vision.vision_end_token_id] + t
         with_image.append((expand_image_tokens(ids, [image], vision.image_token_id), [image]))
     after_image = run(with_image)
-    report = {"command": " ".join(["python -m benchmark.image_acceptance", *(argv if argv is not None else sys.argv[1:])]),
+    command = ["python -m benchmark.image_acceptance", *(argv if argv is not None else sys.argv[1:])]
+    report = {"command": " ".join(command),
               "mtp_step": a.mtp_step, "prompts": a.prompts, "new_tokens": a.new,
               "image_tokens": with_image[0][1][0].num_tokens,
               "accepted_share_text_alone": accepted_share(alone),

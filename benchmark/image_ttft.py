@@ -60,7 +60,8 @@ def tower_flops(n_patches: int, n_tokens: int, v: dict, out_hidden: int) -> floa
 
 
 def matmul_peak_tflops(n: int = 8192) -> float:
-    a, b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16), torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     for _ in range(3):
         a @ b
     torch.cuda.synchronize()
@@ -142,8 +143,10 @@ def main(argv=None) -> None:
     report["ttft_ms"] = {"prompt_tokens": len(ids), "median": statistics.median(ttft), "runs": ttft}
     report["decode"] = {}
     for b in batches:
-        reqs = [engine.add_request(*request(300 + 10 * b + i)[:1], params, images=request(300 + 10 * b + i)[1])
-                for i in range(b)]  # fmt: skip
+        reqs = []
+        for i in range(b):
+            ids, images = request(300 + 10 * b + i)
+            reqs.append(engine.add_request(ids, params, images=images))
         while any(not r.output_ids for r in reqs):
             engine.step()
         times = []

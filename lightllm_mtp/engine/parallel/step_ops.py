@@ -131,7 +131,8 @@ def decode_ops(data: bytes) -> list[StepOp]:
 
 
 def _new_fields(r: NewRequest) -> list:
-    return [r.request_id, r.prompt_ids, _params_fields(r.params), r.generator_seed, [_image_fields(i) for i in r.images]]
+    images = [_image_fields(i) for i in r.images]
+    return [r.request_id, r.prompt_ids, _params_fields(r.params), r.generator_seed, images]
 
 
 def _new_request(fields: list) -> NewRequest:
