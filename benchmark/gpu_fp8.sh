@@ -5,6 +5,8 @@
 #                                        # checkpoint / KV engine tests on CUDA
 #   bash benchmark/gpu_fp8.sh gemm       # FP8 GEMV / GEMM (weight-only, w8a8) / _scaled_mm blockwise vs bf16 per row
 #                                        # count at the 27B / 35B projection shapes (check_fp8_gemm_gpu.py)
+#   bash benchmark/gpu_fp8.sh fewrows    # the tiled FP8 GEMM at 1-256 rows, weight-only vs w8a8-in-kernel, launch
+#                                        # shapes swept, vs bf16 and the FP8 GEMV (check_fp8_few_rows_gpu.py)
 #   bash benchmark/gpu_fp8.sh 27b        # 27B bf16 vs 27B-FP8: decode at B=1,32, MTP eagle k=1 (% of own floor)
 #   bash benchmark/gpu_fp8.sh 27b_k3     # 27B-FP8: eagle k=3 and PTD k=3 at B=1,32 (plus bf16 eagle k=3 beside)
 #   bash benchmark/gpu_fp8.sh 35b        # 35B-A3B bf16 vs -FP8: decode B=1,32, eagle k=1
@@ -31,6 +33,7 @@ case "${1:-}" in
     python3 -m pytest -q -m gpu unit_tests/kernels/quant unit_tests/kernels/attention/test_fp8_kv.py \
       unit_tests/models/test_fp8_checkpoint.py unit_tests/engine/test_fp8_kv_cache.py | tail -5 ;;
   gemm) python3 benchmark/check_fp8_gemm_gpu.py --out "$out/fp8_gemm_vs_bf16_h200.json" ;;
+  fewrows) python3 benchmark/check_fp8_few_rows_gpu.py --out "$out/fp8_few_rows_h200.json" ;;
   27b)
     bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 48 --mtp_mode eagle_with_att --mtp_step 1 \
       --out "$out/static_qwen3.5-27b_mtp_k1_h200.json"

@@ -60,15 +60,18 @@ def quantize_activations_fp8(x: torch.Tensor, *, group: int) -> tuple[torch.Tens
 
 def fp8_gemm_triton(
     x: torch.Tensor, *, weight: Fp8BlockWeight, act_fp8: bool, block_m: int = 64, block_n: int = 128,
-    num_warps: int = 4, num_stages: int = 3,
+    num_warps: int = 4, num_stages: int = 3, quantize_in_kernel: bool = False,
 ) -> torch.Tensor:  # fmt: skip
     """x [M, K] (16/32-bit) @ weight [N, K]^T -> [M, N] in x.dtype, fp32 accumulation. block_m / block_n: the output
-    tile; the K tile is the weight's scale block."""
+    tile; the K tile is the weight's scale block. quantize_in_kernel (w8a8 only): each program rounds its own
+    activation tiles (the same per-group rounding as quantize_activations_fp8) instead of a separate launch."""
     if not isinstance(weight, Fp8BlockWeight) or weight.ndim != 2:
         raise ValueError(f"{_OP}: weight must be a 2-D Fp8BlockWeight [N, K]")
     check_shape(_OP, "x", x, (None, weight.shape[1]), "[M, K] with the weight's K")
     check_float(_OP, "x", x)
     check_device(_OP, x=x, qweight=weight.qweight)
+    if quantize_in_kernel and not act_fp8:
+        raise ValueError(f"{_OP}: quantize_in_kernel needs act_fp8")
     if x.stride(1) != 1:
         x = x.contiguous()
     m, k = x.shape
@@ -80,15 +83,16 @@ def fp8_gemm_triton(
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    if act_fp8:
+    if act_fp8 and not quantize_in_kernel:
         a, a_scale = quantize_activations_fp8(x, group=scale_k)
     else:
         a, a_scale = x, x  # a_scale: any pointer, never read
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     _fp8_gemm_kernel[(triton.cdiv(m, block_m), triton.cdiv(n, block_n))](
         a, a_scale, q, s, out, m, n, k, a.stride(0), a_scale.stride(0), q.stride(0), s.stride(0), out.stride(0),
-        SCALE_N=scale_n, BLOCK_K=scale_k, ACT_FP8=act_fp8, BLOCK_M=block_m, BLOCK_N=block_n,
-        DOT_PRECISION=precision, num_warps=num_warps, num_stages=num_stages,
+        SCALE_N=scale_n, BLOCK_K=scale_k, ACT_FP8=act_fp8, QUANTIZE_A=quantize_in_kernel, BLOCK_M=block_m,
+        BLOCK_N=block_n, DOT_PRECISION=precision, MIN_SCALE=_MIN_ACT_SCALE, FP8_MAX_VALUE=FP8_MAX,
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out
 
@@ -114,8 +118,9 @@ if triton_available():
     def _fp8_gemm_kernel(
         a_ptr, a_s_ptr, w_ptr, w_s_ptr, out_ptr, M, N, K,
         stride_a, stride_as, stride_w, stride_ws, stride_out,
-        SCALE_N: tl.constexpr, BLOCK_K: tl.constexpr, ACT_FP8: tl.constexpr, BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+        SCALE_N: tl.constexpr, BLOCK_K: tl.constexpr, ACT_FP8: tl.constexpr, QUANTIZE_A: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, MIN_SCALE: tl.constexpr,
+        FP8_MAX_VALUE: tl.constexpr,
     ):  # fmt: skip
         offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -132,10 +137,14 @@ if triton_available():
             w = tl.load(w_ptrs + kb * BLOCK_K, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
             w_s = tl.load(w_s_ptrs + kb, mask=n_mask, other=0.0)
             if ACT_FP8:
-                a_s = tl.load(a_s_ptr + offs_m.to(tl.int64) * stride_as + kb, mask=m_mask, other=0.0)
+                if QUANTIZE_A:
+                    af = a.to(tl.float32)
+                    a_s = tl.maximum(tl.max(tl.abs(af), axis=1), MIN_SCALE) / FP8_MAX_VALUE
+                    a = tl.clamp(af / a_s[:, None], -FP8_MAX_VALUE, FP8_MAX_VALUE).to(w.dtype)
+                else:
+                    a_s = tl.load(a_s_ptr + offs_m.to(tl.int64) * stride_as + kb, mask=m_mask, other=0.0)
                 acc += tl.dot(a, w) * a_s[:, None] * w_s[None, :]
-            else:
-                w_deq = (w.to(tl.float32) * w_s[None, :]).to(a.dtype)
-                acc = tl.dot(a, w_deq, acc, input_precision=DOT_PRECISION)
+            else:  # e4m3 is exact in any 16/32-bit float: the block's scale multiplies the block's fp32 products
+                acc += tl.dot(a, w.to(a.dtype), input_precision=DOT_PRECISION) * w_s[None, :]
         out_ptrs = out_ptr + offs_m[:, None].to(tl.int64) * stride_out + offs_n[None, :]
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])

@@ -1,0 +1,83 @@
+"""The tiled block-FP8 GEMM (kernels/quant/fp8_gemm.py) at decode / verify row counts, swept over its launch shapes
+and its two roundings: weight-only (e4m3 weights converted exactly to bf16 on the 16-bit tensor cores, each scale
+block's products scaled once) and w8a8 with the activations rounded per 1 x 128 group inside the kernel (FP8 tensor
+cores). Against the bf16 engine linear and the FP8 GEMV on the same shape: time per call inside a CUDA graph over
+weight copies that do not fit the L2, effective weight bandwidth, the error against the path's own reference, and
+whether a row's result depends on how many rows run with it (bitwise, row 0 alone vs in the batch). `best` lists the
+fastest launch shape per (shape, rows, rounding). Decides fp8_linear's dispatch and tiles.
+
+    python benchmark/check_fp8_few_rows_gpu.py [--rows 1,2,4,8,16,32,64,128,256] [--out results.json]
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from benchmark.check_fp8_gemm_gpu import COPY_BYTES, MAX_REL_ERR, SHAPES
+from benchmark.timing import graph_replay_ms, result_header, write_json
+from lightllm_mtp.kernels.linear.gemv import linear
+from lightllm_mtp.kernels.quant.fp8_block import quantize_fp8_block
+from lightllm_mtp.kernels.quant.fp8_gemm import fp8_gemm_ref, fp8_gemm_triton
+from lightllm_mtp.kernels.quant.fp8_gemv import FP8_GEMV_MAX_ROWS, fp8_gemv_triton
+from lightllm_mtp.kernels.triton_utils import next_pow2
+
+ROUNDINGS = {"weight-only": dict(act_fp8=False), "w8a8 in kernel": dict(act_fp8=True, quantize_in_kernel=True)}
+LAUNCH = [(bn, st, w) for bn in (16, 32, 64, 128) for st in (3, 5) for w in (4, 8) if w == 4 or bn >= 64]
+
+
+def time_us(fn, weights) -> float:
+    return graph_replay_ms(lambda: [fn(w) for w in weights], 5) * 1e3 / len(weights)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--rows", default="1,2,4,8,16,32,64,128,256")
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    torch.manual_seed(0)
+    rows, best = [], []
+    for name, (n, k) in SHAPES.items():
+        dense = torch.randn(n, k, device="cuda") * 0.02
+        fp8 = [quantize_fp8_block(dense, (128, 128)) for _ in range(max(4, COPY_BYTES // (n * k)))]
+        bf16 = [dense.bfloat16() for _ in range(max(4, COPY_BYTES // (2 * n * k)))]
+        for t in (int(r) for r in args.rows.split(",")):
+            x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
+            base = dict(shape=name, n=n, k=k, t=t, bf16_us=time_us(lambda w: linear(x, w), bf16))
+            if t <= FP8_GEMV_MAX_ROWS:
+                base["fp8_gemv_us"] = time_us(lambda w: fp8_gemv_triton(x, weight=w), fp8)
+            for rounding, kw in ROUNDINGS.items():
+                want = fp8_gemm_ref(x, fp8[0], act_fp8=kw["act_fp8"]).float()
+                block_m = max(16, min(64, next_pow2(t)))
+                results = []
+                for block_n, stages, warps in LAUNCH:
+                    row = dict(base, rounding=rounding, block_m=block_m, block_n=block_n, stages=stages, warps=warps)
+                    launch = dict(kw, block_m=block_m, block_n=block_n, num_stages=stages, num_warps=warps)
+                    try:
+                        got = fp8_gemm_triton(x, weight=fp8[0], **launch)
+                        row["rel_err"] = ((got.float() - want).norm() / want.norm()).item()
+                        alone = fp8_gemm_triton(x[:1], weight=fp8[0], **launch)
+                        row["row_independent"] = bool(torch.equal(alone[0], got[0]))
+                        if row["rel_err"] > MAX_REL_ERR:
+                            row["note"] = "result off: not timed"
+                        else:
+                            row["us"] = time_us(lambda w: fp8_gemm_triton(x, weight=w, **launch), fp8)
+                            row["weight_GB_per_s"] = n * k / row["us"] / 1e3
+                            results.append(row)
+                    except Exception as e:  # noqa: BLE001  (a launch shape that does not compile)
+                        row["note"] = f"{type(e).__name__}: {str(e)[:160]}"
+                    rows.append(row)
+                if results:
+                    best.append(min(results, key=lambda r: r["us"]))
+                    print({k_: (round(v, 3) if isinstance(v, float) else v) for k_, v in best[-1].items()}, flush=True)
+        del dense, fp8, bf16
+        torch.cuda.empty_cache()
+    header = result_header("benchmark/check_fp8_few_rows_gpu.py", None, args, torch.device("cuda"))
+    write_json(dict(header, best=best, rows=rows), args.out)
+
+
+if __name__ == "__main__":
+    main()
