@@ -6,7 +6,7 @@ weight copies that do not fit the L2, effective weight bandwidth, the error agai
 whether a row's result depends on how many rows run with it (bitwise, row 0 alone vs in the batch). `best` lists the
 fastest launch shape per (shape, rows, rounding). Decides fp8_linear's dispatch and tiles.
 
-    python benchmark/check_fp8_few_rows_gpu.py [--rows 1,2,4,8,16,32,64,128,256] [--out results.json]
+    python benchmark/check_fp8_few_rows_gpu.py [--rows 1,2,4,8,16,32,64,128,256] [--roundings weight-only] [--out F]
 """
 
 import argparse
@@ -21,12 +21,14 @@ from benchmark.check_fp8_gemm_gpu import COPY_BYTES, MAX_REL_ERR, SHAPES
 from benchmark.timing import graph_replay_ms, result_header, write_json
 from lightllm_mtp.kernels.linear.gemv import linear
 from lightllm_mtp.kernels.quant.fp8_block import quantize_fp8_block
-from lightllm_mtp.kernels.quant.fp8_gemm import fp8_gemm_ref, fp8_gemm_triton
+from lightllm_mtp.kernels.quant.fp8_gemm import fp8_gemm_ref, fp8_gemm_tiles, fp8_gemm_triton
 from lightllm_mtp.kernels.quant.fp8_gemv import FP8_GEMV_MAX_ROWS, fp8_gemv_triton
-from lightllm_mtp.kernels.triton_utils import next_pow2
+from lightllm_mtp.kernels.triton_utils import next_pow2, num_sms
 
 ROUNDINGS = {"weight-only": dict(act_fp8=False), "w8a8 in kernel": dict(act_fp8=True, quantize_in_kernel=True)}
-LAUNCH = [(bn, st, w) for bn in (16, 32, 64, 128) for st in (3, 5) for w in (4, 8) if w == 4 or bn >= 64]
+# (BLOCK_N, SPLIT_K, stages, warps). The first sweep (results/fp8_few_rows_h200.json, no split) also took BLOCK_N 128,
+# stages 3 / 5 and 8 warps: 32-wide tiles, 4-5 stages, 4 warps were the best or within 5% at 1-16 rows
+LAUNCH = [(bn, sk, 4, 4) for bn in (16, 32, 64) for sk in (1, 2, 4, 8)]
 
 
 def time_us(fn, weights) -> float:
@@ -35,7 +37,8 @@ def time_us(fn, weights) -> float:
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--rows", default="1,2,4,8,16,32,64,128,256")
+    p.add_argument("--rows", default="1,4,16,32,64,128,256")
+    p.add_argument("--roundings", default="weight-only", help=f"comma-separated, of {list(ROUNDINGS)}")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     torch.manual_seed(0)
@@ -49,13 +52,16 @@ def main():
             base = dict(shape=name, n=n, k=k, t=t, bf16_us=time_us(lambda w: linear(x, w), bf16))
             if t <= FP8_GEMV_MAX_ROWS:
                 base["fp8_gemv_us"] = time_us(lambda w: fp8_gemv_triton(x, weight=w), fp8)
-            for rounding, kw in ROUNDINGS.items():
+            default = fp8_gemm_tiles(t, n, k, 128, num_sms(x.device))
+            for rounding in args.roundings.split(","):
+                kw = ROUNDINGS[rounding]
                 want = fp8_gemm_ref(x, fp8[0], act_fp8=kw["act_fp8"]).float()
                 block_m = max(16, min(64, next_pow2(t)))
                 results = []
-                for block_n, stages, warps in LAUNCH:
-                    row = dict(base, rounding=rounding, block_m=block_m, block_n=block_n, stages=stages, warps=warps)
-                    launch = dict(kw, block_m=block_m, block_n=block_n, num_stages=stages, num_warps=warps)
+                for block_n, split, stages, warps in LAUNCH:
+                    launch = dict(block_m=block_m, block_n=block_n, split_k=split, num_stages=stages, num_warps=warps)
+                    row = dict(base, rounding=rounding, **launch, default=launch == default)
+                    launch.update(kw)
                     try:
                         got = fp8_gemm_triton(x, weight=fp8[0], **launch)
                         row["rel_err"] = ((got.float() - want).norm() / want.norm()).item()
@@ -71,7 +77,8 @@ def main():
                         row["note"] = f"{type(e).__name__}: {str(e)[:160]}"
                     rows.append(row)
                 if results:
-                    best.append(min(results, key=lambda r: r["us"]))
+                    dflt = [r["us"] for r in results if r["default"]]
+                    best.append(dict(min(results, key=lambda r: r["us"]), default_us=dflt[0] if dflt else None))
                     print({k_: (round(v, 3) if isinstance(v, float) else v) for k_, v in best[-1].items()}, flush=True)
         del dense, fp8, bf16
         torch.cuda.empty_cache()

@@ -33,7 +33,7 @@ case "${1:-}" in
     python3 -m pytest -q -m gpu unit_tests/kernels/quant unit_tests/kernels/attention/test_fp8_kv.py \
       unit_tests/models/test_fp8_checkpoint.py unit_tests/engine/test_fp8_kv_cache.py | tail -5 ;;
   gemm) python3 benchmark/check_fp8_gemm_gpu.py --out "$out/fp8_gemm_vs_bf16_h200.json" ;;
-  fewrows) python3 benchmark/check_fp8_few_rows_gpu.py --out "$out/fp8_few_rows_h200.json" ;;
+  fewrows) python3 benchmark/check_fp8_few_rows_gpu.py --out "$out/fp8_few_rows_split_h200.json" ;;
   27b)
     bench --model_shape qwen3.5-27b --batch_sizes 1,32 --output_len 48 --mtp_mode eagle_with_att --mtp_step 1 \
       --out "$out/static_qwen3.5-27b_mtp_k1_h200.json"

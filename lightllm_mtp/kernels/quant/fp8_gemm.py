@@ -16,7 +16,7 @@ import torch
 
 from lightllm_mtp.kernels._validate import check_device, check_float, check_shape
 from lightllm_mtp.kernels.quant.fp8_block import FP8_DTYPE, FP8_MAX, Fp8BlockWeight
-from lightllm_mtp.kernels.triton_utils import triton_available
+from lightllm_mtp.kernels.triton_utils import next_pow2, triton_available
 
 _OP = "fp8_gemm"
 _QUANT_OP = "quantize_activations_fp8"
@@ -58,13 +58,35 @@ def quantize_activations_fp8(x: torch.Tensor, *, group: int) -> tuple[torch.Tens
     return q, scale
 
 
+FEW_ROWS_MAX_BLOCK_M = 64
+_PROGRAMS_PER_SM = 3  # output tiles x K splits wanted per SM (enough weight bytes in flight)
+_MIN_K_BLOCKS_PER_SPLIT = 4
+
+
+def fp8_gemm_tiles(rows: int, n: int, k: int, block_k: int, sms: int) -> dict:
+    """Launch shape of the weight-only GEMM at decode / verify row counts: rows padded to the dot's 16 (one row tile
+    up to 64 rows), 32-wide output tiles, and K split until the output tiles times the splits give every SM
+    _PROGRAMS_PER_SM programs (narrow outputs over a long K: the 27B down / out projections)."""
+    block_m = max(16, min(FEW_ROWS_MAX_BLOCK_M, next_pow2(rows)))
+    block_n = 32
+    tiles = -(-rows // block_m) * -(-n // block_n)
+    k_blocks = -(-k // block_k)
+    split = 1
+    while tiles * split < _PROGRAMS_PER_SM * sms and k_blocks // (2 * split) >= _MIN_K_BLOCKS_PER_SPLIT:
+        split *= 2
+    return dict(block_m=block_m, block_n=block_n, split_k=split, num_stages=4, num_warps=4)
+
+
 def fp8_gemm_triton(
     x: torch.Tensor, *, weight: Fp8BlockWeight, act_fp8: bool, block_m: int = 64, block_n: int = 128,
-    num_warps: int = 4, num_stages: int = 3, quantize_in_kernel: bool = False,
+    num_warps: int = 4, num_stages: int = 3, quantize_in_kernel: bool = False, split_k: int = 1,
 ) -> torch.Tensor:  # fmt: skip
     """x [M, K] (16/32-bit) @ weight [N, K]^T -> [M, N] in x.dtype, fp32 accumulation. block_m / block_n: the output
     tile; the K tile is the weight's scale block. quantize_in_kernel (w8a8 only): each program rounds its own
-    activation tiles (the same per-group rounding as quantize_activations_fp8) instead of a separate launch."""
+    activation tiles (the same per-group rounding as quantize_activations_fp8) instead of a separate launch.
+    split_k: programs per output tile, each over a contiguous share of K (narrow outputs with a long K give too few
+    tiles to keep HBM busy); their fp32 partial tiles are summed by the tile's last program in split order, so the
+    result does not depend on which program finishes first."""
     if not isinstance(weight, Fp8BlockWeight) or weight.ndim != 2:
         raise ValueError(f"{_OP}: weight must be a 2-D Fp8BlockWeight [N, K]")
     check_shape(_OP, "x", x, (None, weight.shape[1]), "[M, K] with the weight's K")
@@ -88,13 +110,34 @@ def fp8_gemm_triton(
     else:
         a, a_scale = x, x  # a_scale: any pointer, never read
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
-    _fp8_gemm_kernel[(triton.cdiv(m, block_m), triton.cdiv(n, block_n))](
-        a, a_scale, q, s, out, m, n, k, a.stride(0), a_scale.stride(0), q.stride(0), s.stride(0), out.stride(0),
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), split_k)
+    if split_k > 1:
+        partials = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device)
+        arrivals = _arrival_counters(x.device, grid[0] * grid[1])
+    else:
+        partials = arrivals = out  # never read
+    _fp8_gemm_kernel[grid](
+        a, a_scale, q, s, out, partials, arrivals, m, n, k,
+        a.stride(0), a_scale.stride(0), q.stride(0), s.stride(0), out.stride(0),
         SCALE_N=scale_n, BLOCK_K=scale_k, ACT_FP8=act_fp8, QUANTIZE_A=quantize_in_kernel, BLOCK_M=block_m,
-        BLOCK_N=block_n, DOT_PRECISION=precision, MIN_SCALE=_MIN_ACT_SCALE, FP8_MAX_VALUE=FP8_MAX,
+        BLOCK_N=block_n, SPLIT_K=split_k, DOT_PRECISION=precision, MIN_SCALE=_MIN_ACT_SCALE, FP8_MAX_VALUE=FP8_MAX,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out
+
+
+_ARRIVALS: dict[torch.device, torch.Tensor] = {}
+
+
+def _arrival_counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """One int32 per output tile, zero between calls (each tile's last program resets its own): allocated once per
+    device, before any CUDA graph capture (warm-up runs every shape first), and reused by every split-K launch of
+    the stream."""
+    counters = _ARRIVALS.get(device)
+    if counters is None or counters.numel() < tiles:
+        counters = torch.zeros(max(tiles, 1 << 14), dtype=torch.int32, device=device)
+        _ARRIVALS[device] = counters
+    return counters
 
 
 if triton_available():
@@ -116,11 +159,11 @@ if triton_available():
 
     @triton.jit
     def _fp8_gemm_kernel(
-        a_ptr, a_s_ptr, w_ptr, w_s_ptr, out_ptr, M, N, K,
+        a_ptr, a_s_ptr, w_ptr, w_s_ptr, out_ptr, partial_ptr, arrival_ptr, M, N, K,
         stride_a, stride_as, stride_w, stride_ws, stride_out,
         SCALE_N: tl.constexpr, BLOCK_K: tl.constexpr, ACT_FP8: tl.constexpr, QUANTIZE_A: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, MIN_SCALE: tl.constexpr,
-        FP8_MAX_VALUE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+        MIN_SCALE: tl.constexpr, FP8_MAX_VALUE: tl.constexpr,
     ):  # fmt: skip
         offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -130,8 +173,11 @@ if triton_available():
         a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_a + offs_k[None, :]
         w_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * stride_w + offs_k[:, None]
         w_s_ptrs = w_s_ptr + (offs_n // SCALE_N).to(tl.int64) * stride_ws
+        k_blocks = tl.cdiv(K, BLOCK_K)
+        per_split = tl.cdiv(k_blocks, SPLIT_K)
+        kb_start = tl.program_id(2) * per_split
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for kb in range(0, tl.cdiv(K, BLOCK_K)):
+        for kb in range(kb_start, tl.minimum(kb_start + per_split, k_blocks)):
             k_mask = offs_k + kb * BLOCK_K < K
             a = tl.load(a_ptrs + kb * BLOCK_K, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
             w = tl.load(w_ptrs + kb * BLOCK_K, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
@@ -146,5 +192,19 @@ if triton_available():
                 acc += tl.dot(a, w) * a_s[:, None] * w_s[None, :]
             else:  # e4m3 is exact in any 16/32-bit float: the block's scale multiplies the block's fp32 products
                 acc += tl.dot(a, w.to(a.dtype), input_precision=DOT_PRECISION) * w_s[None, :]
+        out_mask = m_mask[:, None] & n_mask[None, :]
         out_ptrs = out_ptr + offs_m[:, None].to(tl.int64) * stride_out + offs_n[None, :]
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+        if SPLIT_K == 1:
+            tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+        else:
+            tile_offs = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+            tl.store(partial_ptr + tl.program_id(2) * M * N + tile_offs, acc, mask=out_mask)
+            tl.debug_barrier()
+            tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+            if tl.atomic_add(arrival_ptr + tile, 1, sem="acq_rel") == SPLIT_K - 1:  # the tile's last program
+                total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+                for split in range(SPLIT_K):  # split order: the same sum whichever program got here last
+                    total += tl.load(partial_ptr + split * M * N + tile_offs, mask=out_mask, other=0.0,
+                                     cache_modifier=".cg")  # fmt: skip
+                tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=out_mask)
+                tl.atomic_xchg(arrival_ptr + tile, 0)

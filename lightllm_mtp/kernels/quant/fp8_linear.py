@@ -14,10 +14,9 @@ from __future__ import annotations
 import torch
 
 from lightllm_mtp.kernels.quant.fp8_block import Fp8BlockWeight
-from lightllm_mtp.kernels.quant.fp8_gemm import fp8_gemm_triton
-from lightllm_mtp.kernels.quant.fp8_gemv import FP8_GEMV_MAX_ROWS, fp8_gemv_ref, fp8_gemv_triton
+from lightllm_mtp.kernels.quant.fp8_gemm import fp8_gemm_ref, fp8_gemm_tiles, fp8_gemm_triton
 from lightllm_mtp.kernels.quant.fp8_scaled_mm import fp8_scaled_mm, scaled_mm_fits
-from lightllm_mtp.kernels.triton_utils import use_triton
+from lightllm_mtp.kernels.triton_utils import num_sms, use_triton
 
 WEIGHT_ONLY_MAX_ROWS = 256  # a B=64, k=3 verify; prefill chunks are larger
 
@@ -25,10 +24,12 @@ WEIGHT_ONLY_MAX_ROWS = 256  # a B=64, k=3 verify; prefill chunks are larger
 def fp8_linear(x: torch.Tensor, weight: Fp8BlockWeight) -> torch.Tensor:
     """x [T, K] @ weight [N, K]^T -> [T, N] in x.dtype."""
     if not use_triton(x):
-        return fp8_gemv_ref(x, weight)
+        return fp8_gemm_ref(x, weight, act_fp8=False)
     rows = x.shape[0]
-    if 0 < rows <= FP8_GEMV_MAX_ROWS:
-        return fp8_gemv_triton(x, weight=weight)
-    if rows > WEIGHT_ONLY_MAX_ROWS and scaled_mm_fits(x, weight):  # prefill: cuBLAS's blockwise w8a8
+    if rows <= WEIGHT_ONLY_MAX_ROWS:
+        n, k = weight.shape
+        tiles = fp8_gemm_tiles(rows, n, k, weight.block[1], num_sms(x.device))
+        return fp8_gemm_triton(x, weight=weight, act_fp8=False, **tiles)
+    if scaled_mm_fits(x, weight):  # prefill: cuBLAS's blockwise w8a8
         return fp8_scaled_mm(x, weight=weight)
-    return fp8_gemm_triton(x, weight=weight, act_fp8=rows > WEIGHT_ONLY_MAX_ROWS)
+    return fp8_gemm_triton(x, weight=weight, act_fp8=True)
