@@ -13,6 +13,7 @@ from lightllm_mtp.kernels.quant.fp8_gemm import fp8_gemm_ref, quantize_activatio
 
 _OP = "fp8_scaled_mm"
 SCALED_MM_BLOCK = (128, 128)
+_M_ALIGN = 16
 
 
 def fp8_scaled_mm_ref(x: torch.Tensor, weight: Fp8BlockWeight) -> torch.Tensor:
@@ -37,9 +38,13 @@ def fp8_scaled_mm(x: torch.Tensor, *, weight: Fp8BlockWeight) -> torch.Tensor:
     check_float(_OP, "x", x)
     if not scaled_mm_fits(x, weight):
         raise ValueError(f"{_OP}: needs bf16 activations on an sm90 GPU and 128 x 128 blocks over N, K % 128 == 0")
+    m = x.shape[0]
+    if m % _M_ALIGN:  # cuBLAS's FP8 GEMMs take row counts divisible by 16 only (CUBLAS_STATUS_NOT_SUPPORTED else)
+        x = torch.nn.functional.pad(x, (0, 0, 0, _M_ALIGN - m % _M_ALIGN))
     q, s = quantize_activations_fp8(x, group=SCALED_MM_BLOCK[1])
     k_blocks = weight.scale.shape[1]
     w_scale = torch.zeros(weight.scale.shape[0], -(-k_blocks // 4) * 4, dtype=torch.float32, device=x.device)
     w_scale[:, :k_blocks] = weight.scale
-    return torch._scaled_mm(q, weight.qweight.t(), scale_a=s.t().contiguous().t(), scale_b=w_scale.t(),
-                            out_dtype=torch.bfloat16)  # fmt: skip
+    out = torch._scaled_mm(q, weight.qweight.t(), scale_a=s.t().contiguous().t(), scale_b=w_scale.t(),
+                           out_dtype=torch.bfloat16)  # fmt: skip
+    return out[:m]
