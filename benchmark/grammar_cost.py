@@ -1,5 +1,5 @@
 """The cost of structured outputs under MTP (issue 32's target): per engine step, a JSON schema's host work (bitmask
-fills, matcher advance / rollback, the draft masks' read-back) with MTP k=2 vs the same steps without a schema, and
+fills, matcher advance / rollback, the host's choice of drafts) with MTP k=2 vs the same steps without a schema, and
 the acceptance (tokens per verify step) with and without it, on the trained tiny fixture.
 
     python -m benchmark.grammar_cost [--model_dir DIR] [--mtp_step 2] [--batch 4] [--max_tokens 96]
@@ -69,7 +69,7 @@ def run(llm: LLM, prompts: list[str], params: SamplingParams) -> dict:
     timer = GrammarTimer()
     for module, name in ((grammar_rows, "new_bitmask"), (grammar_module.RequestGrammar, "fill_after"),
                          (grammar_module.RequestGrammar, "fill_block"), (grammar_module.RequestGrammar, "advance"),
-                         (grammar_rows, "row_masks")):  # fmt: skip
+                         (grammar_module.RequestGrammar, "choose_drafts"), (grammar_rows, "row_masks")):  # fmt: skip
         timer.wrap(module, name)
     steps, step_s, grammar_s = 0, 0.0, 0.0
     try:
