@@ -3,7 +3,7 @@ host work on what the host already holds, so a launch never waits for the device
 
 Plain sampling: one mask row per request, after its committed output. A verify block: its drafts first, chosen on
 the host from the candidates the proposer kept (sampling/draft_choice.py) when the step that opened the block was
-collected (`take_candidates`, `grammar_drafts`), then q mask rows, row i after the drafts d_1..d_i. Such requests
+collected (`take_candidates`, `write_grammar_drafts`), then q mask rows, row i after the drafts d_1..d_i. Such requests
 are never in a step launched while one of theirs is in flight (SamplingParams.reads_history): the matcher is always
 the committed output's; the other requests of the batch keep their overlap.
 """
@@ -16,6 +16,7 @@ from lightllm_mtp.engine.request import Request
 from lightllm_mtp.engine.step import HostCopy
 from lightllm_mtp.sampling.grammar import new_bitmask, row_masks
 from lightllm_mtp.sampling.logits_processing import RowMasks
+from lightllm_mtp.spec_decode.draft_state import DraftState
 
 
 def sampling_masks(reqs: list[Request], vocab_size: int, device: torch.device) -> RowMasks | None:
@@ -50,17 +51,26 @@ def take_candidates(reqs: list[Request], host_candidates: HostCopy | None) -> No
         r.draft_candidates = candidates
 
 
-def grammar_drafts(reqs: list[Request]) -> tuple[list[int], list[list[int]]]:
-    """At the launch that verifies each request's newest block: the drafts its grammar allows, chosen on the host
-    from the candidates collected with the step that opened the block (RequestGrammar.choose_drafts), for the
-    requests of `reqs` that have some. Returns (their indices in reqs, their drafts: a legal prefix of at most the
-    block's draft count); each one's next_drafts becomes its drafts (verify_masks reads them)."""
-    picked, drafts = [], []
+def write_grammar_drafts(reqs: list[Request], b_req_idx: torch.Tensor, state: DraftState) -> None:
+    """At the launch that verifies each request's newest block, for the requests of `reqs` with a grammar: the drafts
+    it allows, chosen on the host from the candidates collected with the step that opened the block
+    (RequestGrammar.choose_drafts: a legal prefix of at most the block's draft count), written with their count into
+    DraftState (a copy to the device, nothing read back); each one's next_drafts becomes its drafts (verify_masks
+    reads them). b_req_idx [B]: the request slots of `reqs` on the device."""
+    picked, chosen = [], []
     for b, r in enumerate(reqs):
-        if r.grammar is None or r.draft_candidates is None:
-            continue
-        chosen = r.grammar.choose_drafts(r.draft_candidates[: len(r.blocks[-1]) - 1])
-        r.draft_candidates, r.next_drafts = None, chosen
-        picked.append(b)
-        drafts.append(chosen)
-    return picked, drafts
+        if r.grammar is not None and r.draft_candidates is not None:
+            drafts = r.grammar.choose_drafts(r.draft_candidates[: len(r.blocks[-1]) - 1])
+            r.draft_candidates, r.next_drafts = None, drafts
+            picked.append(b)
+            chosen.append(drafts)
+    if not picked:
+        return
+    k, device = state.num_draft_tokens, b_req_idx.device
+    padded = [c + [c[-1] if c else 0] * (k - len(c)) for c in chosen]  # rows past the count are not read
+
+    def dev(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
+
+    drafts = dev([t for row in padded for t in row]).view(len(picked), k)
+    state.replace_drafts(b_req_idx[dev(picked)], drafts, dev([len(c) for c in chosen]))

@@ -25,7 +25,7 @@ from lightllm_mtp.engine.request import EndState, Request, RequestStatus
 from lightllm_mtp.engine.request_end import verify_arrived
 from lightllm_mtp.engine.scheduler import ScheduledRequest
 from lightllm_mtp.engine.step import HostCopy, PromptChunksLaunch, SpecStep, VerifyLaunch, kv_lookahead_slots
-from lightllm_mtp.engine.grammar_rows import grammar_drafts, take_candidates, verify_masks
+from lightllm_mtp.engine.grammar_rows import take_candidates, verify_masks, write_grammar_drafts
 from lightllm_mtp.sampling.draft_choice import DraftChooser, kept_candidates
 from lightllm_mtp.sampling.logits_processing import process_logits
 from lightllm_mtp.sampling.logprobs import emitted_logprobs
@@ -259,7 +259,7 @@ class SpecRunner:
         b_req_idx = self._device([r.req_idx for r in reqs])
         blocks = [r.blocks[-1] for r in reqs]  # the block each request verifies: the newest one opened
         q = max(len(b) for b in blocks)  # k + 1, or fewer when every block holds fewer drafts (adaptive)
-        self._choose_grammar_drafts(reqs, b_req_idx)
+        write_grammar_drafts(reqs, b_req_idx, self.state)  # before the batch gathers them
         batch, rows = self.builder.verify_batch(b_req_idx, rows=q)
         out = self.runner.forward(batch)
         drafts, num_drafts = rows[:, DRAFTS : DRAFTS + q - 1], rows[:, NUM_DRAFTS]
@@ -301,18 +301,6 @@ class SpecRunner:
         self.state.write_drafts(b_req_idx, drafts)
         host = torch.cat([verified, num_drafts[:, None], drafts], dim=1)  # and the next block's drafts
         return VerifyLaunch(list(reqs), blocks, batch, HostCopy(host), logprobs, self._candidates_copy(chooser))
-
-    def _choose_grammar_drafts(self, reqs: list[Request], b_req_idx: torch.Tensor) -> None:
-        """The drafts of the blocks about to be verified, for requests with a grammar: chosen again on the host from
-        their candidates (engine/grammar_rows.py), written into DraftState (a copy to the device, no read-back)."""
-        picked, chosen = grammar_drafts(reqs)
-        if not picked:
-            return
-        k = self.num_draft_tokens
-        padded = [c + [c[-1] if c else 0] * (k - len(c)) for c in chosen]  # rows past the count are not read
-        drafts = self._device([t for row in padded for t in row], torch.int64).view(len(picked), k)
-        counts = self._device([len(c) for c in chosen], torch.int64)
-        self.state.replace_drafts(b_req_idx[self._device(picked, torch.int64)], drafts, counts)
 
     @staticmethod
     def _process_rows(processing, logits: torch.Tensor, drafts: torch.Tensor, masks) -> torch.Tensor:
