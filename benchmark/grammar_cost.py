@@ -1,9 +1,9 @@
 """The cost of structured outputs under MTP (issue 32's target): per engine step, a JSON schema's host work (bitmask
-fills, matcher advance / rollback, the draft masks' read-back) with MTP k=2 vs the same steps without a schema, and
+fills, matcher advance / rollback, the host's choice of drafts) with MTP k=2 vs the same steps without a schema, and
 the acceptance (tokens per verify step) with and without it, on the trained tiny fixture.
 
     python -m benchmark.grammar_cost [--model_dir DIR] [--mtp_step 2] [--batch 4] [--max_tokens 96]
-        [--disable_overlap] [--device cuda] [--model_shape qwen3.5-27b] [--out FILE]
+        [--schema_requests N] [--disable_overlap] [--device cuda] [--model_shape qwen3.5-27b] [--out FILE]
 
 Both runs generate greedily from the same prompts with the same MTP settings, to the same number of tokens
 (ignore_eos without the schema; the schema run ends at its grammar's end, so its steps are counted, not assumed).
@@ -63,13 +63,14 @@ class GrammarTimer:
             setattr(owner, name, original)
 
 
-def run(llm: LLM, prompts: list[str], params: SamplingParams) -> dict:
+def run(llm: LLM, prompts: list[str], params: SamplingParams | list[SamplingParams]) -> dict:
     engine = llm.engine
-    done = [engine.add_request(llm._encode(p), params) for p in prompts]
+    params = params if isinstance(params, list) else [params] * len(prompts)
+    done = [engine.add_request(llm._encode(p), s) for p, s in zip(prompts, params)]
     timer = GrammarTimer()
     for module, name in ((grammar_rows, "new_bitmask"), (grammar_module.RequestGrammar, "fill_after"),
                          (grammar_module.RequestGrammar, "fill_block"), (grammar_module.RequestGrammar, "advance"),
-                         (grammar_rows, "row_masks")):  # fmt: skip
+                         (grammar_module.RequestGrammar, "choose_drafts"), (grammar_rows, "row_masks")):  # fmt: skip
         timer.wrap(module, name)
     steps, step_s, grammar_s = 0, 0.0, 0.0
     try:
@@ -107,6 +108,9 @@ def main(argv=None) -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--max_tokens", type=int, default=96)
+    ap.add_argument("--schema_requests", type=int, default=None, help="requests of the schema run that have the "
+                    "schema (default: all); the others generate freely in the same batch (a mixed batch: they keep "
+                    "their overlap, the schema requests are in every other step)")
     ap.add_argument("--disable_overlap", action="store_true", help="both runs without overlap scheduling (grammar "
                     "requests skip the overlapped step: this isolates the grammar's own cost)")
     ap.add_argument("--model_shape", default=None, choices=sorted(MODEL_SHAPES),
@@ -123,11 +127,14 @@ def main(argv=None) -> None:
     prompts = (PROMPTS * a.batch)[: a.batch]
     so = StructuredOutput("json_schema", json.dumps(SCHEMA))
     run(llm, prompts, SamplingParams(temperature=0.0, max_new_tokens=8, structured=so))  # warm-up (compile)
-    schema = run(llm, prompts, SamplingParams(temperature=0.0, max_new_tokens=a.max_tokens, structured=so))
-    free = run(llm, prompts, SamplingParams(temperature=0.0, max_new_tokens=a.max_tokens, ignore_eos=True))
+    free_params = SamplingParams(temperature=0.0, max_new_tokens=a.max_tokens, ignore_eos=True)
+    with_schema = a.batch if a.schema_requests is None else a.schema_requests
+    schema_params = SamplingParams(temperature=0.0, max_new_tokens=a.max_tokens, structured=so)
+    schema = run(llm, prompts, [schema_params] * with_schema + [free_params] * (a.batch - with_schema))
+    free = run(llm, prompts, free_params)
     report = {"command": " ".join(["python -m benchmark.grammar_cost", *(argv if argv is not None else sys.argv[1:])]),
               "model_dir": a.model_dir, "model_shape": a.model_shape, "device": a.device, "mtp_step": a.mtp_step,
-              "batch": a.batch, "max_tokens": a.max_tokens,
+              "batch": a.batch, "max_tokens": a.max_tokens, "schema_requests": with_schema,
               "overlap": not a.disable_overlap,
               "with_schema": schema, "without_schema": free,
               "overhead_ms_per_step": schema["ms_per_step"] - free["ms_per_step"]}  # fmt: skip

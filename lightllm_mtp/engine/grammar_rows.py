@@ -1,22 +1,22 @@
-"""The grammar masks of a step's rows (sampling/grammar.py), for the requests of the step that have a grammar.
+"""The grammar rows of a step (sampling/grammar.py), for the requests of the step that have a grammar; all of it
+host work on what the host already holds, so a launch never waits for the device because of a grammar.
 
-Plain sampling: one row per request, after its committed output. A verify block: q rows, row i after the drafts
-d_1..d_i the host collected with the step that opened the block (Request.next_drafts). A draft position: after the
-tokens the verify of the same launch emitted and the drafts chosen before it; those are on the device, so building
-these masks reads them back (a sync inside the launch, only in launches holding a grammar request). Such requests
-are never in a step launched while one of theirs is in flight (SamplingParams.reads_history): the matcher is
-always the committed output's.
+Plain sampling: one mask row per request, after its committed output. A verify block: its drafts first, chosen on
+the host from the candidates the proposer kept (sampling/draft_choice.py) when the step that opened the block was
+collected (`take_candidates`, `write_grammar_drafts`), then q mask rows, row i after the drafts d_1..d_i. Such requests
+are never in a step launched while one of theirs is in flight (SamplingParams.reads_history): the matcher is always
+the committed output's; the other requests of the batch keep their overlap.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from lightllm_mtp.engine.request import Request
+from lightllm_mtp.engine.step import HostCopy
 from lightllm_mtp.sampling.grammar import new_bitmask, row_masks
 from lightllm_mtp.sampling.logits_processing import RowMasks
+from lightllm_mtp.spec_decode.draft_state import DraftState
 
 
 def sampling_masks(reqs: list[Request], vocab_size: int, device: torch.device) -> RowMasks | None:
@@ -41,22 +41,36 @@ def verify_masks(reqs: list[Request], q: int, vocab_size: int, device: torch.dev
     return row_masks(bitmask, vocab_size, device)
 
 
-def draft_masks(reqs: list[Request], emitted: torch.Tensor, vocab_size: int,
-                device: torch.device) -> Callable[[list[torch.Tensor]], RowMasks | None] | None:  # fmt: skip
-    """For DraftChooser.masks: the masks of a draft position given the drafts before it (one row per request);
-    emitted [B, E]: the tokens committed in this launch, -1 padded. None when no request has a grammar."""
-    if not any(r.grammar is not None for r in reqs):
-        return None
-    host: list[list[int]] = []
+def take_candidates(reqs: list[Request], host_candidates: HostCopy | None) -> None:
+    """At collect: each grammar request of `reqs` (in order) gets its draft candidates for its newest block
+    ([k][num_candidates] ids, best first), kept until the launch that verifies the block."""
+    if host_candidates is None:
+        return
+    grammar_reqs = [r for r in reqs if r.grammar is not None]
+    for r, candidates in zip(grammar_reqs, host_candidates.tolist(), strict=True):
+        r.draft_candidates = candidates
 
-    def masks(before: list[torch.Tensor]) -> RowMasks:
-        if not host:
-            host.extend([t for t in row if t >= 0] for row in emitted.tolist())
-        chosen = torch.stack(before, dim=1).tolist() if before else [[] for _ in reqs]
-        bitmask = new_bitmask(len(reqs), vocab_size)
-        for b, r in enumerate(reqs):
-            if r.grammar is not None:
-                r.grammar.fill_after(host[b] + chosen[b], bitmask, b)
-        return row_masks(bitmask, vocab_size, device)
 
-    return masks
+def write_grammar_drafts(reqs: list[Request], b_req_idx: torch.Tensor, state: DraftState) -> None:
+    """At the launch that verifies each request's newest block, for the requests of `reqs` with a grammar: the drafts
+    it allows, chosen on the host from the candidates collected with the step that opened the block
+    (RequestGrammar.choose_drafts: a legal prefix of at most the block's draft count), written with their count into
+    DraftState (a copy to the device, nothing read back); each one's next_drafts becomes its drafts (verify_masks
+    reads them). b_req_idx [B]: the request slots of `reqs` on the device."""
+    picked, chosen = [], []
+    for b, r in enumerate(reqs):
+        if r.grammar is not None and r.draft_candidates is not None:
+            drafts = r.grammar.choose_drafts(r.draft_candidates[: len(r.blocks[-1]) - 1])
+            r.draft_candidates, r.next_drafts = None, drafts
+            picked.append(b)
+            chosen.append(drafts)
+    if not picked:
+        return
+    k, device = state.num_draft_tokens, b_req_idx.device
+    padded = [c + [c[-1] if c else 0] * (k - len(c)) for c in chosen]  # rows past the count are not read
+
+    def dev(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
+
+    drafts = dev([t for row in padded for t in row]).view(len(picked), k)
+    state.replace_drafts(b_req_idx[dev(picked)], drafts, dev([len(c) for c in chosen]))

@@ -124,6 +124,8 @@ class Request:
     compiling: Future | None = None  # its grammar, compiling in the background: it is not admitted until done
     error: str | None = None  # FinishReason.ERROR: what went wrong
     next_drafts: list[int] = field(default_factory=list)  # MTP: the drafts of its newest open block, as last collected
+    # MTP with a grammar: per draft position of its newest block, the proposer's best ids (engine/grammar_rows.py)
+    draft_candidates: list[list[int]] | None = None
     images: PromptImages | None = None  # the prompt's images (multimodal/prompt_images.py)
 
     @property

@@ -25,8 +25,8 @@ from lightllm_mtp.engine.request import EndState, Request, RequestStatus
 from lightllm_mtp.engine.request_end import verify_arrived
 from lightllm_mtp.engine.scheduler import ScheduledRequest
 from lightllm_mtp.engine.step import HostCopy, PromptChunksLaunch, SpecStep, VerifyLaunch, kv_lookahead_slots
-from lightllm_mtp.engine.grammar_rows import draft_masks, verify_masks
-from lightllm_mtp.sampling.draft_choice import DraftChooser
+from lightllm_mtp.engine.grammar_rows import take_candidates, verify_masks, write_grammar_drafts
+from lightllm_mtp.sampling.draft_choice import DraftChooser, kept_candidates
 from lightllm_mtp.sampling.logits_processing import process_logits
 from lightllm_mtp.sampling.logprobs import emitted_logprobs
 from lightllm_mtp.spec_decode.adaptive import SpecLengthController
@@ -36,6 +36,7 @@ from lightllm_mtp.spec_decode.step_builder import StepBuilder
 from lightllm_mtp.spec_decode.verify import ForcedAcceptRule, verify_block
 
 _NOT_COMMITTED = -1
+GRAMMAR_DRAFT_CANDIDATES = 256  # ids kept per draft position of a grammar request, for the host's choice
 
 
 class SpecRunner:
@@ -71,6 +72,7 @@ class SpecRunner:
         out = []
         if step.prompt is not None and step.prompt.host_tokens is not None:
             self.runner.deliver_logprobs(step.prompt.sampled, step.prompt.host_logprobs)
+            take_candidates(step.prompt.sampled, step.prompt.host_candidates)
             for r, row in zip(step.prompt.sampled, step.prompt.host_tokens.tolist()):
                 r.next_drafts = row[1:]
                 out.append((r, row[:1]))
@@ -138,7 +140,7 @@ class SpecRunner:
         last = [int(id(s.request) in finished) for s in chunks]  # 1: the prompt ends in this chunk
         if self.model.is_last_stage:  # the context rows feed the drafts, which run on the last stage only
             self.builder.prompt_context(
-                self._device([s.request.req_idx for s in chunks]),
+                [s.request.req_idx for s in chunks],
                 [range(rows.start, rows.stop - drop) for rows, drop in zip(rows_per_req, last)],
                 [s.request.num_computed - drop for s, drop in zip(chunks, last)],
                 [s.request.prompt_ids for s in chunks],
@@ -170,18 +172,27 @@ class SpecRunner:
         drafts = self._propose(batch, out.hidden, ahead, anchors, sampled, b_req_idx, sampled_tokens=tokens,
                                blocks=blocks, num_drafts=num_drafts, chooser=chooser)  # fmt: skip
         host = HostCopy(torch.cat([tokens[:, None], drafts], dim=1))  # the first token, the first block's drafts
-        return PromptChunksLaunch(sampled, host, self.runner.logprobs_copy(out.logits, tokens, sampled))
+        return PromptChunksLaunch(sampled, host, self.runner.logprobs_copy(out.logits, tokens, sampled),
+                                  self._candidates_copy(chooser))  # fmt: skip
 
     def _chooser(self, reqs: list[Request], vocab_size: int, emitted: torch.Tensor, processing="build"
                  ) -> DraftChooser | None:  # fmt: skip
-        """How the proposer chooses the drafts of `reqs`: their logits processing and grammars after the `emitted`
-        tokens ([B, E], -1 padded); None when they need neither."""
+        """How the proposer chooses the drafts of `reqs`: their logits processing after the `emitted` tokens ([B, E],
+        -1 padded), and with a grammar in the batch the candidates each position keeps for the host's choice; None
+        when they need neither."""
         if processing == "build":
             processing = self.runner.processing(reqs, vocab_size)
-        masks = draft_masks(reqs, emitted, vocab_size, self.device)
-        if processing is None and masks is None:
+        grammar_rows = [b for b, r in enumerate(reqs) if r.grammar is not None]
+        if processing is None and not grammar_rows:
             return None
-        return DraftChooser(processing, torch.arange(len(reqs), device=self.device), emitted, masks)
+        return DraftChooser(processing, torch.arange(len(reqs), device=self.device), emitted,
+                            self._device(grammar_rows, torch.int64) if grammar_rows else None,
+                            GRAMMAR_DRAFT_CANDIDATES)  # fmt: skip
+
+    def _candidates_copy(self, chooser: DraftChooser | None) -> HostCopy | None:
+        """The grammar requests' draft candidates on their way to the host (engine/grammar_rows.py)."""
+        candidates = kept_candidates(chooser, self.num_draft_tokens)
+        return HostCopy(candidates) if candidates is not None else None
 
     def _prompt_next_tokens(self, chunks, sampled) -> tuple[list[list[int]], list[range]]:
         """Per row, the tokens 1..lookahead positions after its input: the prompt's, the sampled first token
@@ -248,6 +259,7 @@ class SpecRunner:
         b_req_idx = self._device([r.req_idx for r in reqs])
         blocks = [r.blocks[-1] for r in reqs]  # the block each request verifies: the newest one opened
         q = max(len(b) for b in blocks)  # k + 1, or fewer when every block holds fewer drafts (adaptive)
+        write_grammar_drafts(reqs, b_req_idx, self.state)  # before the batch gathers them
         batch, rows = self.builder.verify_batch(b_req_idx, rows=q)
         out = self.runner.forward(batch)
         drafts, num_drafts = rows[:, DRAFTS : DRAFTS + q - 1], rows[:, NUM_DRAFTS]
@@ -288,7 +300,7 @@ class SpecRunner:
         )  # fmt: skip
         self.state.write_drafts(b_req_idx, drafts)
         host = torch.cat([verified, num_drafts[:, None], drafts], dim=1)  # and the next block's drafts
-        return VerifyLaunch(list(reqs), blocks, batch, HostCopy(host), logprobs)
+        return VerifyLaunch(list(reqs), blocks, batch, HostCopy(host), logprobs, self._candidates_copy(chooser))
 
     @staticmethod
     def _process_rows(processing, logits: torch.Tensor, drafts: torch.Tensor, masks) -> torch.Tensor:
@@ -323,6 +335,7 @@ class SpecRunner:
         rows = v.host.tolist()
         self.runner.deliver_logprobs(v.reqs, v.host_logprobs, [row[0] for row in rows])
         q = len(rows[0]) - 2 - self.num_draft_tokens  # a row: accept, emitted (q), num_drafts, the next drafts (k)
+        take_candidates(v.reqs, v.host_candidates)
         for r, block, row in zip(v.reqs, v.blocks, rows):
             num_drafts = row[1 + q]
             if r.ended:  # ended since the launch: release freed its blocks

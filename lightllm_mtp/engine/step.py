@@ -53,18 +53,21 @@ class PromptChunksLaunch:
     sampled: list[Request]
     host_tokens: HostCopy | None
     host_logprobs: HostCopy | None = None
+    host_candidates: HostCopy | None = None  # grammar requests' draft candidates (sampling/draft_choice.py)
 
 
 @dataclass
 class VerifyLaunch:
     """Verify blocks of a speculative step: per request the host KV slots of the block it verifies; the host copy
-    holds per request [accept length, emitted tokens (k+1, -1 padded), drafts that counted]."""
+    holds per request [accept length, emitted tokens (k+1, -1 padded), drafts that counted, the next block's drafts
+    (k)]."""
 
     reqs: list[Request]
     blocks: list[torch.Tensor]
     batch: ForwardBatch
     host: HostCopy
     host_logprobs: HostCopy | None = None  # [B, q, 1 + 2 top] (sampling/logprobs.py) per verify row
+    host_candidates: HostCopy | None = None  # grammar requests' next-draft candidates (sampling/draft_choice.py)
 
 
 @dataclass

@@ -11,9 +11,10 @@ grammar applies from the next token, row by row inside a verify block too.
 
 Under speculative decoding the matcher only ever holds the committed output: a verify block's row masks come from
 accepting the block's drafts one by one (row i: the state after d_1..d_i; the rows past the first illegal draft
-allow everything, as that draft is rejected at its row) and rolling them back; a draft position's mask from
-accepting the tokens the verify emitted and the drafts before it, then rolling back. The engine advances the matcher
-with the tokens it appends, and nothing else.
+allow everything, as that draft is rejected at its row) and rolling them back. A block's drafts are chosen on the
+host at the launch that verifies it, from each position's best candidates (sampling/draft_choice.py): the first one
+legal after the committed output and the drafts before it, so no launch waits for the device. The engine advances
+the matcher with the tokens it appends, and nothing else.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from lightllm_mtp.sampling.logits_processing import RowMasks
@@ -138,6 +140,50 @@ class RequestGrammar:
         taken, _ = self._walk(drafts, fill, row0)
         if taken:
             self.matcher.rollback(taken)
+
+    def choose_drafts(self, candidates: list[list[int]]) -> list[int]:
+        """A block's drafts from each position's candidate ids (the proposer's best, best first; -1: none): at every
+        position the best candidate the grammar allows after the committed output and the drafts chosen before it,
+        else the one token it allows there if it allows only one; stops where neither exists. Before the gate's
+        marker: the best candidate. The allowed token of highest draft logit is taken whenever it is among the
+        candidates or is the only one allowed: what masking the draft logits would have chosen."""
+        chosen, taken = [], 0
+        for ids in candidates:
+            ids = [t for t in ids if 0 <= t < self.vocab_size]
+            applies = self.gate is None or (self.gate.after(chosen)[-1] if chosen else self.gate.open)
+            if not applies:
+                pick = ids[0] if ids else None
+            elif self.matcher.is_terminated():  # past the grammar's end: its stop tokens only, as _fill allows
+                stops = self.matcher.stop_token_ids
+                pick = next((t for t in ids if t in stops), stops[0] if len(stops) == 1 else None)
+            else:
+                pick = self._accept_best(ids)
+                taken += pick is not None
+            if pick is None:
+                break
+            chosen.append(pick)
+        if taken:
+            self.matcher.rollback(taken)
+        return chosen
+
+    def _accept_best(self, ids: list[int]) -> int | None:
+        """The first of `ids` the matcher allows next, else the only token it allows; accepted into it."""
+        if ids and self.matcher.accept_token(ids[0]):  # the common case: the draft's own first choice is legal
+            return ids[0]
+        words = np.full((self.vocab_size + 31) // 32, -1, dtype=np.int32)
+        self.matcher.fill_next_token_bitmask(torch.from_numpy(words)[None], 0)
+        words = words.view(np.uint32)
+        if ids:
+            cand = np.asarray(ids, dtype=np.int64)
+            legal = (words[cand // 32] >> (cand % 32).astype(np.uint32)) & 1
+            if legal.any():
+                token = ids[int(legal.argmax())]
+                return token if self.matcher.accept_token(token) else None
+        nonzero = np.flatnonzero(words)
+        if len(nonzero) != 1 or words[nonzero[0]] & (words[nonzero[0]] - np.uint32(1)):
+            return None  # several tokens allowed (or none)
+        token = int(nonzero[0]) * 32 + int(words[nonzero[0]]).bit_length() - 1
+        return token if token < self.vocab_size and self.matcher.accept_token(token) else None
 
     def _fill(self, bitmask: torch.Tensor, row: int) -> None:
         if self.matcher.is_terminated():  # past the grammar's end (eos accepted): nothing but eos

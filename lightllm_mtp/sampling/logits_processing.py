@@ -8,7 +8,8 @@ What a row's logits go through, in this order (vLLM's semantics for each):
   frequency_penalty f, presence_penalty p: minus f x (its count in the output) and p x (whether it occurs);
   logit_bias: added per token id;
   min_tokens: eos and the stop token ids are masked while the output is shorter;
-  grammar: tokens the request's grammar does not allow at this row are masked (sampling/grammar.py).
+  grammar: tokens the request's grammar does not allow at this row are masked (sampling/grammar.py; plain sampling
+      and verify rows: a draft's grammar is applied on the host, draft_choice.py).
 The output "so far" of a row is the request's committed output (the host's, at launch) followed by the row's extra
 tokens on the device: for verify row i the drafts d_1..d_i, for a draft choice the tokens the verify emitted in the
 same launch and the drafts chosen before it. A request whose processing reads its history is therefore never

@@ -64,3 +64,10 @@ class DraftState:
     def write_drafts(self, b_req_idx: torch.Tensor, drafts: torch.Tensor) -> None:
         """drafts [B, n], n <= k: d_1..d_n of each request (the rest of its row is left as it was)."""
         self.table[b_req_idx.to(torch.int64), DRAFTS : DRAFTS + drafts.shape[1]] = drafts
+
+    def replace_drafts(self, b_req_idx: torch.Tensor, drafts: torch.Tensor, counts: torch.Tensor) -> None:
+        """Drafts chosen again on the host (a grammar's, engine/grammar_rows.py): drafts [B, k] replace each request's
+        d_1..d_k, of which the first counts [B] count (never more than its block held)."""
+        idx = b_req_idx.to(torch.int64)
+        self.table[idx, DRAFTS : self.slots_col] = drafts
+        self.table[idx, NUM_DRAFTS] = torch.minimum(self.table[idx, NUM_DRAFTS], counts)

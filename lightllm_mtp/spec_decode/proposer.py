@@ -5,7 +5,8 @@ seen that forward's results. It reads the target's rows (batch, final-norm hidde
 tokens after each row) and returns k drafts for each request whose next verify block is open in DraftState (the
 step builder placed block row 0 at the newest emitted token). Drafts are greedy: their distribution is one-hot,
 which the verify rule takes as q when it samples. Each draft token is chosen by sampling/draft_choice.py's
-`choose_draft` (the requests' penalties, bias and grammar applied in the verify row's context).
+`choose_draft` (the requests' penalties and bias applied in the verify row's context; a grammar's drafts are then
+chosen on the host from the candidates it keeps).
 """
 
 from __future__ import annotations

@@ -175,23 +175,23 @@ class StepBuilder:
         return batch, window_hidden, w
 
     def prompt_context(
-        self, b_req_idx: torch.Tensor, rows: list[range], chunk_ends: list[int], prompts: list[list[int]],
+        self, req_idx: list[int], rows: list[range], chunk_ends: list[int], prompts: list[list[int]],
         hidden: torch.Tensor,
     ) -> None:  # fmt: skip
         """Multi-layer MTP after prompt chunks: each request's context moves on to its last P prompt rows so far
-        (`rows`: its rows of the chunk batch, `hidden` the target hidden of every row; `chunk_ends`: the position
-        after its chunk)."""
+        (`req_idx`: the requests' slots, host ints; `rows`: its rows of the chunk batch, `hidden` the target hidden
+        of every row; `chunk_ends`: the position after its chunk)."""
         s, p = self.state, self.state.num_context_rows
         if p == 0 or not rows:
             return
         h, base = hidden.shape[1], hidden.shape[0]
         index, tokens = [], []
-        for req, chunk, end, prompt in zip(b_req_idx.tolist(), rows, chunk_ends, prompts):
+        for req, chunk, end, prompt in zip(req_idx, rows, chunk_ends, prompts):
             n = len(chunk)  # entry j <- old entry n + j while that exists, else chunk row n + j - p
             index.append([base + req * p + n + j if n + j < p else chunk.start + n + j - p for j in range(p)])
             tokens.append([prompt[q] if q >= 0 else -1 for q in range(end - p + 1, end)])
         source = torch.cat([hidden, s.context_hidden.view(-1, h)])
-        idx = b_req_idx.to(torch.int64)
+        idx = torch.tensor(req_idx, dtype=torch.int64).to(self.device, non_blocking=True)
         s.context_hidden[idx] = source[torch.tensor(index, device=self.device)]
         if p > 1:
             s.context_tokens[idx] = torch.tensor(tokens, dtype=torch.int64, device=self.device)

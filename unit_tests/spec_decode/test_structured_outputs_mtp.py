@@ -104,17 +104,25 @@ def test_a_grammar_that_ends_inside_the_window(plain, trained_mtp3_ptd_dir):
 
 
 def test_every_draft_illegal(monkeypatch, plain, trained_mtp3_ptd_dir):
-    """The proposer's drafts replaced by a token the grammar never allows: every draft is rejected at its row, each
-    step emits the target's grammar token, and the output equals plain decoding's."""
+    """The proposer's drafts and the candidates it keeps for the host's choice (sampling/draft_choice.py) replaced by
+    a token the grammar never allows: no draft is kept (the digits the grammar allows are several: it forces none),
+    each step emits the target's grammar token, and the output equals plain decoding's."""
+    from lightllm_mtp.engine import spec_runner
+
     bad = plain.tokenizer.encode("zz", add_special_tokens=False)[0]
-    propose = SpecRunner._drafts_on_every_stage
+    propose, keep = SpecRunner._drafts_on_every_stage, spec_runner.kept_candidates
 
     def illegal(self, fn, num_reqs):
         drafts = propose(self, fn, num_reqs)
         return torch.full_like(drafts, bad)
 
+    def illegal_candidates(chooser, num_draft_tokens):
+        kept = keep(chooser, num_draft_tokens)
+        return None if kept is None else torch.full_like(kept, bad)
+
     monkeypatch.setattr(SpecRunner, "_drafts_on_every_stage", illegal)
-    params = greedy(StructuredOutput("regex", "[0-9]{6}"))
+    monkeypatch.setattr(spec_runner, "kept_candidates", illegal_candidates)
+    params = greedy(StructuredOutput("regex", "[0-9]{6}"), n=6)  # ends before the grammar forces its eos
     expect = plain.generate(PROMPTS, params)
     outs = LLM(trained_mtp3_ptd_dir, max_model_len=MAX_MODEL_LEN, **MTP_MODES["eagle2"]).generate(PROMPTS, params)
     assert [o.token_ids for o in outs] == [o.token_ids for o in expect]
