@@ -2,9 +2,9 @@
 parsers; the trained tiny checkpoint with --chat_template qwen3_5, whose tags are several tokens each, and the tiny chat
 checkpoint, whose `<think>`, `</think>`, `<tool_call>` ... are single tokens as in Qwen's tokenizer): MTP (eagle, k=2)
 and plain decoding give the same greedy text and logprobs under penalties, bias and min_tokens, the same JSON under a
-schema (after the reasoning too, no special token inside it) and the same tool calls; n choices, reasoning and tool calls streamed reassemble to the whole answers; the
-reasoning splits where the model closes it; include_stop_str_in_output; /tokenize, /detokenize, /v1/models/{id}; a
-refused field is a 400 naming it."""
+schema (after the reasoning too, no special token inside it) and the same tool calls; n choices, reasoning and tool
+calls streamed reassemble to the whole answers; the reasoning splits where the model closes it;
+include_stop_str_in_output; /tokenize, /detokenize, /v1/models/{id}; a refused field is a 400 naming it."""
 
 import json
 
