@@ -2,9 +2,9 @@
 parsers; the trained tiny checkpoint with --chat_template qwen3_5, whose tags are several tokens each, and the tiny chat
 checkpoint, whose `<think>`, `</think>`, `<tool_call>` ... are single tokens as in Qwen's tokenizer): MTP (eagle, k=2)
 and plain decoding give the same greedy text and logprobs under penalties, bias and min_tokens, the same JSON under a
-schema and the same tool calls; n choices, reasoning and tool calls streamed reassemble to the whole answers; the
-reasoning splits where the model closes it; include_stop_str_in_output; /tokenize, /detokenize, /v1/models/{id}; a
-refused field is a 400 naming it."""
+schema (after the reasoning too, no special token inside it) and the same tool calls; n choices, reasoning and tool
+calls streamed reassemble to the whole answers; the reasoning splits where the model closes it;
+include_stop_str_in_output; /tokenize, /detokenize, /v1/models/{id}; a refused field is a 400 naming it."""
 
 import json
 
@@ -185,6 +185,28 @@ def whole(out):
     m = out.choices[0].message
     calls = [{"name": t.function.name, "arguments": t.function.arguments} for t in m.tool_calls or []]
     return m.content, (m.model_extra or {}).get("reasoning_content"), calls, out.choices[0].finish_reason
+
+
+def test_json_after_the_reasoning_and_no_special_tokens_in_it(servers, model_kind):
+    """json_schema with thinking on: the grammar starts after `</think>`, with optional whitespace first; thinking
+    off, a bias on the special `<|im_start|>` cannot put it into the JSON (its string neither). MTP == plain and the
+    stream reassembles to the whole answer, both times."""
+    schema = {"type": "object", "properties": {"note": {"type": "string", "maxLength": 40}}, "required": ["note"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "note", "schema": schema, "strict": True}}
+    (im_start,) = httpx.post(f"{servers['mtp'].url}/tokenize", json={"prompt": "<|im_start|>"}).json()["tokens"]
+    thinking = dict(max_tokens=96, messages=[{"role": "user", "content": "def fibonacci(n):"}], response_format=fmt)
+    biased = dict(max_tokens=96, response_format=fmt, logit_bias={str(im_start): 20},
+                  extra_body={"return_token_ids": True, **NO_THINKING})  # fmt: skip
+    for kw in (thinking, biased):
+        mtp = chat(servers["mtp"], **kw)
+        assert whole(mtp) == whole(chat(servers["plain"], **kw))
+        assert reassembled(chat(servers["mtp"], stream=True, **kw)) == whole(mtp)
+    content, reasoning, _, finish = whole(mtp)
+    assert im_start not in mtp.choices[0].model_extra["token_ids"] and reasoning is None and finish == "stop"
+    assert set(json.loads(content)) == {"note"}
+    content, reasoning, _, finish = whole(chat(servers["mtp"], **thinking))
+    if model_kind == "chat":  # this answer closes its reasoning (the single `</think>` after ten tokens)
+        assert reasoning and finish == "stop" and set(json.loads(content)) == {"note"}
 
 
 def test_reasoning_content_and_enable_thinking(servers, model_kind):

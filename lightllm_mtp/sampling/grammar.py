@@ -7,7 +7,9 @@ the background (grammar_compiler.py).
 
 With `starts_after` (the end of a reasoning block) the output is free until that text has appeared (found in the
 tokens' bytes, so a marker split over several tokens or landing inside a verify block is found where it ends); the
-grammar applies from the next token, row by row inside a verify block too.
+grammar applies from the next token, row by row inside a verify block too, and starts with up to
+MAX_LEADING_WHITESPACE whitespace characters (Qwen's template writes `</think>\n\n` before the answer: a grammar
+without them would force the model off its distribution; bounded, so that whitespace cannot run on).
 
 Under speculative decoding the matcher only ever holds the committed output: a verify block's row masks come from
 accepting the block's drafts one by one (row i: the state after d_1..d_i; the rows past the first illegal draft
@@ -37,8 +39,20 @@ def import_xgrammar():
     return xgrammar
 
 
+MAX_LEADING_WHITESPACE = 8  # characters, JSON's whitespace, before a grammar that starts after a marker
+
+
 def grammar_text(so: StructuredOutput):
     """The xgrammar Grammar of a structured output (syntax checked, no tokenizer needed); ValueError if invalid."""
+    grammar = _grammar_of(so)
+    if not so.starts_after:
+        return grammar
+    xgr = import_xgrammar()
+    leading = xgr.Grammar.from_ebnf(f"root ::= [ \\t\\r\\n]{{0,{MAX_LEADING_WHITESPACE}}}")
+    return xgr.Grammar.concat(leading, grammar)
+
+
+def _grammar_of(so: StructuredOutput):
     xgr = import_xgrammar()
     try:
         if so.kind == "json_schema":

@@ -4,9 +4,15 @@ Compiling a request's grammar against the vocabulary takes tens of milliseconds 
 tokenizer's table, built once, about a second on a 150k vocabulary): done in the engine's loop, it would stall the
 steps of every running request. `compile` hands it to one background thread instead (xgrammar releases the GIL while
 it compiles) and returns a future; the engine keeps the request waiting until it is done (engine/llm_engine.py).
-Compiled grammars are cached by their text (kind and spec; least recently used out first), so a schema sent again is
-ready at once; a failed compilation is not kept. The cache is used from the engine's thread only; the background
-thread only compiles.
+Compiled grammars are cached by their text (kind and spec, and whether it starts after a marker: then it begins with
+optional whitespace; least recently used out first), so a schema sent again is ready at once; a failed compilation is
+not kept. The cache is used from the engine's thread only; the background thread only compiles.
+
+The tokenizer's special tokens (its added tokens marked special: `<|im_start|>`, `<|endoftext|>`, the vision
+tokens, ...) are special to xgrammar too, so no grammar allows them (inside a JSON string either, where their text
+would fit); only the stop tokens end a complete grammar. xgrammar takes a token as special when its entry in the
+vocabulary it is given is empty (TokenizerInfo.special_token_ids), so theirs are emptied there; the gate's table
+keeps their text.
 """
 
 from __future__ import annotations
@@ -33,16 +39,17 @@ class GrammarCompiler:
         self.stop_token_ids = sorted(stop_token_ids) if stop_token_ids else None
         self.threads = threads
         self.cache_size = cache_size
-        self.cache: OrderedDict[tuple[str, str], Future] = OrderedDict()
+        self.cache: OrderedDict[tuple[str, str, bool], Future] = OrderedDict()
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
         self._built = threading.Lock()
-        self._compiler = None  # xgrammar's, with its TokenizerInfo: made by the first compilation
+        self._compiler = None  # xgrammar's, made by the first compilation
+        self._info = None  # its TokenizerInfo
         self._token_bytes: list | None = None  # token id -> its bytes (the reasoning gate's table)
 
     def compile(self, so: StructuredOutput) -> Future:
         """A future of the compiled grammar of `so` (done at once when the cache holds it); its exception is the
         ValueError of a grammar that does not compile."""
-        key = (so.kind, so.spec)
+        key = (so.kind, so.spec, bool(so.starts_after))
         future = self.cache.get(key)
         if future is not None and not (future.done() and future.exception() is not None):
             self.cache.move_to_end(key)
@@ -62,7 +69,8 @@ class GrammarCompiler:
     @property
     def info(self):
         """xgrammar's TokenizerInfo (built now if no compilation has run yet)."""
-        return self._xgr_compiler().tokenizer_info
+        self._xgr_compiler()
+        return self._info
 
     def _compile(self, so: StructuredOutput):
         grammar = grammar_text(so)
@@ -75,8 +83,22 @@ class GrammarCompiler:
         with self._built:
             if self._compiler is None:
                 xgr = import_xgrammar()
-                info = xgr.TokenizerInfo.from_huggingface(self.load_tokenizer(), vocab_size=self.vocab_size,
+                tokenizer = self.load_tokenizer()
+                info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size,
                                                           stop_token_ids=self.stop_token_ids)  # fmt: skip
                 self._token_bytes = info.decoded_vocab
-                self._compiler = xgr.GrammarCompiler(info, max_threads=self.threads, cache_enabled=False)
+                vocab = _vocab_without_special_tokens(tokenizer, self.vocab_size, set(info.stop_token_ids))
+                self._info = xgr.TokenizerInfo.from_vocab_and_metadata(vocab, info.dump_metadata())
+                self._compiler = xgr.GrammarCompiler(self._info, max_threads=self.threads, cache_enabled=False)
             return self._compiler
+
+
+def _vocab_without_special_tokens(tokenizer, vocab_size: int, stop_token_ids: set[int]) -> list[str]:
+    """The tokenizer's vocabulary as xgrammar reads it (token id -> its token string), the special added tokens
+    other than the stop tokens emptied: xgrammar's mark of a special token."""
+    special = {i for i, t in tokenizer.added_tokens_decoder.items() if t.special} - stop_token_ids
+    vocab = [""] * vocab_size
+    for token, i in tokenizer.get_vocab().items():
+        if i < vocab_size and i not in special:
+            vocab[i] = token
+    return vocab

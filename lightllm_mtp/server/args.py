@@ -67,7 +67,8 @@ class ServerArgs:
                                        "template shipped in lightllm_mtp/chat_templates (qwen3_5: thinking + tools)",
                                        group=CHAT)
     reasoning_parser: str | None = option(None, "split chat answers into reasoning_content and content (qwen3: at "
-                                          "</think>)", group=CHAT, choices=("qwen3",))
+                                          "</think>, or at a tool call opened before it)", group=CHAT,
+                                          choices=("qwen3",))
     tool_call_parser: str | None = option(None, "parse tool calls of chat answers into tool_calls (qwen3_coder / "
                                           "qwen3_xml: Qwen's XML format)", group=CHAT,
                                           choices=("qwen3_coder", "qwen3_xml"))

@@ -4,15 +4,19 @@ and `content` at the end of its think block.
 Qwen3.5's chat template opens the think block in the prompt (`<think>\\n`; with enable_thinking=false it pre-fills an
 empty one), so an answer starts inside its reasoning when its prompt ends in an open think block, and the reasoning
 ends at the first `</think>` of the output; an answer that never closes it is all reasoning. A `<think>` the model
-writes itself at the start is dropped. The split works on text, the same code for whole answers and for streams:
-text that may be the beginning of `</think>` is held back until the next delta decides, so a marker split over
-tokens, over deltas or inside an accepted MTP block splits exactly where it ends, and streamed deltas reassemble to
-the whole answer's split.
+writes itself at the start is dropped. As vLLM's qwen3 parser, a tool call the model opens before closing its
+thinking also ends it: the first `<tool_call>` followed (after whitespace) by `<function=` (or `<function `) ends the
+reasoning there and is the content's start, so the tool-call parser gets it; a `<tool_call>` mentioned otherwise
+stays reasoning. The split works on text, the same code for whole answers and for streams: text that may be the
+beginning of a marker (or a `<tool_call>` whose next text has not decided yet) is held back until a later delta
+decides, so a marker split over tokens, over deltas or inside an accepted MTP block splits exactly where it ends, and
+streamed deltas reassemble to the whole answer's split.
 """
 
 from __future__ import annotations
 
 THINK_START, THINK_END = "<think>", "</think>"
+TOOL_CALL_START, FUNCTION_OPEN = "<tool_call>", "<function"
 PARSERS = ("qwen3",)
 
 
@@ -20,6 +24,34 @@ def opens_reasoning(prompt_text: str) -> bool:
     """Whether the prompt leaves the answer inside a think block (the template's generation prompt opened it)."""
     start, end = prompt_text.rfind(THINK_START), prompt_text.rfind(THINK_END)
     return start > end
+
+
+def _opens_call(after: str, final: bool) -> bool | None:
+    """Whether the text after a `<tool_call>` makes it a call's start: `<function` then `=` or whitespace, after
+    optional whitespace; None: not decided yet (the text so far may still become one)."""
+    head, n = after.lstrip(), len(FUNCTION_OPEN)
+    if len(head) > n:
+        return head.startswith(FUNCTION_OPEN) and (head[n] == "=" or head[n].isspace())
+    return None if FUNCTION_OPEN.startswith(head) and not final else False
+
+
+def reasoning_end(text: str, final: bool) -> tuple[int, int]:
+    """Where the reasoning in `text` ends: (its end, the content's start); content start -1 when it has not ended,
+    and then the end is where text that may still end it (held back) begins. final: no more text comes."""
+    close = text.find(THINK_END)
+    limit = close if close >= 0 else len(text)
+    at = text.find(TOOL_CALL_START, 0, limit)
+    while at >= 0:
+        opens = _opens_call(text[at + len(TOOL_CALL_START) :], final)
+        if opens:
+            return at, at
+        if opens is None:
+            return at, -1
+        at = text.find(TOOL_CALL_START, at + 1, limit)
+    if close >= 0:
+        return close, close + len(THINK_END)
+    keep = 0 if final else max(_partial_suffix(text, THINK_END), _partial_suffix(text, TOOL_CALL_START))
+    return len(text) - keep, -1
 
 
 class ReasoningSplitter:
@@ -46,12 +78,12 @@ class ReasoningSplitter:
             if not self.reasoning_started:
                 self.pending = self.pending.lstrip("\n")
                 self.reasoning_started = bool(self.pending)
-            end = self.pending.find(THINK_END)
-            if end < 0:
-                keep = 0 if final else _partial_suffix(self.pending, THINK_END)
-                reasoning, self.pending = self.pending[: len(self.pending) - keep], self.pending[len(self.pending) - keep :]
+            end, content_start = reasoning_end(self.pending, final)
+            reasoning = self.pending[:end]
+            if content_start < 0:
+                self.pending = self.pending[end:]
                 return reasoning, ""
-            reasoning, self.pending = self.pending[:end], self.pending[end + len(THINK_END) :]
+            self.pending = self.pending[content_start:]
             self.in_reasoning = False
         if not self.content_started:
             self.pending = self.pending.lstrip("\n")

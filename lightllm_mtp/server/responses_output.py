@@ -14,7 +14,7 @@ import uuid
 
 from lightllm_mtp.server.chat_output import ChatAssembler, ChatPlan
 from lightllm_mtp.server.chat_protocol import ChatCompletionRequest
-from lightllm_mtp.server.reasoning import THINK_END
+from lightllm_mtp.server.reasoning import reasoning_end
 
 _TEXT = {  # item type -> (its id prefix, its text part's type, its text events' prefix)
     "reasoning": ("rs", "reasoning_text", "response.reasoning_text"),
@@ -104,18 +104,19 @@ class ResponseOutput:
 
 
 def reasoning_tokens(tokenizer, ids: list[int], in_reasoning: bool | None) -> int:
-    """Output tokens of the reasoning, its closing marker included (all of them when it never closes); the marker's
-    end is found by decoding prefixes (a binary search: it may span several tokens)."""
+    """Output tokens of the reasoning (reasoning.py's end: its closing `</think>` included, a tool call that ends it
+    not; all of them when it never ends): the tokens up to the content's start in the text, found by decoding
+    prefixes (a binary search: a marker may span several tokens)."""
     if not in_reasoning or not ids:
         return 0
-
-    def closed(n: int) -> bool:
-        return THINK_END in tokenizer.decode(ids[:n], skip_special_tokens=True)
-
-    if not closed(len(ids)):
+    content_start = reasoning_end(tokenizer.decode(ids, skip_special_tokens=True), final=True)[1]
+    if content_start < 0:
         return len(ids)
-    lo, hi = 1, len(ids)
+    lo, hi = 0, len(ids)
     while lo < hi:
         mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if closed(mid) else (mid + 1, hi)
+        if len(tokenizer.decode(ids[:mid], skip_special_tokens=True)) >= content_start:
+            hi = mid
+        else:
+            lo = mid + 1
     return lo

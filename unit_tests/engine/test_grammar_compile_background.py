@@ -78,9 +78,14 @@ def test_compiled_grammars_are_cached_by_their_text(trained_dense_dir):
     compiler = GrammarCompiler(lambda: AutoTokenizer.from_pretrained(trained_dense_dir), 4096, cache_size=2)
     a, b, c = (StructuredOutput("regex", r) for r in ("[0-9]+", "[a-z]+", "x|y"))
     first, second = compiler.compile(a), compiler.compile(b)
-    assert compiler.compile(StructuredOutput("regex", "[0-9]+", starts_after="</think>")) is first
+    assert compiler.compile(StructuredOutput("regex", "[0-9]+")) is first
     compiler.compile(c)  # b was the least recently used
-    assert list(compiler.cache) == [("regex", "[0-9]+"), ("regex", "x|y")] and compiler.compile(b) is not second
+    assert list(compiler.cache) == [("regex", "[0-9]+", False), ("regex", "x|y", False)]
+    assert compiler.compile(b) is not second
+    # after a marker the grammar starts with optional whitespace: its own compilation, the same for any marker
+    gated = compiler.compile(StructuredOutput("regex", "x|y", starts_after="</think>"))
+    assert gated is not compiler.compile(c)
+    assert compiler.compile(StructuredOutput("regex", "x|y", starts_after="E")) is gated
     bad = StructuredOutput("regex", "([")
     failed = compiler.compile(bad)
     with pytest.raises(ValueError, match="invalid regex"):

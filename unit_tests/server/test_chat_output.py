@@ -29,6 +29,9 @@ CALL = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</para
         "</parameter>\n<parameter=metric>\ntrue\n</parameter>\n<parameter=hours>\n[1, 2]\n</parameter>\n"
         "<parameter=ratio>\n0.5\n</parameter>\n</function>\n</tool_call>")  # fmt: skip
 ANSWER = "The user wants weather.\nCall it.</think>\n\nLet me check.\n" + CALL + "\n<tool_call>\n<function=now>\n</function>\n</tool_call>"
+# the model opens its calls without closing its thinking (a `<tool_call>` mentioned in the reasoning is no call)
+FORGOT = ("The user wants weather: a <tool_call> of get_weather.\n" + CALL
+          + "\n<tool_call>\n<function=now>\n</function>\n</tool_call>")  # fmt: skip
 OPTIONS = ChatOptions("qwen3", "qwen3_coder", True)
 
 
@@ -88,16 +91,18 @@ def test_any_split_reassembles_to_the_whole_answer():
         assert streamed(plan, req, pieces) == expect
 
 
+@pytest.mark.parametrize("answer", [ANSWER, FORGOT], ids=["closed", "forgot"])
 @pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
-def test_mtp_step_deltas_through_the_detokenizer(tokenizer, k):
+def test_mtp_step_deltas_through_the_detokenizer(tokenizer, k, answer):
     """The token ids of the answer cut into steps of 1..k+1 tokens (MTP accept lengths), detokenized as the front
-    does: the same message, calls completed inside one delta included (the last step holds both closing tags)."""
+    does: the same message, calls completed inside one delta included (the last step holds both closing tags), and
+    a reasoning ended by a tool call wherever the step cuts fall around its `<tool_call>`."""
     req = request()
     plan = plan_chat(req, OPTIONS, "<think>\n")
-    message, _ = chat_message(plan, req, ANSWER)
+    message, _ = chat_message(plan, req, answer)
     expect = (message["reasoning_content"], message["content"], [c["function"] for c in message["tool_calls"]],
               "tool_calls")  # fmt: skip
-    ids = tokenizer.encode(ANSWER, add_special_tokens=False)
+    ids = tokenizer.encode(answer, add_special_tokens=False)
     first_closed = next(n for n in range(len(ids)) if "</tool_call>" in tokenizer.decode(ids[:n]))
     rng = random.Random(k)
     for trial in range(20):
@@ -111,6 +116,36 @@ def test_mtp_step_deltas_through_the_detokenizer(tokenizer, k):
         detok = IncrementalDetokenizer(tokenizer, [1, 2, 3])
         pieces = [detok.push(step, final=i == len(steps) - 1) for i, step in enumerate(steps)]
         assert streamed(plan, req, pieces) == expect
+
+
+def test_a_tool_call_before_the_reasoning_end_ends_it():
+    """As vLLM's qwen3 parser: without `</think>`, the first `<tool_call>` followed (after whitespace) by
+    `<function=` ends the reasoning; the calls are parsed, the reasoning is the text before it, and any split of the
+    answer into deltas gives the same message."""
+    req = request()
+    plan = plan_chat(req, OPTIONS, "<|im_start|>assistant\n<think>\n")
+    message, asm = chat_message(plan, req, FORGOT)
+    assert message["reasoning_content"] == "The user wants weather: a <tool_call> of get_weather.\n"
+    assert message["content"] is None and asm.finish_reason("stop") == "tool_calls"
+    assert [c["function"]["name"] for c in message["tool_calls"]] == ["get_weather", "now"]
+    expect = (message["reasoning_content"], None, [c["function"] for c in message["tool_calls"]], "tool_calls")
+    rng = random.Random(1)
+    for _ in range(300):
+        cuts = sorted(rng.sample(range(1, len(FORGOT)), rng.randint(1, 30)))
+        pieces = [FORGOT[a:b] for a, b in zip([0, *cuts], [*cuts, len(FORGOT)])]
+        assert streamed(plan, req, pieces) == expect
+    at = FORGOT.index("<tool_call>\n<function")  # one character a delta around the tag, the tag alone
+    pieces = [FORGOT[:at], *FORGOT[at : at + 25], FORGOT[at + 25 :]]
+    assert streamed(plan, req, pieces) == expect
+    # without the tool parser (tool_choice none) the call is the content's text
+    no_tools = plan_chat(request(tool_choice="none"), OPTIONS, "<think>\n")
+    assert chat_message(no_tools, request(tool_choice="none"), FORGOT)[0]["content"] == FORGOT[at:]
+    # `<function` then "=" or whitespace, after optional whitespace; an answer cut before that stays reasoning
+    assert split_reasoning("a<tool_call> \n<function name", True) == ("a", "<tool_call> \n<function name")
+    for text in ("a<tool_call>\n<func", "a<tool_call>\n<functions", "a<tool_call>x<function=f>", "a<tool_call>"):
+        assert split_reasoning(text, True) == (text, "")
+    assert split_reasoning("a</think>\n\n<tool_call>\n<function=f>", True) == ("a", "<tool_call>\n<function=f>")
+    assert split_reasoning("a<tool_call>\n<function=f>", False) == (None, "a<tool_call>\n<function=f>")
 
 
 def test_reasoning_split_without_an_end_and_with_a_leading_think():

@@ -174,6 +174,9 @@ def test_reasoning_tokens_count_up_to_the_end_marker():
     ids = [ord(c) for c in "ab</think>cd"]
     assert reasoning_tokens(Chars(), ids, True) == 10 and reasoning_tokens(Chars(), ids[:5], True) == 5
     assert reasoning_tokens(Chars(), ids, False) == 0 and reasoning_tokens(Chars(), ids, None) == 0
+    # a tool call opened before the end marker ends the reasoning: its tag is not counted (reasoning.py)
+    ids = [ord(c) for c in "ab<tool_call>\n<function=f>\n</function>\n</tool_call>"]
+    assert reasoning_tokens(Chars(), ids, True) == 2 and reasoning_tokens(Chars(), ids[:14], True) == 14
 
 
 def test_reasoning_tokens_with_a_single_token_marker():

@@ -3,8 +3,10 @@ single tokens, as Qwen's tokenizer has them, and the shipped Qwen3.5 template): 
 so under greedy speculative decoding (eagle k = 2, 3, multi-layer MTP, parallel drafting, a draft model) it is drafted,
 accepted inside draft blocks and rejected. Speculative equals plain decoding there; the reasoning split happens
 exactly at that token, for whole answers and for the step deltas the server streams; a json_schema gated after the
-reasoning end applies from the token after it; tool calls forced by tool_choice, their tags single tokens, stream at
-k = 1..5 into exactly the whole answer's calls; a reduced draft vocabulary keeps the chat tokens."""
+reasoning end applies from the token after it (after the whitespace it allows first); a tool call opened before
+`</think>` ends the reasoning at its `<tool_call>`, inside accepted draft blocks too; special tokens stay out of a
+structured output; tool calls forced by tool_choice, their tags single tokens, stream at k = 1..5 into exactly the
+whole answer's calls; a reduced draft vocabulary keeps the chat tokens."""
 
 import json
 
@@ -12,6 +14,7 @@ import pytest
 
 from lightllm_mtp import LLM, SamplingParams
 from lightllm_mtp.engine.detokenizer import IncrementalDetokenizer
+from lightllm_mtp.sampling.grammar import MAX_LEADING_WHITESPACE
 from lightllm_mtp.server.chat_output import ChatAssembler, ChatOptions, chat_message, plan_chat
 from lightllm_mtp.server.chat_protocol import ChatCompletionRequest
 from unit_tests.chat_fixture import tiny_chat_checkpoint, tiny_chat_dir  # noqa: F401 (fixture)
@@ -179,7 +182,7 @@ def test_json_schema_after_the_reasoning_end(plain, plain_run, proposed, mode):
     outs = run(mtp_llm(mode), [p for p, _ in prompts], params)
     assert [ids for ids, _ in outs] == [ids for ids, _ in expect]
     check_drafted(mode, end, outs, proposed)
-    answered = 0
+    answered = spaced = 0
     for req, plan, (prompt_ids, _), (ids, steps) in zip(reqs, plans, prompts, outs):
         reasoning, content, _ = message = whole(plan, req, tok.decode(ids, skip_special_tokens=True))
         assert streamed(tok, plan, req, prompt_ids, steps) == message
@@ -187,9 +190,13 @@ def test_json_schema_after_the_reasoning_end(plain, plain_run, proposed, mode):
             answered += 1
             value = json.loads(content)
             assert value["kind"] in ("file", "dir") and len(value["sizes"]) <= 3 and len(value["name"]) <= 10
-            # the JSON from the token after the reasoning end
-            assert content == tok.decode(ids[ids.index(end) + 1 :], skip_special_tokens=True)
-    assert answered > 0
+            # the JSON from the token after the reasoning end, after the whitespace the grammar lets the model
+            # write first (bounded; the newlines are not content)
+            after = tok.decode(ids[ids.index(end) + 1 :], skip_special_tokens=True)
+            head = after[: len(after) - len(after.lstrip())]
+            assert content == after.lstrip("\n") and len(head) <= MAX_LEADING_WHITESPACE
+            spaced += bool(head)
+    assert answered > 0 and spaced > 0  # the tiny model writes whitespace (indentation) after `</think>`
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
@@ -223,6 +230,63 @@ def test_forced_tool_calls_stream_exactly_at_every_k(plain, plain_run, tiny_chat
             assert message[0] is None and ids.count(call) >= len(message[2]) and ids.count(call_end) >= len(message[2])
         calls["single" if req in single else "thinking"] += len(message[2])
     assert min(calls.values()) > 0, calls
+
+
+def test_a_tool_call_before_the_reasoning_end_streams_exactly(plain, plain_run, proposed):
+    """The model opens a tool call without closing its thinking (a grammar with no reasoning gate: some text without
+    `<`, so never `</think>`, then one Qwen XML call; a bias spells the tags as their single tokens): the reasoning
+    ends at `<tool_call>` (vLLM's qwen3 parser), the call is parsed from the content, usage's reasoning_tokens ends
+    before the tag; eagle k=2 equals plain, the tag lands inside accepted draft blocks, and the step deltas
+    reassemble to exactly the whole answer."""
+    from lightllm_mtp.sampling_params import StructuredOutput
+    from lightllm_mtp.server.responses_output import reasoning_tokens
+    from lightllm_mtp.server.tool_calls import tool_choice_grammar
+
+    tok = plain.tokenizer
+    call, call_end = tok.convert_tokens_to_ids(["<tool_call>", "</tool_call>"])
+    reqs = [chat_request(q, tools=WEATHER) for q in QUESTIONS]  # tool_choice auto: calls parsed, no grammar
+    prompts = [prompt_of(plain, r) for r in reqs]
+    plans = [plan_chat(r, OPTIONS, text) for r, (_, text) in zip(reqs, prompts)]
+    assert all(p.in_reasoning and p.parse_tools and p.structured is None for p in plans)
+    forced = tool_choice_grammar(WEATHER, None, False).replace("root ::= call", "root ::= [^<]{8,60} call", 1)
+    params = [SamplingParams(temperature=0.0, max_tokens=128, structured=StructuredOutput("grammar", forced),
+                             logit_bias={call: 30.0, call_end: 30.0})] * len(reqs)  # fmt: skip
+    expect = plain_run("forgot", [p for p, _ in prompts], params)
+    outs = run(mtp_llm("eagle2"), [p for p, _ in prompts], params)
+    assert [ids for ids, _ in outs] == [ids for ids, _ in expect]
+    check_drafted("eagle2", call, outs, proposed)
+    for req, plan, (prompt_ids, _), (ids, steps) in zip(reqs, plans, prompts, outs):
+        assert tok.convert_tokens_to_ids("</think>") not in ids and ids.count(call) == 1
+        message = whole(plan, req, tok.decode(ids, skip_special_tokens=True))
+        at = ids.index(call)
+        assert message[0] == tok.decode(ids[:at]) and message[1] is None
+        assert [c["name"] for c in message[2]] == ["get_weather"] and set(json.loads(message[2][0]["arguments"])) <= {
+            "city", "days"}  # fmt: skip
+        assert streamed(tok, plan, req, prompt_ids, steps) == message
+        assert reasoning_tokens(tok, ids, plan.in_reasoning) == at
+
+
+def test_special_tokens_stay_out_of_a_structured_output(plain, plain_run):
+    """A bias that makes `<|im_start|>` (a special token) the model's first choice wherever it may come: under a
+    json_schema (thinking off: from the first token) it never comes, inside the JSON's string either, where its text
+    would fit (sampling/grammar_compiler.py); the answers end with eos as valid JSON, and eagle k=2 equals plain."""
+    tok = plain.tokenizer
+    im_start = tok.convert_tokens_to_ids("<|im_start|>")
+    schema = {"type": "object", "properties": {"note": {"type": "string", "maxLength": 40}}, "required": ["note"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "note", "schema": schema, "strict": True}}
+    reqs = [chat_request(q, response_format=fmt, chat_template_kwargs={"enable_thinking": False}) for q in QUESTIONS]
+    prompts = [prompt_of(plain, r) for r in reqs]
+    plans = [plan_chat(r, OPTIONS, text) for r, (_, text) in zip(reqs, prompts)]
+    assert all(not p.in_reasoning and not p.structured.starts_after for p in plans)
+    params = [SamplingParams(temperature=0.0, max_tokens=96, structured=p.structured, logit_bias={im_start: 20.0})
+              for p in plans]  # fmt: skip
+    expect = plain_run("special", [p for p, _ in prompts], params)
+    outs = run(mtp_llm("eagle2"), [p for p, _ in prompts], params)
+    assert [ids for ids, _ in outs] == [ids for ids, _ in expect]
+    eos = set(tok.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"]))
+    for ids, _ in outs:
+        assert im_start not in ids and ids[-1] in eos
+        assert set(json.loads(tok.decode(ids, skip_special_tokens=True))) == {"note"}
 
 
 def test_a_reduced_draft_vocabulary_keeps_the_chat_tokens(plain, plain_run, tiny_chat_dir, tmp_path):
