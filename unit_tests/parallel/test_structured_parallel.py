@@ -29,7 +29,8 @@ REQUESTS = [(prompt, SamplingParams(temperature=0, max_new_tokens=60, structured
 REQUESTS.append(("value = ", SamplingParams(temperature=1.0, seed=5, max_new_tokens=20,
                                             structured=StructuredOutput("regex", DIGITS.pattern)), DIGITS))  # fmt: skip
 BAD = StructuredOutput("json_schema", '{"type": "object", "properties": {"a": {"type": "nope"}}}')
-LAYOUTS = [(2, 1, {}), (2, 1, EAGLE), (1, 2, {}), (1, 2, EAGLE)]
+LAYOUTS = [(2, 1, {}), (2, 1, EAGLE), (1, 2, {}), (1, 2, EAGLE), (2, 2, EAGLE)]
+LAYOUT_IDS = ["tp2-plain", "tp2-eagle2", "pp2-plain", "pp2-eagle2", "tp2-pp2-eagle2-cache"]
 
 
 def generate(eng, tokenizer, requests) -> list[tuple[list[int], str]]:
@@ -59,14 +60,15 @@ def reference(mtp: dict) -> list[tuple[list[int], str]]:
     return _reference[key]
 
 
-@pytest.mark.parametrize("tp, pp, mtp", LAYOUTS, ids=["tp2-plain", "tp2-eagle2", "pp2-plain", "pp2-eagle2"])
+@pytest.mark.parametrize("tp, pp, mtp", LAYOUTS, ids=LAYOUT_IDS)
 def test_grammars_under_tp_and_pp_equal_one_process(tp, pp, mtp):
     """Masked sampling, verify rows and drafts on the ranks that choose tokens (the last stage under pp): the one
-    process's tokens; the texts follow their grammars."""
+    process's tokens; the texts follow their grammars. tp=2 x pp=2: the first stage's ranks hold no matcher; the
+    prefix cache on (requests reach the followers with the cache's Match, before their launch)."""
     tokenizer = AutoTokenizer.from_pretrained(DENSE)
     want = reference(mtp)
     check_texts(tokenizer, want, REQUESTS)
-    eng = engine(DENSE, mtp, tp=tp, pp=pp)
+    eng = engine(DENSE, mtp, tp=tp, pp=pp, prefix_cache=tp * pp > 2)
     try:
         got = generate(eng, tokenizer, REQUESTS)
     finally:
