@@ -54,6 +54,8 @@ def test_tensor_parallel_server_gives_the_same_greedy_text(mtp_server, trained_d
              *COMMON]  # fmt: skip
     with ServerProcess(flags, tmp_path_factory.mktemp("tp_server") / "server.log") as tp_server:
         assert greedy_texts(tp_server, key="unused") == greedy_texts(mtp_server)
+        answer = json_answer(tp_server, key="unused")  # a structured output on every rank's grammar matcher
+        assert answer == json_answer(mtp_server) and json.loads(answer)["kind"] in ("file", "dir")
         c, model = client(tp_server, key="unused"), model_name(tp_server, key="unused")
         first = [20 + (11 * i) % 300 for i in range(60)]
         out = c.completions.create(model=model, prompt=first, max_tokens=4, temperature=0)
@@ -76,6 +78,15 @@ def greedy_texts(server, key=KEY):
     extra = {"ignore_eos": True}
     return [c.completions.create(model=model, prompt=p, max_tokens=32, temperature=0, extra_body=extra).choices[0].text
             for p in PROMPTS]  # fmt: skip
+
+
+def json_answer(server, key=KEY):
+    schema = {"type": "object", "properties": {"kind": {"enum": ["file", "dir"]}, "size": {"type": "integer"}},
+              "required": ["kind", "size"]}  # fmt: skip
+    fmt = {"type": "json_schema", "json_schema": {"name": "entry", "schema": schema}}
+    out = client(server, key).completions.create(model=model_name(server, key), prompt="import json\nconfig = ",
+                                                 max_tokens=40, temperature=0, extra_body={"response_format": fmt})
+    return out.choices[0].text
 
 
 def info(server):

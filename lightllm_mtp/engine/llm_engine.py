@@ -179,11 +179,8 @@ class LLMEngine:
         bad = [t for t, _ in params.logit_bias if t >= self.model_config.vocab_size]
         if bad:
             raise ValueError(f"logit_bias token ids out of range [0, {self.model_config.vocab_size}): {bad[:8]}")
-        if params.structured is not None:
-            if self.parallel_group is not None:
-                raise ValueError("structured outputs are not supported with tp / pp > 1")
-            if grammar:
-                grammar_text(params.structured)  # ValueError naming what is wrong
+        if params.structured is not None and grammar:
+            grammar_text(params.structured)  # ValueError naming what is wrong
         self.scheduler.check_fits(len(prompt_ids), params.max_new_tokens)
         return prompt_images
 
@@ -200,6 +197,8 @@ class LLMEngine:
                       images=prompt_images)  # fmt: skip
         if params.structured is not None:
             self.grammars.start(req)
+            if isinstance(self.runner, DriverRunner):  # tp / pp: the ranks that choose tokens compile it too
+                self.runner.compile_grammar(params.structured)
         self.scheduler.add(req)
         return req
 

@@ -29,12 +29,7 @@ class PendingGrammars:
     def start(self, req: Request) -> None:
         """Starts compiling req's grammar (at once ready when the cache holds it)."""
         if self.compiler is None:
-            from transformers import AutoTokenizer
-
-            def load():
-                return AutoTokenizer.from_pretrained(self.model_dir)
-
-            self.compiler = GrammarCompiler(load, self.vocab_size, self.eos_token_ids)
+            self.compiler = model_grammar_compiler(self.model_dir, self.vocab_size, self.eos_token_ids)
         req.compiling = self.compiler.compile(req.params.structured)
         self.waiting.append(req)
 
@@ -55,3 +50,14 @@ class PendingGrammars:
                 req.error = f"the structured output's grammar did not compile: {e}"
                 failed.append(req)
         return failed
+
+
+def model_grammar_compiler(model_dir: str, vocab_size: int, eos_token_ids: Iterable[int]) -> GrammarCompiler:
+    """The grammar compiler of a model's tokenizer (loaded by the first compilation, in the compiler's thread); every
+    rank that chooses tokens makes the same one, so their matchers give the same masks."""
+    from transformers import AutoTokenizer
+
+    def load():
+        return AutoTokenizer.from_pretrained(model_dir)
+
+    return GrammarCompiler(load, vocab_size, sorted(eos_token_ids))

@@ -95,10 +95,12 @@ def test_pipeline_stage_declares_only_its_layers():
 
 def test_step_ops_round_trip_as_json():
     from lightllm_mtp.engine.parallel.step_ops import (
-        Collect, EvictAll, Launch, Match, NewRequest, Release, SaveState, Settle, Stop, Unmatch, decode_ops,
-        encode_ops,
+        Collect, CompileGrammar, EvictAll, Launch, Match, NewRequest, Release, SaveState, Settle, Stop, Unmatch,
+        decode_ops, encode_ops,
     )
-    from lightllm_mtp.sampling_params import SamplingParams
+    from lightllm_mtp.sampling_params import SamplingParams, StructuredOutput
+
+    schema = StructuredOutput("json_schema", '{"type": "object"}', starts_after="</think>")
 
     ops = [
         Collect(3), Release(7, 0),
@@ -108,6 +110,8 @@ def test_step_ops_round_trip_as_json():
         Match(12, NewRequest(12, [4, 5], SamplingParams(max_new_tokens=3, cache_salt="tenant-a"), None)),
         Match(12, None), Unmatch(12),
         Release(12, 3), Settle(4), EvictAll(), Launch(5, None, [(12, 2)], [], [100, 20, 4, 3, 0, 2]),
+        CompileGrammar.of(schema),
+        Launch(6, None, [(13, 4)], [NewRequest(13, [1, 2, 3, 4], SamplingParams(structured=schema), None)]),
     ]  # fmt: skip
     data = encode_ops(ops)
     assert decode_ops(data) == ops and b"pickle" not in data

@@ -3,17 +3,22 @@ driver's own shard. Launches go out at once (their forward's collectives need ev
 wait in the StepJournal and go out with the next launch, in order, behind the prefix cache's calls made outside the
 runner (the scheduler's match / unmatch, evict_all), which the cache records in the same journal, so every follower's
 copy of the tree sees the driver's calls in the driver's order. A release carries the request's output length as the
-driver cut it: the followers end the request (engine/request_end.py) as the driver did."""
+driver cut it: the followers end the request (engine/request_end.py) as the driver did. A structured output's grammar
+is sent the moment its request arrives (compile_grammar), so that the last stage's ranks compile it while the
+driver's own compilation runs."""
 
 from __future__ import annotations
 
 from lightllm_mtp.engine.parallel.group import ParallelGroup
 from lightllm_mtp.engine.parallel.journal import StepJournal
-from lightllm_mtp.engine.parallel.step_ops import KEEP_STEPS, Collect, Launch, Release, SaveState, Settle
+from lightllm_mtp.engine.parallel.step_ops import (
+    KEEP_STEPS, Collect, CompileGrammar, Launch, Release, SaveState, Settle,
+)
 from lightllm_mtp.engine.prefix_cache import PrefixCache
 from lightllm_mtp.engine.request import EndState, Request
 from lightllm_mtp.engine.scheduler import ScheduledRequest
 from lightllm_mtp.engine.step import LaunchedStep, StepRunner
+from lightllm_mtp.sampling_params import StructuredOutput
 
 
 class DriverRunner:
@@ -62,6 +67,10 @@ class DriverRunner:
     def settle(self, step: LaunchedStep) -> None:
         self.journal.add(Settle(self._seq_of[id(step)]))
         self._guarded(lambda: self.runner.settle(step))
+
+    def compile_grammar(self, so: StructuredOutput) -> None:
+        """The followers that choose tokens start compiling `so` now (behind the ops waiting in the journal)."""
+        self.group.send(self.journal.take() + [CompileGrammar.of(so)])
 
     def save_state(self, directory: str, save_own) -> None:
         """Every rank writes its cached state to `directory`/rank{r}.pt; save_own(directory) writes the driver's."""

@@ -1,6 +1,8 @@
 """A follower rank: builds its shard of the model and runner, then replays the driver's step ops (step_ops.py)
 until Stop. It never schedules: the requests it holds are mirrors of the driver's, updated by the same runner
-calls (launch, collect, settle) in the same order, and ended by the same path (engine/request_end.py). Its prefix
+calls (launch, collect, settle) in the same order, and ended by the same path (engine/request_end.py). On the last
+pipeline stage (where tokens are chosen) a mirror with a structured output holds its own matcher of the same grammar,
+advanced by the tokens each Collect brings, so its masks (sampling, verify rows, drafts) are the driver's. Its prefix
 cache (when on) is a copy of the driver's: the same calls in the same order on the same slot counts (every choice the
 tree makes, LRU eviction included, is a deterministic function of them), checked against the driver's digest before
 every launch."""
@@ -20,13 +22,15 @@ from lightllm_mtp.engine.parallel.membership import (
 )
 from lightllm_mtp.engine.parallel.stage_state import stage_state
 from lightllm_mtp.engine.parallel.step_ops import (
-    KEEP_STEPS, Collect, EvictAll, Launch, Match, NewRequest, Release, SaveState, Settle, Stop, Unmatch,
+    KEEP_STEPS, Collect, CompileGrammar, EvictAll, Launch, Match, NewRequest, Release, SaveState, Settle, Stop, Unmatch,
 )
+from lightllm_mtp.engine.pending_grammars import model_grammar_compiler
 from lightllm_mtp.engine.request import Request, RequestStatus
 from lightllm_mtp.engine.request_end import end_request
 from lightllm_mtp.engine.runner_factory import BuiltRunner, build_runner, rank_args
 from lightllm_mtp.engine.scheduler import ScheduledRequest
 from lightllm_mtp.multimodal.prompt_images import PromptImages
+from lightllm_mtp.sampling.grammar_compiler import GrammarCompiler
 
 def follower_main(args: EngineArgs, rank: int, link: tuple[int, str, bool], num_threads: int, started) -> None:
     """link: (rendezvous port, backend, host_staged), as the driver decided them."""
@@ -47,17 +51,22 @@ def follower_main(args: EngineArgs, rank: int, link: tuple[int, str, bool], num_
     if any(s != "ok" for s in exchange_status(control, status)):
         leave_group()
         sys.exit(1)
-    Follower(built, args.device, rank).run(control)
+    grammars = None
+    if built.model.is_last_stage:  # the ranks that choose tokens mask them
+        grammars = model_grammar_compiler(args.model_dir, cfg.vocab_size, built.model_runner.eos_token_ids)
+    Follower(built, args.device, rank, grammars).run(control)
     leave_group()
 
 
 class Follower:
-    def __init__(self, built: BuiltRunner, device: torch.device, rank: int):
+    def __init__(self, built: BuiltRunner, device: torch.device, rank: int, grammars: GrammarCompiler | None = None):
+        """grammars: the structured outputs' compiler on a rank that chooses tokens (None: this rank does not)."""
         self.built = built
         self.runner = built.runner
         self.cache = built.prefix_cache
         self.device = device
         self.rank = rank
+        self.grammars = grammars
         self.requests: dict[int, Request] = {}
         self.steps: dict[int, object] = {}
 
@@ -91,6 +100,9 @@ class Follower:
             for req, tokens in self.runner.collect(self.steps.pop(op.seq)):
                 if not req.ended:
                     req.output_ids.extend(tokens)
+                    if req.grammar is not None:  # past the driver's cut too: those tokens were masked alike
+                        for token in tokens:
+                            req.grammar.advance(token)
         elif isinstance(op, Release):
             req = self.requests.pop(op.request_id)
             assert len(req.output_ids) >= op.num_output_tokens, (op, len(req.output_ids))
@@ -100,6 +112,9 @@ class Follower:
             self.runner.settle(self.steps[op.seq])
         elif isinstance(op, SaveState):
             save_stage_state(self.built, op.directory, self.rank)
+        elif isinstance(op, CompileGrammar):
+            if self.grammars is not None:
+                self.grammars.compile(op.structured)  # in the background; a grammar that fails is never launched
         else:
             self._apply_cache_op(op)
 
@@ -110,8 +125,10 @@ class Follower:
         images = None
         if new.images:  # the driver checked them against this model (LLMEngine.validate_images)
             images = PromptImages.of(list(new.prompt_ids), new.images, self.built.model.cfg.vision.image_token_id)
-        self.requests[new.request_id] = Request(new.request_id, list(new.prompt_ids), new.params, generator,
-                                                images=images)  # fmt: skip
+        req = Request(new.request_id, list(new.prompt_ids), new.params, generator, images=images)
+        if new.params.structured is not None and self.grammars is not None:
+            req.grammar = self.grammars.matcher(new.params.structured)  # compiled since CompileGrammar (or now)
+        self.requests[new.request_id] = req
 
     def _apply_cache_op(self, op) -> None:
         """The prefix cache's calls made outside the runner, as the driver made them (engine/scheduler.py)."""

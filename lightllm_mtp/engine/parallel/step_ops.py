@@ -13,6 +13,9 @@ decides (Scheduler, StepBuilder via its runner); followers only replay:
       the runner, in the driver's order: Match (introduces a request the followers have not seen) and Unmatch (the
       scheduler's admission), EvictAll; each Launch carries the driver's PrefixCache.digest(), which a follower
       checks before it launches (a rank whose tree diverged fails loudly);
+  CompileGrammar: a structured output's grammar starts compiling on the ranks that choose tokens (the last stage's),
+      as the driver's does when the request arrives, so that each holds the matcher (over its request mirror's
+      output) by the request's first launch (sent at once, ahead of the journal's launch);
   SaveState: every rank writes its cached state to a file (tests compare stages with a single-process run);
   Stop: the group shuts down.
 Ops that need no collective (Collect, Release, Settle, the prefix cache's) wait in the driver's StepJournal and go out
@@ -30,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from lightllm_mtp.multimodal.image_input import ImageInput
-from lightllm_mtp.sampling_params import SamplingParams
+from lightllm_mtp.sampling_params import SamplingParams, StructuredOutput
 
 
 KEEP_STEPS = 3  # launched steps both sides remember for `after` and Collect (at most two are unread at any time)
@@ -87,6 +90,21 @@ class Release:
 
 
 @dataclass(frozen=True)
+class CompileGrammar:
+    kind: str  # StructuredOutput's fields
+    spec: str
+    starts_after: str
+
+    @classmethod
+    def of(cls, so: StructuredOutput) -> CompileGrammar:
+        return cls(so.kind, so.spec, so.starts_after)
+
+    @property
+    def structured(self) -> StructuredOutput:
+        return StructuredOutput(self.kind, self.spec, self.starts_after)
+
+
+@dataclass(frozen=True)
 class SaveState:
     """Every rank writes its cached state (stage_state.py) to `directory`/rank{r}.pt (tests, debugging)."""
 
@@ -98,8 +116,9 @@ class Stop:
     pass
 
 
-StepOp = Launch | Collect | Release | SaveState | Stop | Match | Unmatch | Settle | EvictAll
-_KINDS = {cls.__name__: cls for cls in (Launch, Collect, Release, SaveState, Stop, Match, Unmatch, Settle, EvictAll)}
+StepOp = Launch | Collect | Release | SaveState | Stop | Match | Unmatch | Settle | EvictAll | CompileGrammar
+_KINDS = {cls.__name__: cls for cls in (Launch, Collect, Release, SaveState, Stop, Match, Unmatch, Settle, EvictAll,
+                                        CompileGrammar)}
 
 
 def encode_ops(ops: list[StepOp]) -> bytes:
@@ -137,6 +156,8 @@ def _new_fields(r: NewRequest) -> list:
 
 def _new_request(fields: list) -> NewRequest:
     rid, prompt, params, seed, images = fields
+    if params["structured"] is not None:
+        params["structured"] = StructuredOutput(**params["structured"])
     return NewRequest(rid, prompt, SamplingParams(**params), seed, tuple(_image(i) for i in images))
 
 
