@@ -1,7 +1,8 @@
 """The tiled block-FP8 GEMM (kernels/quant/fp8_gemm.py) at decode / verify row counts, swept over its launch shapes
 and its two roundings: weight-only (e4m3 weights converted exactly to bf16 on the 16-bit tensor cores, each scale
 block's products scaled once) and w8a8 with the activations rounded per 1 x 128 group inside the kernel (FP8 tensor
-cores). Against the bf16 engine linear and the FP8 GEMV on the same shape: time per call inside a CUDA graph over
+cores). Against the bf16 engine linear on the same shape (the two results files also hold the FP8 GEMV this
+kernel replaced, at <= 4 rows): time per call inside a CUDA graph over
 weight copies that do not fit the L2, effective weight bandwidth, the error against the path's own reference, and
 whether a row's result depends on how many rows run with it (bitwise, row 0 alone vs in the batch). `best` lists the
 fastest launch shape per (shape, rows, rounding). Decides fp8_linear's dispatch and tiles.
@@ -22,7 +23,6 @@ from benchmark.timing import graph_replay_ms, result_header, write_json
 from lightllm_mtp.kernels.linear.gemv import linear
 from lightllm_mtp.kernels.quant.fp8_block import quantize_fp8_block
 from lightllm_mtp.kernels.quant.fp8_gemm import fp8_gemm_ref, fp8_gemm_tiles, fp8_gemm_triton
-from lightllm_mtp.kernels.quant.fp8_gemv import FP8_GEMV_MAX_ROWS, fp8_gemv_triton
 from lightllm_mtp.kernels.triton_utils import next_pow2, num_sms
 
 ROUNDINGS = {"weight-only": dict(act_fp8=False), "w8a8 in kernel": dict(act_fp8=True, quantize_in_kernel=True)}
@@ -50,8 +50,6 @@ def main():
         for t in (int(r) for r in args.rows.split(",")):
             x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
             base = dict(shape=name, n=n, k=k, t=t, bf16_us=time_us(lambda w: linear(x, w), bf16))
-            if t <= FP8_GEMV_MAX_ROWS:
-                base["fp8_gemv_us"] = time_us(lambda w: fp8_gemv_triton(x, weight=w), fp8)
             default = fp8_gemm_tiles(t, n, k, 128, num_sms(x.device))
             for rounding in args.roundings.split(","):
                 kw = ROUNDINGS[rounding]

@@ -1,9 +1,9 @@
 """Block-FP8 projections (kernels/quant/) against bf16 at the 27B / 35B-A3B projection shapes, per row count T:
-bf16 (`kernels.linear.gemv.linear`: the GEMV or cuBLAS), the FP8 GEMV (T <= 4), the FP8 tiled GEMM weight-only and
-w8a8, the dispatcher `fp8_linear`, and torch._scaled_mm's blockwise mode (1x128 activations x 128x128 weights) where
+bf16 (`kernels.linear.gemv.linear`: the GEMV or cuBLAS), the FP8 tiled GEMM weight-only and w8a8 (the FP8 GEMV of
+stop 38 is gone: results/fp8_few_rows_h200.json), the dispatcher `fp8_linear`, and torch._scaled_mm's blockwise mode (1x128 activations x 128x128 weights) where
 this torch has it: time per call inside a CUDA graph over enough weight copies that every read comes from HBM,
 effective weight bandwidth, and each result's error against the fp32 reference (a path whose error is off is
-reported, not timed). Decides FP8_GEMV_MAX_ROWS / WEIGHT_ONLY_MAX_ROWS (kernels/quant/fp8_linear.py) and whether
+reported, not timed). Decides WEIGHT_ONLY_MAX_ROWS (kernels/quant/fp8_linear.py) and whether
 the prefill should call _scaled_mm.
 
     python benchmark/check_fp8_gemm_gpu.py [--rows 1,2,4,16,64,256,1024,4096,16384] [--out results.json]
@@ -21,7 +21,6 @@ from benchmark.timing import graph_replay_ms, result_header, write_json
 from lightllm_mtp.kernels.linear.gemv import linear
 from lightllm_mtp.kernels.quant.fp8_block import quantize_fp8_block
 from lightllm_mtp.kernels.quant.fp8_gemm import fp8_gemm_ref, fp8_gemm_triton, quantize_activations_fp8
-from lightllm_mtp.kernels.quant.fp8_gemv import fp8_gemv_triton
 from lightllm_mtp.kernels.quant.fp8_linear import WEIGHT_ONLY_MAX_ROWS, fp8_linear
 
 SHAPES = {  # name: (N, K)
@@ -57,8 +56,6 @@ def paths(t: int) -> dict:
         "fp8 GEMM w8a8": lambda x, w, d: fp8_gemm_triton(x, weight=w, act_fp8=True),
         "bf16 (engine linear)": lambda x, w, d: linear(x, d),
     }
-    if t <= 4:
-        out["fp8 GEMV"] = lambda x, w, d: fp8_gemv_triton(x, weight=w)
     if hasattr(torch, "_scaled_mm") and t >= 16:
         out["torch._scaled_mm blockwise"] = lambda x, w, d: scaled_mm_blockwise(x, w)
     return out

@@ -1,8 +1,10 @@
-"""y = x @ W^T with a block-FP8 W for more rows than the GEMV takes (batched decode, verify blocks, prefill).
+"""y = x @ W^T with a block-FP8 W at every row count: decode and verify rows (padded to the dot's 16, with
+`fp8_gemm_tiles`' launch shapes: K split for narrow outputs, the partial tiles summed in split order by each tile's
+last program) and prefill.
 
 Two modes of one tiled tl.dot kernel, K tiles of one scale block each:
-- weight-only (`act_fp8=False`): each FP8 weight tile is dequantized in registers to x's dtype and multiplied on the
-  16-bit tensor cores; the weight's bytes are still read once per output tile row (bandwidth-bound sizes);
+- weight-only (`act_fp8=False`): each e4m3 weight tile is converted (exactly) to x's dtype and multiplied on the
+  16-bit tensor cores; each scale block's fp32 products are multiplied by the block's scale once;
 - w8a8 (`act_fp8=True`, the checkpoints' "dynamic" activation scheme): x is quantized per token in 1 x block_k
   groups (`quantize_activations_fp8`), each tile product runs on the FP8 tensor cores and is scaled by its row's
   group scale times the weight block's scale (compute-bound prefill).

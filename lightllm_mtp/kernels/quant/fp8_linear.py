@@ -1,9 +1,10 @@
 """x @ W^T with a block-FP8 W: which kernel runs for which rows.
 
-On CUDA: up to FP8_GEMV_MAX_ROWS rows the GEMV (decode at small batches); up to WEIGHT_ONLY_MAX_ROWS the tiled
-GEMM dequantizing the weight into 16-bit tensor-core products (batched decode and verify blocks, exact activations;
-measured 1.5-2.5x slower than the w8a8 GEMM at those rows on the H200, benchmark/results/fp8_gemm_vs_bf16_h200.json,
-see benchmark/NOTES.md "Stop 38"); above, w8a8 with per-token 1 x 128 activation scales (prefill: FP8 tensor cores):
+On CUDA: up to WEIGHT_ONLY_MAX_ROWS rows (decode, verify blocks) the tiled GEMM weight-only with its few-row launch
+shapes (fp8_gemm_tiles: rows padded to 16, K split for narrow outputs): the e4m3 weight converted exactly to bf16 on
+the 16-bit tensor cores, exact activations, the CPU reference's rounding; H200 (benchmark/NOTES.md "Stop 39"): 2.3-2.6
+TB/s of FP8 weight at 1-16 rows, 1.2-1.4x faster than bf16 on the 27B projections, slower than bf16 at 32+ rows.
+Above, w8a8 with per-token 1 x 128 activation scales (prefill: FP8 tensor cores):
 torch._scaled_mm's blockwise mode where it takes the call (fp8_scaled_mm.py: faster on every measured shape), else
 the Triton w8a8 GEMM. Off CUDA (and with LIGHTLLM_MTP_FORCE_REFERENCE_KERNELS) the weight-only reference: fp32
 products of the dequantized weight, the same for every row count, so that a CPU forward's rows do not depend on their

@@ -1,6 +1,7 @@
 """The FP8 Triton kernels compile for the H100 / H200 (sm_90) on a CPU machine at the 27B / 35B-A3B shapes: catches
 what the interpreter does not (e4m3 conversions and FP8 tensor-core dots lowering, dtype mismatches in tl.dot, shared
-memory over the SM's 227 KB): the block-FP8 GEMV, the tiled GEMM in both modes and the activation quantization, the
+memory over the SM's 227 KB): the tiled GEMM in both modes (prefill tiles, and decode tiles with split K and in-kernel
+activation rounding) and the activation quantization, the
 FP8 expert pass, and the attention kernels over an FP8 KV pool."""
 
 import pytest
@@ -9,7 +10,7 @@ triton = pytest.importorskip("triton")
 
 from lightllm_mtp.kernels.attention import decode_attention, prefill_attention, qk_norm_rope  # noqa: E402
 from lightllm_mtp.kernels.moe import moe_expert_pass  # noqa: E402
-from lightllm_mtp.kernels.quant import fp8_gemm, fp8_gemv  # noqa: E402
+from lightllm_mtp.kernels.quant import fp8_gemm  # noqa: E402
 
 SMEM_LIMIT = 227 * 1024
 
@@ -45,25 +46,20 @@ def _compile(fn, args, constexprs, **options):
     return kernel
 
 
-@pytest.mark.parametrize("pdl", [False, True])
-@pytest.mark.parametrize("t,block_n,block_k", [(1, 2, 2048), (4, 16, 128)])
-def test_fp8_gemv_compiles(pdl, t, block_n, block_k):
-    """27B MLP gate_up [34816, 5120] at one row (wide tiles) and four rows."""
-    _compile(fp8_gemv._fp8_gemv_kernel,
-             dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", out_ptr="*bf16", T=t, N=34816, K=5120,
-                  stride_x=5120, stride_w=5120, stride_s=40, stride_out=34816),
-             dict(SCALE_N=128, SCALE_K=128, T_PAD=triton.next_power_of_2(t), BLOCK_N=block_n, BLOCK_K=block_k,
-                  PDL=pdl), num_warps=4)  # fmt: skip
-
-
-@pytest.mark.parametrize("act_fp8", [False, True])
-def test_fp8_gemm_and_activation_quantization_compile(act_fp8):
+@pytest.mark.parametrize("act_fp8,quantize_a,block_m,block_n,split_k", [
+    (False, False, 64, 128, 1), (True, False, 64, 128, 1),  # prefill tiles
+    (False, False, 16, 64, 8), (True, True, 16, 64, 8),  # decode rows: the 27B down projection's split K
+])  # fmt: skip
+def test_fp8_gemm_and_activation_quantization_compile(act_fp8, quantize_a, block_m, block_n, split_k):
+    a_type = "*fp8e4nv" if act_fp8 and not quantize_a else "*bf16"
     kernel = _compile(fp8_gemm._fp8_gemm_kernel,
-                      dict(a_ptr="*fp8e4nv" if act_fp8 else "*bf16", a_s_ptr="*fp32", w_ptr="*fp8e4nv", w_s_ptr="*fp32",
-                           out_ptr="*bf16", M=4096, N=12288, K=5120, stride_a=5120, stride_as=40, stride_w=5120,
-                           stride_ws=40, stride_out=12288),
-                      dict(SCALE_N=128, BLOCK_K=128, ACT_FP8=act_fp8, BLOCK_M=64, BLOCK_N=128, DOT_PRECISION="tf32"),
-                      num_warps=4, num_stages=3)  # fmt: skip
+                      dict(a_ptr=a_type, a_s_ptr="*fp32", w_ptr="*fp8e4nv", w_s_ptr="*fp32", out_ptr="*bf16",
+                           partial_ptr="*fp32", arrival_ptr="*i32", M=4096, N=12288, K=5120, stride_a=5120,
+                           stride_as=40, stride_w=5120, stride_ws=40, stride_out=12288),
+                      dict(SCALE_N=128, BLOCK_K=128, ACT_FP8=act_fp8, QUANTIZE_A=quantize_a, BLOCK_M=block_m,
+                           BLOCK_N=block_n, SPLIT_K=split_k, DOT_PRECISION="tf32", MIN_SCALE=1e-10,
+                           FP8_MAX_VALUE=448.0),
+                      num_warps=4, num_stages=4 if split_k > 1 else 3)  # fmt: skip
     if act_fp8:  # the FP8 tensor cores: wgmma / mma on e4m3 operands
         assert "e4m3" in kernel.asm["ptx"]
     _compile(fp8_gemm._quantize_act_kernel,

@@ -1,5 +1,6 @@
-"""Block-FP8 projections (kernels/quant/): quantization round trip, the GEMV and the tiled GEMM against their
-references under Triton's interpreter, the dispatch, and on the GPU against the references at real shapes."""
+"""Block-FP8 projections (kernels/quant/): quantization round trip, the tiled GEMM (its few-row launch shapes with
+split K, weight-only and w8a8) against its references under Triton's interpreter, the dispatch, and on the GPU
+against the references at real shapes."""
 
 import textwrap
 
@@ -8,25 +9,31 @@ import torch
 
 from lightllm_mtp.kernels.quant import fp8_linear as dispatch
 from lightllm_mtp.kernels.quant.fp8_block import FP8_MAX, Fp8BlockWeight, dequantize_fp8_block, quantize_fp8_block
-from lightllm_mtp.kernels.quant.fp8_gemm import fp8_gemm_ref, quantize_activations_ref
-from lightllm_mtp.kernels.quant.fp8_gemv import fp8_gemv_ref, fp8_gemv_triton
+from lightllm_mtp.kernels.quant.fp8_gemm import fp8_gemm_ref, fp8_gemm_tiles, fp8_gemm_triton, quantize_activations_ref
 from lightllm_mtp.kernels.quant.fp8_linear import WEIGHT_ONLY_MAX_ROWS, fp8_linear
+from lightllm_mtp.kernels.triton_utils import num_sms
 from unit_tests.triton_interpreter import run_interpreted
 
 INTERPRET_SCRIPT = textwrap.dedent(
     """
     import torch
     from lightllm_mtp.kernels.quant.fp8_block import quantize_fp8_block
-    from lightllm_mtp.kernels.quant.fp8_gemm import (fp8_gemm_ref, fp8_gemm_triton, quantize_activations_fp8,
-                                                     quantize_activations_ref)
-    from lightllm_mtp.kernels.quant.fp8_gemv import fp8_gemv_ref, fp8_gemv_triton
+    from lightllm_mtp.kernels.quant.fp8_gemm import (_ARRIVALS, fp8_gemm_ref, fp8_gemm_tiles, fp8_gemm_triton,
+                                                     quantize_activations_fp8, quantize_activations_ref)
     gen = torch.Generator().manual_seed(0)
-    # (T, N, K, block): partial blocks on both sides, sub-blocks (a regrouped shard), several K steps, wide rows
+    # decode rows. (T, N, K, block): partial blocks on both sides, sub-blocks (a regrouped shard), several K steps;
+    # K split 1..8 ways, into shares of unequal length and into more shares than K blocks (empty ones)
     for t, n, k, block in ((1, 40, 64, (16, 16)), (3, 37, 200, (32, 64)), (2, 300, 1000, (128, 128)),
-                           (4, 130, 256, (128, 128)), (1, 1031, 4100, (128, 128)), (2, 64, 384, (64, 128))):
+                           (4, 130, 256, (128, 128)), (1, 131, 4100, (128, 128)), (2, 64, 384, (64, 128))):
         x = torch.randn(t, k + 5, generator=gen)[:, 2 : 2 + k]  # strided rows
         w = quantize_fp8_block(torch.randn(n, k, generator=gen) * 0.05, block)
-        torch.testing.assert_close(fp8_gemv_triton(x, weight=w), fp8_gemv_ref(x, w), rtol=1e-5, atol=1e-4)
+        want = fp8_gemm_ref(x, w, act_fp8=False)
+        tiles = fp8_gemm_tiles(t, n, k, block[1], sms=132)
+        torch.testing.assert_close(fp8_gemm_triton(x, weight=w, act_fp8=False, **tiles), want, rtol=1e-5, atol=1e-4)
+        for split in (2, 3, 8):
+            got = fp8_gemm_triton(x, weight=w, act_fp8=False, block_m=16, block_n=32, split_k=split)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    assert all(int(c.abs().sum()) == 0 for c in _ARRIVALS.values())  # every tile's counter reset for the next call
     for m, n, k, block in ((5, 40, 64, (16, 16)), (70, 130, 300, (128, 128)), (33, 96, 256, (32, 64))):
         x = torch.randn(m, k, generator=gen)
         w = quantize_fp8_block(torch.randn(n, k, generator=gen) * 0.05, block)
@@ -103,15 +110,27 @@ def test_dispatch_on_cpu_is_the_weight_only_reference_at_every_row_count(monkeyp
     w = quantize_fp8_block(torch.randn(96, 256) * 0.05, (128, 128))
     x = torch.randn(300, 256)
     full = fp8_linear(x, w)
-    torch.testing.assert_close(full, fp8_gemv_ref(x, w), rtol=0, atol=0)
+    torch.testing.assert_close(full, fp8_gemm_ref(x, w, act_fp8=False), rtol=0, atol=0)
     torch.testing.assert_close(fp8_linear(x[:3], w), full[:3], rtol=1e-6, atol=1e-6)
     calls = []
     monkeypatch.setattr(dispatch, "use_triton", lambda t: True)
-    monkeypatch.setattr(dispatch, "fp8_gemv_triton", lambda x, weight: calls.append(("gemv", x.shape[0])))
-    monkeypatch.setattr(dispatch, "fp8_gemm_triton", lambda x, weight, act_fp8: calls.append(("gemm", act_fp8)))
-    for rows in (1, 4, 5, WEIGHT_ONLY_MAX_ROWS, WEIGHT_ONLY_MAX_ROWS + 1):
+    monkeypatch.setattr(dispatch, "scaled_mm_fits", lambda x, weight: False)
+    monkeypatch.setattr(dispatch, "fp8_gemm_triton",
+                        lambda x, weight, act_fp8, **tiles: calls.append((x.shape[0], act_fp8, tiles.get("block_m"))))
+    for rows in (1, 17, WEIGHT_ONLY_MAX_ROWS, WEIGHT_ONLY_MAX_ROWS + 1):
         fp8_linear(torch.randn(rows, 256), w)
-    assert calls == [("gemv", 1), ("gemv", 4), ("gemm", False), ("gemm", False), ("gemm", True)]
+    assert calls == [(1, False, 16), (17, False, 32), (WEIGHT_ONLY_MAX_ROWS, False, 64),
+                     (WEIGHT_ONLY_MAX_ROWS + 1, True, None)]
+
+
+def test_few_row_tiles_split_narrow_outputs_only():
+    """27B shapes on 132 SMs: the narrow down / out projections split K (8 / 4 ways), the wide ones barely; a short K
+    is never split below 8 scale blocks a share."""
+    assert fp8_gemm_tiles(1, 5120, 17408, 128, 132)["split_k"] == 8
+    assert fp8_gemm_tiles(1, 5120, 6144, 128, 132)["split_k"] == 4
+    assert fp8_gemm_tiles(1, 34816, 5120, 128, 132)["split_k"] == 2
+    assert fp8_gemm_tiles(1, 12288, 1024, 128, 132)["split_k"] == 1
+    assert [fp8_gemm_tiles(t, 5120, 5120, 128, 132)["block_m"] for t in (1, 16, 17, 64, 256)] == [16, 16, 32, 64, 64]
 
 
 @pytest.mark.gpu
@@ -125,6 +144,7 @@ def test_fp8_linear_gpu(t, n, k):
     out = fp8_linear(x, w)
     ref = fp8_gemm_ref(x, w, act_fp8=act)
     torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
-    if t <= 4:
-        torch.testing.assert_close(fp8_gemv_triton(x, weight=w).float(), fp8_gemv_ref(x, w).float(), rtol=1e-2,
-                                   atol=1e-2)  # fmt: skip
+    if t <= WEIGHT_ONLY_MAX_ROWS:  # a row's result does not depend on the rows beside it (same launch shape)
+        tiles = fp8_gemm_tiles(t, n, k, 128, num_sms(x.device))
+        alone = fp8_gemm_triton(x[:1], weight=w, act_fp8=False, **tiles)
+        assert torch.equal(alone[0], fp8_gemm_triton(x, weight=w, act_fp8=False, **tiles)[0])
