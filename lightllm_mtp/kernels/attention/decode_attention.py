@@ -116,10 +116,12 @@ def splitk_attention_triton(
     block_n: int | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    num_warps: int | None = None,
 ) -> torch.Tensor:
     """Split-K causal attention of short q blocks (arguments validated by the callers). Without b1_cu_q_len, q row b
     is request b's single query (decode); with it, request b owns rows b1_cu_q_len[b]:b1_cu_q_len[b+1], at most
-    max_q_len of them (a host bound: rows past it are not computed). num_splits / block_n override the heuristics."""
+    max_q_len of them (a host bound: rows past it are not computed). num_splits / block_n / num_warps (stage 1)
+    override the heuristics."""
     t, hq, d = q.shape
     bsz, hkv, dv = b_req_idx.shape[0], k_buffer.shape[1], v_buffer.shape[2]
     group = hq // hkv
@@ -145,7 +147,7 @@ def splitk_attention_triton(
         *mid_o.stride()[:3], *mid_lse.stride()[:2],
         G=group, D=d, DV=dv, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_N=block_n,
         HAS_CU=has_cu, COMPUTE_FP32=compute_fp32, KV_FP8=kv_fp8,
-        num_warps=4 if block_m <= 32 else 8, num_stages=2, **pdl_args(q),
+        num_warps=num_warps or (4 if block_m <= 32 else 8), num_stages=2, **pdl_args(q),
     )
     _splitk_stage2_kernel[(bsz, max_q_len, hq)](
         mid_o, mid_lse, out, b_seq_len, cu, num_splits,

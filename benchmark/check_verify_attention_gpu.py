@@ -1,0 +1,64 @@
+"""The split-K attention kernel (kernels/attention/decode_attention.py) at long context for a decode row and MTP
+verify blocks of 2-4 rows (k = 1..3) at the 27B shape (24 query heads over 4 KV heads of 256, bf16 KV), one request:
+stage-1 launch shapes (BLOCK_N, warps) against the default, time per call in a CUDA graph and the KV bytes it
+streams per second. Adaptive k's start-up table showed the per-context-token cost doubling from k=1 to k=2 (the
+q tile grows from 16 to 32 rows: rows x 6 query heads per KV head).
+
+    python benchmark/check_verify_attention_gpu.py [--lengths 262144,1048576] [--out F]
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from benchmark.timing import graph_replay_ms, result_header, write_json
+from lightllm_mtp.kernels.attention.decode_attention import splitk_attention_triton
+
+HQ, HKV, D = 24, 4, 256
+LAUNCH = [(None, None)] + [(bn, w) for bn in (16, 32, 64) for w in (4, 8)]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--lengths", default="262144,1048576")
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    rows = []
+    for length in (int(x) for x in args.lengths.split(",")):
+        k_buf = torch.randn(length, HKV, D, device="cuda", dtype=torch.bfloat16)
+        v_buf = torch.randn(length, HKV, D, device="cuda", dtype=torch.bfloat16)
+        req_to_token = torch.randperm(length, device="cuda", dtype=torch.int32)[None]
+        b_req_idx = torch.zeros(1, dtype=torch.int32, device="cuda")
+        b_seq_len = torch.full((1,), length, dtype=torch.int32, device="cuda")
+        kv_bytes = 2 * length * HKV * D * 2
+        for q_rows in (1, 2, 3, 4):
+            q = torch.randn(q_rows, HQ, D, device="cuda", dtype=torch.bfloat16)
+            cu = torch.tensor([0, q_rows], dtype=torch.int32, device="cuda")
+            base = None
+            for block_n, warps in LAUNCH:
+                kw = dict(b1_cu_q_len=cu, max_q_len=q_rows, max_kv_len=length, block_n=block_n, num_warps=warps)
+                row = dict(length=length, q_rows=q_rows, block_n=block_n or "default", warps=warps or "default")
+                try:
+                    out = splitk_attention_triton(q, k_buf, v_buf, req_to_token, b_req_idx, b_seq_len, D**-0.5, **kw)
+                    if base is None:
+                        base = out.float()
+                    row["max_diff_vs_default"] = (out.float() - base).abs().max().item()
+                    us = graph_replay_ms(lambda: splitk_attention_triton(q, k_buf, v_buf, req_to_token, b_req_idx,
+                                                                          b_seq_len, D**-0.5, **kw), 10) * 1e3  # fmt: skip
+                    row.update(us=us, kv_GB_per_s=kv_bytes / us / 1e3)
+                except Exception as e:  # noqa: BLE001  (a launch shape that does not compile / fit)
+                    row["note"] = f"{type(e).__name__}: {str(e)[:160]}"
+                rows.append(row)
+                print({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+        del k_buf, v_buf
+        torch.cuda.empty_cache()
+    header = result_header("benchmark/check_verify_attention_gpu.py", None, args, torch.device("cuda"))
+    write_json(dict(header, rows=rows), args.out)
+
+
+if __name__ == "__main__":
+    main()
