@@ -54,7 +54,6 @@ def main():
                     row["note"] = f"{type(e).__name__}: {str(e)[:160]}"
                 rows.append(row)
                 print({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
-        del k_buf, v_buf
         torch.cuda.empty_cache()
     header = result_header("benchmark/check_verify_attention_gpu.py", None, args, torch.device("cuda"))
     write_json(dict(header, rows=rows), args.out)
