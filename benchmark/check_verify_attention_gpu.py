@@ -1,6 +1,6 @@
 """The split-K attention kernel (kernels/attention/decode_attention.py) at long context for a decode row and MTP
 verify blocks of 2-4 rows (k = 1..3) at the 27B shape (24 query heads over 4 KV heads of 256, bf16 KV), one request:
-stage-1 launch shapes (BLOCK_N, warps) against the default, time per call in a CUDA graph and the KV bytes it
+stage-1 launch shapes (BLOCK_N, warps, query heads split over 1 or 2 programs per KV head) against the default, time per call in a CUDA graph and the KV bytes it
 streams per second. Adaptive k's start-up table showed the per-context-token cost doubling from k=1 to k=2 (the
 q tile grows from 16 to 32 rows: rows x 6 query heads per KV head).
 
@@ -19,12 +19,13 @@ from benchmark.timing import graph_replay_ms, result_header, write_json
 from lightllm_mtp.kernels.attention.decode_attention import splitk_attention_triton
 
 HQ, HKV, D = 24, 4, 256
-LAUNCH = [(None, None)] + [(bn, w) for bn in (16, 32, 64) for w in (4, 8)]
+LAUNCH = [(None, None, 1)] + [(bn, w, hs) for hs in (1, 2) for bn in (16, 32, 64) for w in (4, 8)]
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--lengths", default="262144,1048576")
+    p.add_argument("--rows", default="1,2,3,4")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     rows = []
@@ -35,13 +36,15 @@ def main():
         b_req_idx = torch.zeros(1, dtype=torch.int32, device="cuda")
         b_seq_len = torch.full((1,), length, dtype=torch.int32, device="cuda")
         kv_bytes = 2 * length * HKV * D * 2
-        for q_rows in (1, 2, 3, 4):
+        for q_rows in (int(r) for r in args.rows.split(",")):
             q = torch.randn(q_rows, HQ, D, device="cuda", dtype=torch.bfloat16)
             cu = torch.tensor([0, q_rows], dtype=torch.int32, device="cuda")
             base = None
-            for block_n, warps in LAUNCH:
-                kw = dict(b1_cu_q_len=cu, max_q_len=q_rows, max_kv_len=length, block_n=block_n, num_warps=warps)
-                row = dict(length=length, q_rows=q_rows, block_n=block_n or "default", warps=warps or "default")
+            for block_n, warps, head_split in LAUNCH:
+                kw = dict(b1_cu_q_len=cu, max_q_len=q_rows, max_kv_len=length, block_n=block_n, num_warps=warps,
+                          head_split=head_split)  # fmt: skip
+                row = dict(length=length, q_rows=q_rows, block_n=block_n or "default", warps=warps or "default",
+                           head_split=head_split)  # fmt: skip
                 try:
                     out = splitk_attention_triton(q, k_buf, v_buf, req_to_token, b_req_idx, b_seq_len, D**-0.5, **kw)
                     if base is None:

@@ -117,19 +117,23 @@ def splitk_attention_triton(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     num_warps: int | None = None,
+    head_split: int = 1,
 ) -> torch.Tensor:
     """Split-K causal attention of short q blocks (arguments validated by the callers). Without b1_cu_q_len, q row b
     is request b's single query (decode); with it, request b owns rows b1_cu_q_len[b]:b1_cu_q_len[b+1], at most
     max_q_len of them (a host bound: rows past it are not computed). num_splits / block_n / num_warps (stage 1)
-    override the heuristics."""
+    override the heuristics. head_split: programs per KV head, each over a share of its query heads (the same KV
+    read by each, the second read mostly from L2), for q blocks whose rows x query heads overflow a 16-row tile."""
     t, hq, d = q.shape
     bsz, hkv, dv = b_req_idx.shape[0], k_buffer.shape[1], v_buffer.shape[2]
     group = hq // hkv
+    if group % head_split:
+        raise ValueError(f"splitk_attention: head_split {head_split} must divide the {group} query heads per KV head")
     out = torch.empty(t, hq, dv, dtype=q.dtype, device=q.device)
     if bsz == 0 or t == 0 or max_q_len <= 0:
         return out
     block_d, block_dv = max(16, triton.next_power_of_2(d)), max(16, triton.next_power_of_2(dv))
-    block_m = max(16, triton.next_power_of_2(max_q_len * group))
+    block_m = max(16, triton.next_power_of_2(max_q_len * group // head_split))
     compute_fp32, kv_fp8 = kv_compute_dtypes(q, k_buffer)
     if block_n is None:  # sm_90 builds, D=256 bf16: N=32 needs ~144 registers, 3 programs fit an SM; fp32 halves it
         block_n = (64 if max(block_d, block_dv) <= 128 else 32) // (2 if compute_fp32 else 1)
@@ -140,12 +144,12 @@ def splitk_attention_triton(
     mid_lse = torch.empty(t, hq, num_splits, dtype=torch.float32, device=q.device)
     has_cu = b1_cu_q_len is not None
     cu = b1_cu_q_len if has_cu else b_seq_len  # unread placeholder for decode
-    _splitk_stage1_kernel[(bsz, hkv, num_splits)](
+    _splitk_stage1_kernel[(bsz, hkv * head_split, num_splits)](
         q, k_buffer, v_buffer, req_to_token, b_req_idx, b_seq_len, cu, mid_o, mid_lse,
         scale * k_scale * math.log2(math.e), v_scale, num_splits,
         *q.stride(), *k_buffer.stride(), *v_buffer.stride(), req_to_token.stride(0),
         *mid_o.stride()[:3], *mid_lse.stride()[:2],
-        G=group, D=d, DV=dv, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_N=block_n,
+        G=group, HEAD_SPLIT=head_split, D=d, DV=dv, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_N=block_n,
         HAS_CU=has_cu, COMPUTE_FP32=compute_fp32, KV_FP8=kv_fp8,
         num_warps=num_warps or (4 if block_m <= 32 else 8), num_stages=2, **pdl_args(q),
     )
@@ -186,13 +190,16 @@ if triton_available():
         Q, K, V, req_to_token, b_req_idx, b_seq_len, b1_cu_q_len, mid_o, mid_lse, qk_scale, v_scale, num_splits,
         stride_qt, stride_qh, stride_qd, stride_kp, stride_kh, stride_kd, stride_vp, stride_vh, stride_vd,
         stride_rt, stride_ot, stride_oh, stride_os, stride_lt, stride_lh,
-        G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+        G: tl.constexpr, HEAD_SPLIT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_D: tl.constexpr,
         BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr, HAS_CU: tl.constexpr, COMPUTE_FP32: tl.constexpr,
         KV_FP8: tl.constexpr, PDL: tl.constexpr,
     ):
         pdl_wait(PDL)
         b = tl.program_id(0)
-        kvh = tl.program_id(1)
+        GP: tl.constexpr = G // HEAD_SPLIT  # query heads of this program
+        kvh = tl.program_id(1) // HEAD_SPLIT
+        head0 = kvh * G + (tl.program_id(1) % HEAD_SPLIT) * GP
         split = tl.program_id(2)
         q_start, q_len = _q_block(b1_cu_q_len, b, HAS_CU)
         seq_len = tl.load(b_seq_len + b).to(tl.int32)
@@ -204,12 +211,12 @@ if triton_available():
         if done:
             return
         end = tl.minimum(start + split_len, seq_len)
-        # tile row m = (q row m // G, query head kvh * G + m % G)
+        # tile row m = (q row m // GP, query head head0 + m % GP)
         offs_m = tl.arange(0, BLOCK_M)
-        mask_m = offs_m < q_len * G
-        row = (q_start + offs_m // G).to(tl.int64)
-        head = kvh * G + offs_m % G
-        pos = seq_len - q_len + offs_m // G
+        mask_m = offs_m < q_len * GP
+        row = (q_start + offs_m // GP).to(tl.int64)
+        head = head0 + offs_m % GP
+        pos = seq_len - q_len + offs_m // GP
         offs_d = tl.arange(0, BLOCK_D)
         offs_dv = tl.arange(0, BLOCK_DV)
         q = tl.load(
