@@ -81,6 +81,11 @@ CASES = {
         lambda: _blocks([9, 23, 3, 33, 40], [3] * 5, 4, 2, 32, 22, True, num_splits=5, block_n=16), None
     ),
     "verify_ragged_g3": (lambda: _blocks([8, 30, 2, 19], [2, 4, 1, 3], 6, 2, 16, 23, True, block_n=16), None),
+    # the query heads of each KV head over 2 / 3 programs (head_split), ragged blocks, G=6
+    "verify_head_split2_g6": (
+        lambda: _blocks([8, 30, 4, 19], [2, 4, 1, 3], 12, 2, 16, 24, True, block_n=16, head_split=2), None
+    ),
+    "verify_head_split3_g6": (lambda: _blocks([8, 30, 19], [2, 4, 3], 12, 2, 16, 25, True, head_split=3), None),
     # public wrappers with dispatch forced on for CPU tensors
     "wrapper_decode": (_wrapper_decode, "splitk"),
     "wrapper_verify": (lambda: _wrapper_blocks([9, 23, 40], [3, 2, 3]), "splitk"),
