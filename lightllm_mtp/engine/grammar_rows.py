@@ -6,12 +6,17 @@ the host from the candidates the proposer kept (sampling/draft_choice.py) when t
 collected (`take_candidates`, `write_grammar_drafts`), then q mask rows, row i after the drafts d_1..d_i. Such requests
 are never in a step launched while one of theirs is in flight (SamplingParams.reads_history): the matcher is always
 the committed output's; the other requests of the batch keep their overlap.
+
+Under pp the candidates and the matchers are on the last stage (its tp ranks), which chooses; the drafts and counts
+it chose reach the other stages' DraftState with a broadcast in the same launch (`grammar_drafts_from_last_stage`),
+since the first stage embeds the block's tokens: every stage verifies the same block.
 """
 
 from __future__ import annotations
 
 import torch
 
+from lightllm_mtp.common.parallel_state import pp_broadcast_from_last
 from lightllm_mtp.engine.request import Request
 from lightllm_mtp.engine.step import HostCopy
 from lightllm_mtp.sampling.grammar import new_bitmask, row_masks
@@ -74,3 +79,15 @@ def write_grammar_drafts(reqs: list[Request], b_req_idx: torch.Tensor, state: Dr
 
     drafts = dev([t for row in padded for t in row]).view(len(picked), k)
     state.replace_drafts(b_req_idx[dev(picked)], drafts, dev([len(c) for c in chosen]))
+
+
+def grammar_drafts_from_last_stage(reqs: list[Request], b_req_idx: torch.Tensor, state: DraftState) -> None:
+    """Under pp, after the last stage's write_grammar_drafts: its grammar requests' draft counts and drafts copied
+    into every stage's DraftState (a device broadcast, nothing read back; on the last stage a copy onto itself).
+    Every stage names the same rows, the requests with a structured output (the first stage's ranks hold no matcher
+    and no candidates)."""
+    rows = [b for b, r in enumerate(reqs) if r.params.structured is not None]
+    if not rows:
+        return
+    idx = b_req_idx[torch.tensor(rows, dtype=torch.int64).to(b_req_idx.device, non_blocking=True)]
+    state.set_block_drafts(idx, pp_broadcast_from_last(state.block_drafts(idx)))

@@ -25,7 +25,9 @@ from lightllm_mtp.engine.request import EndState, Request, RequestStatus
 from lightllm_mtp.engine.request_end import verify_arrived
 from lightllm_mtp.engine.scheduler import ScheduledRequest
 from lightllm_mtp.engine.step import HostCopy, PromptChunksLaunch, SpecStep, VerifyLaunch, kv_lookahead_slots
-from lightllm_mtp.engine.grammar_rows import take_candidates, verify_masks, write_grammar_drafts
+from lightllm_mtp.engine.grammar_rows import (
+    grammar_drafts_from_last_stage, take_candidates, verify_masks, write_grammar_drafts,
+)
 from lightllm_mtp.sampling.draft_choice import DraftChooser, kept_candidates
 from lightllm_mtp.sampling.logits_processing import process_logits
 from lightllm_mtp.sampling.logprobs import emitted_logprobs
@@ -259,7 +261,9 @@ class SpecRunner:
         b_req_idx = self._device([r.req_idx for r in reqs])
         blocks = [r.blocks[-1] for r in reqs]  # the block each request verifies: the newest one opened
         q = max(len(b) for b in blocks)  # k + 1, or fewer when every block holds fewer drafts (adaptive)
-        write_grammar_drafts(reqs, b_req_idx, self.state)  # before the batch gathers them
+        write_grammar_drafts(reqs, b_req_idx, self.state)  # before the batch gathers them (candidates: last stage)
+        if not (self.model.is_first_stage and self.model.is_last_stage):
+            grammar_drafts_from_last_stage(reqs, b_req_idx, self.state)  # every stage verifies the same block
         batch, rows = self.builder.verify_batch(b_req_idx, rows=q)
         out = self.runner.forward(batch)
         drafts, num_drafts = rows[:, DRAFTS : DRAFTS + q - 1], rows[:, NUM_DRAFTS]

@@ -71,3 +71,14 @@ class DraftState:
         idx = b_req_idx.to(torch.int64)
         self.table[idx, DRAFTS : self.slots_col] = drafts
         self.table[idx, NUM_DRAFTS] = torch.minimum(self.table[idx, NUM_DRAFTS], counts)
+
+    def block_drafts(self, b_req_idx: torch.Tensor) -> torch.Tensor:
+        """[B, 1 + k]: each request's draft count, then d_1..d_k (a copy)."""
+        idx = b_req_idx.to(torch.int64)
+        return torch.cat([self.table[idx, NUM_DRAFTS : NUM_DRAFTS + 1], self.table[idx, DRAFTS : self.slots_col]], 1)
+
+    def set_block_drafts(self, b_req_idx: torch.Tensor, rows: torch.Tensor) -> None:
+        """The inverse of block_drafts: rows [B, 1 + k] (count, d_1..d_k) written back."""
+        idx = b_req_idx.to(torch.int64)
+        self.table[idx, NUM_DRAFTS] = rows[:, 0]
+        self.table[idx, DRAFTS : self.slots_col] = rows[:, 1:]

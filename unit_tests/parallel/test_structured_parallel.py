@@ -2,7 +2,8 @@
 last pipeline stage) compiles the request's grammar and keeps a matcher over its request mirror's committed output
 (engine/parallel/follower.py), so the masks of every sampled row, verify row and draft equal the driver's: greedy
 tokens equal one process's, plain and with eagle k=2, the JSON parses and follows its schema, and a grammar that does
-not compile ends only its own request."""
+not compile ends only its own request. Multi-layer MTP under pp too: the last stage chooses the grammar drafts on the
+host (engine/grammar_rows.py) and every stage must verify those, the first stage embedding them."""
 
 import json
 import re
@@ -12,10 +13,12 @@ from transformers import AutoTokenizer
 
 from lightllm_mtp.engine.request import FinishReason
 from lightllm_mtp.sampling_params import SamplingParams, StructuredOutput
-from unit_tests.parallel.workload import DENSE, engine
+from lightllm_mtp.tools.default_checkpoint import complete_checkpoint
+from unit_tests.parallel.workload import DENSE, MTP3, engine
 from unit_tests.spec_decode.test_structured_outputs_mtp import SCHEMAS, follows
 
 EAGLE = dict(mtp_mode="eagle_with_att", mtp_step=2)
+VANILLA = dict(mtp_mode="vanilla_with_att", mtp_step=3)
 DIGITS = re.compile("[0-9]{2}\\.[0-9]")
 REQUESTS = [  # (prompt, params, how to check the text)
     ("def load(path):\n    return {", "json_schema", json.dumps(SCHEMAS["nested"]), "nested"),
@@ -29,8 +32,9 @@ REQUESTS = [(prompt, SamplingParams(temperature=0, max_new_tokens=60, structured
 REQUESTS.append(("value = ", SamplingParams(temperature=1.0, seed=5, max_new_tokens=20,
                                             structured=StructuredOutput("regex", DIGITS.pattern)), DIGITS))  # fmt: skip
 BAD = StructuredOutput("json_schema", '{"type": "object", "properties": {"a": {"type": "nope"}}}')
-LAYOUTS = [(2, 1, {}), (2, 1, EAGLE), (1, 2, {}), (1, 2, EAGLE), (2, 2, EAGLE)]
-LAYOUT_IDS = ["tp2-plain", "tp2-eagle2", "pp2-plain", "pp2-eagle2", "tp2-pp2-eagle2-cache"]
+LAYOUTS = [(DENSE, 2, 1, {}), (DENSE, 2, 1, EAGLE), (DENSE, 1, 2, {}), (DENSE, 1, 2, EAGLE), (DENSE, 2, 2, EAGLE),
+           (MTP3, 1, 2, VANILLA)]  # fmt: skip
+LAYOUT_IDS = ["tp2-plain", "tp2-eagle2", "pp2-plain", "pp2-eagle2", "tp2-pp2-eagle2-cache", "mtp3-pp2-vanilla3"]
 
 
 def generate(eng, tokenizer, requests) -> list[tuple[list[int], str]]:
@@ -53,22 +57,24 @@ def check_texts(tokenizer, outputs, requests) -> None:
 _reference: dict = {}
 
 
-def reference(mtp: dict) -> list[tuple[list[int], str]]:
-    key = tuple(sorted(mtp.items()))
+def reference(mtp: dict, model_dir=DENSE) -> list[tuple[list[int], str]]:
+    key = (model_dir, tuple(sorted(mtp.items())))
     if key not in _reference:
-        _reference[key] = generate(engine(DENSE, mtp), AutoTokenizer.from_pretrained(DENSE), REQUESTS)
+        _reference[key] = generate(engine(model_dir, mtp), AutoTokenizer.from_pretrained(model_dir), REQUESTS)
     return _reference[key]
 
 
-@pytest.mark.parametrize("tp, pp, mtp", LAYOUTS, ids=LAYOUT_IDS)
-def test_grammars_under_tp_and_pp_equal_one_process(tp, pp, mtp):
+@pytest.mark.parametrize("model_dir, tp, pp, mtp", LAYOUTS, ids=LAYOUT_IDS)
+def test_grammars_under_tp_and_pp_equal_one_process(model_dir, tp, pp, mtp):
     """Masked sampling, verify rows and drafts on the ranks that choose tokens (the last stage under pp): the one
     process's tokens; the texts follow their grammars. tp=2 x pp=2: the first stage's ranks hold no matcher; the
     prefix cache on (requests reach the followers with the cache's Match, before their launch)."""
-    tokenizer = AutoTokenizer.from_pretrained(DENSE)
-    want = reference(mtp)
+    if complete_checkpoint(model_dir) is None:
+        pytest.skip(f"trained checkpoint not there complete at {model_dir} (recipe: fixtures/README.md)")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    want = reference(mtp, model_dir)
     check_texts(tokenizer, want, REQUESTS)
-    eng = engine(DENSE, mtp, tp=tp, pp=pp, prefix_cache=tp * pp > 2)
+    eng = engine(model_dir, mtp, tp=tp, pp=pp, prefix_cache=tp * pp > 2)
     try:
         got = generate(eng, tokenizer, REQUESTS)
     finally:
