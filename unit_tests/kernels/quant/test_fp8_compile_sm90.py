@@ -96,7 +96,7 @@ def test_attention_over_an_fp8_pool_compiles():
     _compile(decode_attention._splitk_stage1_kernel,
              dict(kv, **strides, mid_o="*fp32", mid_lse="*fp32", num_splits=4, stride_ot=6 * 4 * 256,
                   stride_oh=4 * 256, stride_os=256, stride_lt=24 * 4, stride_lh=4),
-             dict(G=6, D=256, DV=256, BLOCK_M=16, BLOCK_D=256, BLOCK_DV=256, BLOCK_N=32, HAS_CU=False,
+             dict(G=6, HEAD_SPLIT=1, D=256, DV=256, BLOCK_M=16, BLOCK_D=256, BLOCK_DV=256, BLOCK_N=32, HAS_CU=False,
                   COMPUTE_FP32=False, KV_FP8=True, PDL=False), num_warps=4, num_stages=2)  # fmt: skip
     _compile(prefill_attention._flash_prefill_kernel,
              dict(kv, **strides, O="*bf16", stride_ot=24 * 256, stride_oh=256, stride_od=1),
