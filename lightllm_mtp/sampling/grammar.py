@@ -104,8 +104,12 @@ class Gate:
 @dataclass
 class RequestGrammar:
     matcher: object  # xgrammar.GrammarMatcher over the committed output
-    vocab_size: int
+    vocab_size: int  # the ids xgrammar covers (the tokenizer's); a wider row's ids past them are never allowed
     gate: Gate | None = None  # StructuredOutput.starts_after
+
+    def __post_init__(self):
+        self._scratch = torch.empty((1, (self.vocab_size + 31) // 32), dtype=torch.int32)  # one row xgrammar fills
+        self._words = self._scratch.numpy()[0].view(np.uint32)
 
     def advance(self, token: int) -> None:
         """A committed output token (the engine's append)."""
@@ -184,9 +188,8 @@ class RequestGrammar:
         """The first of `ids` the matcher allows next, else the only token it allows; accepted into it."""
         if ids and self.matcher.accept_token(ids[0]):  # the common case: the draft's own first choice is legal
             return ids[0]
-        words = np.full((self.vocab_size + 31) // 32, -1, dtype=np.int32)
-        self.matcher.fill_next_token_bitmask(torch.from_numpy(words)[None], 0)
-        words = words.view(np.uint32)
+        self.matcher.fill_next_token_bitmask(self._scratch, 0)
+        words = self._words
         if ids:
             cand = np.asarray(ids, dtype=np.int64)
             legal = (words[cand // 32] >> (cand % 32).astype(np.uint32)) & 1
@@ -205,8 +208,13 @@ class RequestGrammar:
             for t in self.matcher.stop_token_ids:
                 bit = 1 << (t % 32)
                 bitmask[row, t // 32] |= bit - (1 << 32) * (bit >= 1 << 31)  # as an int32
-        else:
+        elif bitmask.shape[1] == self._scratch.shape[1]:
             self.matcher.fill_next_token_bitmask(bitmask, row)
+        else:  # a row wider than the grammar's ids: theirs filled, the rest (ids without text) never allowed
+            self.matcher.fill_next_token_bitmask(self._scratch, 0)
+            width = self._scratch.shape[1]
+            bitmask[row, :width] = self._scratch[0]
+            bitmask[row, width:] = 0
 
 
 def new_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
