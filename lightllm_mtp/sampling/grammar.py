@@ -104,8 +104,13 @@ class Gate:
 @dataclass
 class RequestGrammar:
     matcher: object  # xgrammar.GrammarMatcher over the committed output
-    vocab_size: int
+    vocab_size: int  # the ids xgrammar covers (the tokenizer's); a wider row's ids past them are never allowed
     gate: Gate | None = None  # StructuredOutput.starts_after
+
+    def __post_init__(self):
+        self._scratch = torch.empty((1, (self.vocab_size + 31) // 32), dtype=torch.int32)  # one row xgrammar fills
+        self._words = self._scratch.numpy()[0].view(np.uint32)
+        self._tail = np.uint32((1 << (self.vocab_size % 32 or 32)) - 1)  # the last word's bits of ids in the vocab
 
     def advance(self, token: int) -> None:
         """A committed output token (the engine's append)."""
@@ -184,9 +189,7 @@ class RequestGrammar:
         """The first of `ids` the matcher allows next, else the only token it allows; accepted into it."""
         if ids and self.matcher.accept_token(ids[0]):  # the common case: the draft's own first choice is legal
             return ids[0]
-        words = np.full((self.vocab_size + 31) // 32, -1, dtype=np.int32)
-        self.matcher.fill_next_token_bitmask(torch.from_numpy(words)[None], 0)
-        words = words.view(np.uint32)
+        words = self._fill_scratch()
         if ids:
             cand = np.asarray(ids, dtype=np.int64)
             legal = (words[cand // 32] >> (cand % 32).astype(np.uint32)) & 1
@@ -205,8 +208,16 @@ class RequestGrammar:
             for t in self.matcher.stop_token_ids:
                 bit = 1 << (t % 32)
                 bitmask[row, t // 32] |= bit - (1 << 32) * (bit >= 1 << 31)  # as an int32
-        else:
-            self.matcher.fill_next_token_bitmask(bitmask, row)
+        else:  # the grammar's ids; a wider row's ids past them (ids without text) are never allowed
+            width = self._scratch.shape[1]
+            bitmask[row, :width] = torch.from_numpy(self._fill_scratch().view(np.int32))
+            bitmask[row, width:] = 0
+
+    def _fill_scratch(self) -> np.ndarray:
+        """The tokens allowed next as uint32 words; bits past vocab_size clear (xgrammar leaves them set)."""
+        self.matcher.fill_next_token_bitmask(self._scratch, 0)
+        self._words[-1] &= self._tail
+        return self._words
 
 
 def new_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
@@ -215,8 +226,21 @@ def new_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
 
 
 def row_masks(bitmask: torch.Tensor, vocab_size: int, device: torch.device) -> RowMasks:
-    """The bitmask as RowMasks ([N, V] bool) on the device (bits unpacked there)."""
-    bits = bitmask.to(device, non_blocking=True)
-    shifts = torch.arange(32, dtype=torch.int32, device=device)
-    allowed = ((bits[:, :, None] >> shifts) & 1).bool().flatten(1)[:, :vocab_size]
+    """The bitmask as RowMasks ([N, V] bool) on the device (bits unpacked there: each byte's 8 through a table; the
+    int32 words are little-endian, so byte j holds tokens 8j..8j+7, lowest bit first)."""
+    rows = bitmask.shape[0]
+    data = bitmask.to(device, non_blocking=True).view(torch.uint8).flatten()
+    allowed = _byte_bits(device).index_select(0, data.int()).view(rows, -1)[:, :vocab_size]
     return RowMasks(allowed)
+
+
+_BYTE_BITS: dict[torch.device, torch.Tensor] = {}
+
+
+def _byte_bits(device: torch.device) -> torch.Tensor:
+    """[256, 8] bool: the bits of each byte value, lowest first."""
+    table = _BYTE_BITS.get(device)
+    if table is None:
+        table = ((torch.arange(256)[:, None] >> torch.arange(8)) & 1).bool().to(device)
+        _BYTE_BITS[device] = table
+    return table
