@@ -79,19 +79,22 @@ def token_stream(tokenizer, files: list[CorpusFile], eos_id: int) -> torch.Tenso
     return torch.tensor([t for doc in docs for t in (*doc.ids, eos_id)], dtype=torch.int64)
 
 
-def heldout_prompts(tokenizer, files: list[CorpusFile], num: int, prompt_tokens: int) -> list[tuple[str, list[int]]]:
+def heldout_prompts(tokenizer, files: list[CorpusFile], num: int, prompt_tokens: int,
+                    per_file: int = 1) -> list[tuple[str, list[int]]]:  # fmt: skip
     """(path, token ids) prompts from held-out files in order: `prompt_tokens` tokens starting at the first line
-    break past a third of the file (mid-file code, not the license header). Files too short are skipped."""
+    break past a third of the file (mid-file code, not the license header); with per_file = n, n prompts a file,
+    past k / (n + 2) of it for k = 1..n (a smaller standard library, as the GPU machine's Python 3.12 build with 23
+    usable held-out files, then still gives `num`). Files too short are skipped."""
     prompts = []
     for f in files:
-        start = f.text.find("\n", len(f.text) // 3) + 1
-        if start <= 0:
-            continue
-        ids = tokenizer.encode(f.text[start : start + 16 * prompt_tokens], add_special_tokens=False)
-        if len(ids) > prompt_tokens:
-            prompts.append((f.path, ids[:prompt_tokens]))
-        if len(prompts) == num:
-            break
-    if len(prompts) < num:
-        raise RuntimeError(f"only {len(prompts)} held-out files give a {prompt_tokens}-token prompt, {num} asked")
-    return prompts
+        for part in range(per_file):
+            start = f.text.find("\n", len(f.text) * (part + 1) // (per_file + 2)) + 1
+            if start <= 0:
+                continue
+            ids = tokenizer.encode(f.text[start : start + 16 * prompt_tokens], add_special_tokens=False)
+            if len(ids) > prompt_tokens:
+                prompts.append((f.path, ids[:prompt_tokens]))
+            if len(prompts) == num:
+                return prompts
+    raise RuntimeError(f"the held-out files give only {len(prompts)} prompts of {prompt_tokens} tokens ({per_file} a "
+                       f"file), {num} asked")

@@ -45,3 +45,8 @@ def test_heldout_prompts_start_at_a_line_mid_file(corpus, tiny_dense_dir):
         assert text[start:].startswith(tokenizer.decode(ids[:8]))
     with pytest.raises(RuntimeError, match="held-out files"):
         heldout_prompts(tokenizer, corpus.heldout[:2], 5, 64)
+    # two a file: the second past half of it; two files give four
+    pairs = heldout_prompts(tokenizer, corpus.heldout, 4, 64, per_file=2)
+    assert [p for p, _ in pairs[:2]] == [prompts[0][0]] * 2 and pairs[0][1] != pairs[1][1]
+    text = texts[pairs[1][0]]
+    assert text[text.find("\n", len(text) // 2) + 1 :].startswith(tokenizer.decode(pairs[1][1][:8]))
