@@ -33,6 +33,12 @@ class ChatPlan:
     parse_tools: bool
     structured: StructuredOutput | None
 
+    @property
+    def tool_call_ends_reasoning(self) -> bool:
+        """Whether a tool call opened before `</think>` ends the reasoning (server/reasoning.py): not when the answer
+        is a grammar's that applies from `</think>` only (a call before it is unconstrained reasoning text)."""
+        return self.structured is None or not self.structured.starts_after
+
 
 def plan_chat(req: ChatCompletionRequest, opts: ChatOptions, prompt_text: str) -> ChatPlan:
     mode = req.tool_choice_mode
@@ -58,7 +64,9 @@ class ChatAssembler:
     """One choice's answer, delta by delta."""
 
     def __init__(self, plan: ChatPlan, req: ChatCompletionRequest):
-        self.reasoning = ReasoningSplitter(plan.in_reasoning) if plan.in_reasoning is not None else None
+        self.reasoning = None
+        if plan.in_reasoning is not None:
+            self.reasoning = ReasoningSplitter(plan.in_reasoning, plan.tool_call_ends_reasoning)
         self.tools = ToolCallStream(req.tools, req.parallel_tool_calls) if plan.parse_tools else None
         self.num_calls = 0
 

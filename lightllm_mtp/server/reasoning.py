@@ -7,10 +7,12 @@ ends at the first `</think>` of the output; an answer that never closes it is al
 writes itself at the start is dropped. As vLLM's qwen3 parser, a tool call the model opens before closing its
 thinking also ends it: the first `<tool_call>` followed (after whitespace) by `<function=` (or `<function `) ends the
 reasoning there and is the content's start, so the tool-call parser gets it; a `<tool_call>` mentioned otherwise
-stays reasoning. The split works on text, the same code for whole answers and for streams: text that may be the
-beginning of a marker (or a `<tool_call>` whose next text has not decided yet) is held back until a later delta
-decides, so a marker split over tokens, over deltas or inside an accepted MTP block splits exactly where it ends, and
-streamed deltas reassemble to the whole answer's split.
+stays reasoning. Not under a structured output gated after `</think>` (tool_choice required / named, response_format
+with thinking): its grammar applies from `</think>` only, so a call written before it is unconstrained reasoning text
+and the answer is what the grammar wrote (`tool_call_ends=False`). The split works on text, the same code for whole
+answers and for streams: text that may be the beginning of a marker (or a `<tool_call>` whose next text has not
+decided yet) is held back until a later delta decides, so a marker split over tokens, over deltas or inside an
+accepted MTP block splits exactly where it ends, and streamed deltas reassemble to the whole answer's split.
 """
 
 from __future__ import annotations
@@ -35,12 +37,13 @@ def _opens_call(after: str, final: bool) -> bool | None:
     return None if FUNCTION_OPEN.startswith(head) and not final else False
 
 
-def reasoning_end(text: str, final: bool) -> tuple[int, int]:
+def reasoning_end(text: str, final: bool, tool_call_ends: bool = True) -> tuple[int, int]:
     """Where the reasoning in `text` ends: (its end, the content's start); content start -1 when it has not ended,
-    and then the end is where text that may still end it (held back) begins. final: no more text comes."""
+    and then the end is where text that may still end it (held back) begins. final: no more text comes.
+    tool_call_ends: whether a tool call opened before `</think>` ends it too."""
     close = text.find(THINK_END)
     limit = close if close >= 0 else len(text)
-    at = text.find(TOOL_CALL_START, 0, limit)
+    at = text.find(TOOL_CALL_START, 0, limit) if tool_call_ends else -1
     while at >= 0:
         opens = _opens_call(text[at + len(TOOL_CALL_START) :], final)
         if opens:
@@ -50,13 +53,15 @@ def reasoning_end(text: str, final: bool) -> tuple[int, int]:
         at = text.find(TOOL_CALL_START, at + 1, limit)
     if close >= 0:
         return close, close + len(THINK_END)
-    keep = 0 if final else max(_partial_suffix(text, THINK_END), _partial_suffix(text, TOOL_CALL_START))
+    call_prefix = _partial_suffix(text, TOOL_CALL_START) if tool_call_ends else 0
+    keep = 0 if final else max(_partial_suffix(text, THINK_END), call_prefix)
     return len(text) - keep, -1
 
 
 class ReasoningSplitter:
-    def __init__(self, in_reasoning: bool):
+    def __init__(self, in_reasoning: bool, tool_call_ends: bool = True):
         self.in_reasoning = in_reasoning
+        self.tool_call_ends = tool_call_ends  # reasoning_end's
         self.pending = ""  # held back: may be the start of a marker
         self.at_start = True  # nothing released yet (a leading <think> is dropped, and the newline after it)
         self.content_started = False  # the newlines between </think> and the content are dropped
@@ -78,7 +83,7 @@ class ReasoningSplitter:
             if not self.reasoning_started:
                 self.pending = self.pending.lstrip("\n")
                 self.reasoning_started = bool(self.pending)
-            end, content_start = reasoning_end(self.pending, final)
+            end, content_start = reasoning_end(self.pending, final, self.tool_call_ends)
             reasoning = self.pending[:end]
             if content_start < 0:
                 self.pending = self.pending[end:]
@@ -100,8 +105,8 @@ def _partial_suffix(text: str, marker: str) -> int:
     return 0
 
 
-def split_reasoning(text: str, in_reasoning: bool) -> tuple[str | None, str]:
+def split_reasoning(text: str, in_reasoning: bool, tool_call_ends: bool = True) -> tuple[str | None, str]:
     """A whole answer: (reasoning_content or None, content)."""
-    splitter = ReasoningSplitter(in_reasoning)
+    splitter = ReasoningSplitter(in_reasoning, tool_call_ends)
     reasoning, content = splitter.push(text, final=True)
     return (reasoning if in_reasoning or reasoning else None), content

@@ -47,7 +47,7 @@ def responses_routes(client: EngineClient, encoder: PromptEncoder, model_name: s
         output = ResponseOutput(plan, req.chat)
 
         def count_reasoning(ids: list[int]) -> int:
-            return reasoning_tokens(client.tokenizer, ids, plan.in_reasoning)
+            return reasoning_tokens(client.tokenizer, ids, plan.in_reasoning, plan.tool_call_ends_reasoning)
 
         if req.stream:
             events = _events(stream, response, output, count_reasoning, req.return_mtp_stats)

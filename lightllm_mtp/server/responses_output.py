@@ -103,13 +103,13 @@ class ResponseOutput:
         ]  # fmt: skip
 
 
-def reasoning_tokens(tokenizer, ids: list[int], in_reasoning: bool | None) -> int:
+def reasoning_tokens(tokenizer, ids: list[int], in_reasoning: bool | None, tool_call_ends: bool = True) -> int:
     """Output tokens of the reasoning (reasoning.py's end: its closing `</think>` included, a tool call that ends it
     not; all of them when it never ends): the tokens up to the content's start in the text, found by decoding
-    prefixes (a binary search: a marker may span several tokens)."""
+    prefixes (a binary search: a marker may span several tokens). tool_call_ends: ChatPlan.tool_call_ends_reasoning."""
     if not in_reasoning or not ids:
         return 0
-    content_start = reasoning_end(tokenizer.decode(ids, skip_special_tokens=True), final=True)[1]
+    content_start = reasoning_end(tokenizer.decode(ids, skip_special_tokens=True), True, tool_call_ends)[1]
     if content_start < 0:
         return len(ids)
     lo, hi = 0, len(ids)

@@ -148,6 +148,32 @@ def test_a_tool_call_before_the_reasoning_end_ends_it():
     assert split_reasoning("a<tool_call>\n<function=f>", False) == (None, "a<tool_call>\n<function=f>")
 
 
+def test_a_tool_call_before_the_reasoning_end_stays_reasoning_under_a_gated_grammar(tokenizer):
+    """tool_choice named (or required, or a response_format) with thinking: the grammar applies only after `</think>`
+    (StructuredOutput.starts_after), so a `<tool_call>` the model writes inside its thinking is unconstrained text
+    (here of the wrong function): it stays reasoning, and the answer is what the grammar wrote after `</think>` (one
+    call of the named function, no `</think>` in the content), whole and streamed alike; the Responses API's
+    reasoning_tokens count up to `</think>`."""
+    from lightllm_mtp.server.responses_output import reasoning_tokens
+
+    req = request(tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    plan = plan_chat(req, OPTIONS, "<|im_start|>assistant\n<think>\n")
+    assert plan.structured.starts_after == "</think>"
+    thinking = "Maybe now?\n<tool_call>\n<function=now>\n</function>\n</tool_call>\nNo, the weather."
+    answer = thinking + "</think>\n\n" + CALL
+    message, asm = chat_message(plan, req, answer)
+    assert message["reasoning_content"] == thinking and message["content"] is None
+    assert [c["function"]["name"] for c in message["tool_calls"]] == ["get_weather"]
+    expect = (thinking, None, [c["function"] for c in message["tool_calls"]], "tool_calls")
+    rng = random.Random(2)
+    for _ in range(200):
+        cuts = sorted(rng.sample(range(1, len(answer)), rng.randint(1, 30)))
+        assert streamed(plan, req, [answer[a:b] for a, b in zip([0, *cuts], [*cuts, len(answer)])]) == expect
+    ids = tokenizer.encode(answer, add_special_tokens=False)
+    closed = next(n for n in range(len(ids) + 1) if "</think>" in tokenizer.decode(ids[:n]))
+    assert reasoning_tokens(tokenizer, ids, True, plan.tool_call_ends_reasoning) == closed
+
+
 def test_reasoning_split_without_an_end_and_with_a_leading_think():
     assert split_reasoning("still thinking </thi", True) == ("still thinking </thi", "")
     assert split_reasoning("<think>\nabc</think>\n\nx", True) == ("abc", "x")

@@ -33,6 +33,11 @@ INTERPRET_SCRIPT = textwrap.dedent(
         for split in (2, 3, 8):
             got = fp8_gemm_triton(x, weight=w, act_fp8=False, block_m=16, block_n=32, split_k=split)
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    # split K over several row and column tiles (each tile's own counter and partial rows), twice over the counters
+    x, w = torch.randn(40, 300, generator=gen), quantize_fp8_block(torch.randn(70, 300, generator=gen) * 0.05, (32, 64))
+    for _ in range(2):
+        got = fp8_gemm_triton(x, weight=w, act_fp8=False, block_m=16, block_n=32, split_k=3)
+        torch.testing.assert_close(got, fp8_gemm_ref(x, w, act_fp8=False), rtol=1e-5, atol=1e-4)
     assert all(int(c.abs().sum()) == 0 for c in _ARRIVALS.values())  # every tile's counter reset for the next call
     for m, n, k, block in ((5, 40, 64, (16, 16)), (70, 130, 300, (128, 128)), (33, 96, 256, (32, 64))):
         x = torch.randn(m, k, generator=gen)
