@@ -133,6 +133,7 @@ def fp8_gemm_triton(
 
 
 _ARRIVALS: dict[torch.device, torch.Tensor] = {}
+_OUTGROWN: list[torch.Tensor] = []  # replaced counter buffers: CUDA graphs captured with them keep pointing there
 
 
 def _arrival_counters(device: torch.device, tiles: int) -> torch.Tensor:
@@ -141,6 +142,8 @@ def _arrival_counters(device: torch.device, tiles: int) -> torch.Tensor:
     the stream."""
     counters = _ARRIVALS.get(device)
     if counters is None or counters.numel() < tiles:
+        if counters is not None:
+            _OUTGROWN.append(counters)
         counters = torch.zeros(max(tiles, 1 << 14), dtype=torch.int32, device=device)
         _ARRIVALS[device] = counters
     return counters
@@ -204,13 +207,14 @@ if triton_available():
             tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
         else:
             tile_offs = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
-            tl.store(partial_ptr + tl.program_id(2) * M * N + tile_offs, acc, mask=out_mask)
+            split_stride = tl.cast(M, tl.int64) * N  # int64: split x M x N may pass 2^31 (M may be a constexpr 1)
+            tl.store(partial_ptr + tl.program_id(2) * split_stride + tile_offs, acc, mask=out_mask)
             tl.debug_barrier()
             tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
             if tl.atomic_add(arrival_ptr + tile, 1, sem="acq_rel") == SPLIT_K - 1:  # the tile's last program
                 total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
                 for split in range(SPLIT_K):  # split order: the same sum whichever program got here last
-                    total += tl.load(partial_ptr + split * M * N + tile_offs, mask=out_mask, other=0.0,
+                    total += tl.load(partial_ptr + split * split_stride + tile_offs, mask=out_mask, other=0.0,
                                      cache_modifier=".cg")  # fmt: skip
                 tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=out_mask)
                 tl.atomic_xchg(arrival_ptr + tile, 0)
