@@ -58,8 +58,7 @@ def test_fp8_gemm_and_activation_quantization_compile(act_fp8, quantize_a, block
                            stride_as=40, stride_w=5120, stride_ws=40, stride_out=12288),
                       dict(SCALE_N=128, BLOCK_K=128, ACT_FP8=act_fp8, QUANTIZE_A=quantize_a, BLOCK_M=block_m,
                            BLOCK_N=block_n, SPLIT_K=split_k, DOT_PRECISION="tf32", MIN_SCALE=1e-10,
-                           FP8_MAX_VALUE=448.0, **({"M": 1} if split_k > 1 else {})),  # one row: Triton makes M a
-                      # constexpr 1
+                           FP8_MAX_VALUE=448.0, **({"M": 1} if split_k > 1 else {})),  # 1 row: M a constexpr
                       num_warps=4, num_stages=4 if split_k > 1 else 3)  # fmt: skip
     if act_fp8:  # the FP8 tensor cores: wgmma / mma on e4m3 operands
         assert "e4m3" in kernel.asm["ptx"]
