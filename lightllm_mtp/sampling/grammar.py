@@ -40,6 +40,7 @@ def import_xgrammar():
 
 
 MAX_LEADING_WHITESPACE = 8  # characters, JSON's whitespace, before a grammar that starts after a marker
+GATED_LEADING_WHITESPACE = " \t\r\n"  # the characters of that leading part
 
 
 def grammar_text(so: StructuredOutput):
@@ -48,7 +49,8 @@ def grammar_text(so: StructuredOutput):
     if not so.starts_after:
         return grammar
     xgr = import_xgrammar()
-    leading = xgr.Grammar.from_ebnf(f"root ::= [ \\t\\r\\n]{{0,{MAX_LEADING_WHITESPACE}}}")
+    chars = "".join({"\t": "\\t", "\r": "\\r", "\n": "\\n"}.get(c, c) for c in GATED_LEADING_WHITESPACE)
+    leading = xgr.Grammar.from_ebnf(f"root ::= [{chars}]{{0,{MAX_LEADING_WHITESPACE}}}")
     return xgr.Grammar.concat(leading, grammar)
 
 

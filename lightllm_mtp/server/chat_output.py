@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from lightllm_mtp.sampling.grammar import GATED_LEADING_WHITESPACE
 from lightllm_mtp.sampling_params import StructuredOutput
 from lightllm_mtp.server.chat_protocol import ChatCompletionRequest
 from lightllm_mtp.server.protocol import ApiError
@@ -38,6 +39,13 @@ class ChatPlan:
         """Whether a tool call opened before `</think>` ends the reasoning (server/reasoning.py): not when the answer
         is a grammar's that applies from `</think>` only (a call before it is unconstrained reasoning text)."""
         return self.structured is None or not self.structured.starts_after
+
+    @property
+    def content_lead(self) -> str:
+        """What is dropped before the content: the newlines Qwen writes after `</think>`; under a grammar gated on
+        `</think>` every whitespace character its leading part allows (sampling/grammar.py), so that the content is
+        exactly the grammar's text (a regex or choice answer matches whole)."""
+        return GATED_LEADING_WHITESPACE if self.structured is not None and self.structured.starts_after else "\n"
 
 
 def plan_chat(req: ChatCompletionRequest, opts: ChatOptions, prompt_text: str) -> ChatPlan:
@@ -66,7 +74,7 @@ class ChatAssembler:
     def __init__(self, plan: ChatPlan, req: ChatCompletionRequest):
         self.reasoning = None
         if plan.in_reasoning is not None:
-            self.reasoning = ReasoningSplitter(plan.in_reasoning, plan.tool_call_ends_reasoning)
+            self.reasoning = ReasoningSplitter(plan.in_reasoning, plan.tool_call_ends_reasoning, plan.content_lead)
         self.tools = ToolCallStream(req.tools, req.parallel_tool_calls) if plan.parse_tools else None
         self.num_calls = 0
 

@@ -59,12 +59,13 @@ def reasoning_end(text: str, final: bool, tool_call_ends: bool = True) -> tuple[
 
 
 class ReasoningSplitter:
-    def __init__(self, in_reasoning: bool, tool_call_ends: bool = True):
+    def __init__(self, in_reasoning: bool, tool_call_ends: bool = True, content_lead: str = "\n"):
         self.in_reasoning = in_reasoning
         self.tool_call_ends = tool_call_ends  # reasoning_end's
+        self.content_lead = content_lead  # characters dropped between the reasoning's end and the content
         self.pending = ""  # held back: may be the start of a marker
         self.at_start = True  # nothing released yet (a leading <think> is dropped, and the newline after it)
-        self.content_started = False  # the newlines between </think> and the content are dropped
+        self.content_started = False  # the content_lead characters between </think> and the content are dropped
         self.reasoning_started = True  # False: the newlines after a <think> the model wrote are dropped
 
     def push(self, text: str, final: bool = False) -> tuple[str, str]:
@@ -91,7 +92,7 @@ class ReasoningSplitter:
             self.pending = self.pending[content_start:]
             self.in_reasoning = False
         if not self.content_started:
-            self.pending = self.pending.lstrip("\n")
+            self.pending = self.pending.lstrip(self.content_lead)
             self.content_started = bool(self.pending)
         content, self.pending = self.pending, ""
         return reasoning, content

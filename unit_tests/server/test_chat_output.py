@@ -10,6 +10,7 @@ import pytest
 
 from lightllm_mtp.chat_templates import chat_template_text
 from lightllm_mtp.engine.detokenizer import IncrementalDetokenizer
+from lightllm_mtp.sampling.grammar import GATED_LEADING_WHITESPACE
 from lightllm_mtp.server.chat_output import ChatAssembler, ChatOptions, chat_message, plan_chat
 from lightllm_mtp.server.chat_prompt import ChatPromptEncoder
 from lightllm_mtp.server.chat_protocol import ChatCompletionRequest
@@ -172,6 +173,24 @@ def test_a_tool_call_before_the_reasoning_end_stays_reasoning_under_a_gated_gram
     ids = tokenizer.encode(answer, add_special_tokens=False)
     closed = next(n for n in range(len(ids) + 1) if "</think>" in tokenizer.decode(ids[:n]))
     assert reasoning_tokens(tokenizer, ids, True, plan.tool_call_ends_reasoning) == closed
+
+
+def test_a_gated_grammars_leading_whitespace_is_not_content():
+    """A structured output gated on `</think>` starts with up to MAX_LEADING_WHITESPACE spaces / tabs / newlines
+    (sampling/grammar.py): they are dropped with the newlines, so the content is the grammar's text (a regex or
+    choice answer matches whole), whole and streamed alike; without a grammar a leading space stays (indentation)."""
+    import re
+
+    req = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "n?"}], "regex": "[0-9]+"})
+    plan = plan_chat(req, OPTIONS, "<|im_start|>assistant\n<think>\n")
+    assert plan.structured.starts_after == "</think>" and plan.content_lead == GATED_LEADING_WHITESPACE
+    answer = "Count.</think>\n \t 42"
+    message, _ = chat_message(plan, req, answer)
+    assert message["content"] == "42" and re.fullmatch("[0-9]+", message["content"])
+    for cut in range(1, len(answer)):
+        assert streamed(plan, req, [answer[:cut], answer[cut:]])[:2] == ("Count.", "42")
+    free = plan_chat(request(tool_choice="none"), OPTIONS, "<|im_start|>assistant\n<think>\n")
+    assert chat_message(free, request(tool_choice="none"), "a</think>\n  x = 1")[0]["content"] == "  x = 1"
 
 
 def test_reasoning_split_without_an_end_and_with_a_leading_think():
