@@ -28,3 +28,13 @@ def grown_checkpoint(kind: str, make: Callable[..., Path], source: str) -> Path:
         atexit.register(shutil.rmtree, root, ignore_errors=True)
         _BUILT[kind, source] = make(root / "ckpt", model_dir, seed=0)
     return _BUILT[kind, source]
+
+
+def assert_regrown_identically(make: Callable[..., Path], grown: Path, out: Path, source: str = "qwen3_5") -> None:
+    """A grow tool's contract: `make` over the trained fixture `source` with seed 0 writes `grown`'s files byte for
+    byte again (into `out`/again), and refuses a source that already has its tokens (into `out`/twice)."""
+    again = make(out / "again", trained_fixture_path(source), seed=0)
+    for path in grown.iterdir():
+        assert (again / path.name).read_bytes() == path.read_bytes(), path.name
+    with pytest.raises(SystemExit, match="already has"):
+        make(out / "twice", grown)

@@ -73,12 +73,8 @@ def write_grammar_drafts(reqs: list[Request], b_req_idx: torch.Tensor, state: Dr
         return
     k, device = state.num_draft_tokens, b_req_idx.device
     padded = [c + [c[-1] if c else 0] * (k - len(c)) for c in chosen]  # rows past the count are not read
-
-    def dev(values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
-
-    drafts = dev([t for row in padded for t in row]).view(len(picked), k)
-    state.replace_drafts(b_req_idx[dev(picked)], drafts, dev([len(c) for c in chosen]))
+    drafts = _on(device, [t for row in padded for t in row]).view(len(picked), k)
+    state.replace_drafts(b_req_idx[_on(device, picked)], drafts, _on(device, [len(c) for c in chosen]))
 
 
 def grammar_drafts_from_last_stage(reqs: list[Request], b_req_idx: torch.Tensor, state: DraftState) -> None:
@@ -89,5 +85,10 @@ def grammar_drafts_from_last_stage(reqs: list[Request], b_req_idx: torch.Tensor,
     rows = [b for b, r in enumerate(reqs) if r.params.structured is not None]
     if not rows:
         return
-    idx = b_req_idx[torch.tensor(rows, dtype=torch.int64).to(b_req_idx.device, non_blocking=True)]
+    idx = b_req_idx[_on(b_req_idx.device, rows)]
     state.set_block_drafts(idx, pp_broadcast_from_last(state.block_drafts(idx)))
+
+
+def _on(device: torch.device, values: list[int]) -> torch.Tensor:
+    """Host ints as an int64 tensor on `device` (a copy to the device, nothing read back)."""
+    return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)

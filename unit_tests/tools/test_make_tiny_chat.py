@@ -12,6 +12,7 @@ from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.tools.make_tiny_chat import CHAT_TEMPLATE, CHAT_TOKENS, TWINS, make_tiny_chat
 from unit_tests.chat_fixture import tiny_chat_dir  # noqa: F401 (fixture)
 from unit_tests.tools.test_make_tiny_vision import tensors
+from unit_tests.grown_fixtures import assert_regrown_identically
 from unit_tests.trained_fixtures import trained_fixture_path
 
 OLD_VOCAB = 4096
@@ -92,11 +93,7 @@ def test_the_model_writes_think_end_as_one_token(tiny_chat_dir, tokenizer):
 def test_same_seed_same_files_and_vision_on_top(tiny_chat_dir, tmp_path):
     from lightllm_mtp.tools.make_tiny_vision import VISION_TOKENS, make_tiny_vision
 
-    again = make_tiny_chat(tmp_path / "again", trained_fixture_path("qwen3_5"), seed=0)
-    for path in tiny_chat_dir.iterdir():
-        assert (again / path.name).read_bytes() == path.read_bytes(), path.name
-    with pytest.raises(SystemExit, match="already has"):
-        make_tiny_chat(tmp_path / "twice", tiny_chat_dir)
+    assert_regrown_identically(make_tiny_chat, tiny_chat_dir, tmp_path)
     both = make_tiny_vision(tmp_path / "vision", tiny_chat_dir)
     cfg = ModelConfig.from_hf(json.loads((both / "config.json").read_text()))
     first = OLD_VOCAB + len(CHAT_TOKENS)

@@ -5,7 +5,6 @@ trained fixture's (the text logits over the old vocabulary unchanged)."""
 import json
 
 import numpy as np
-import pytest
 import torch
 from PIL import Image
 from safetensors import safe_open
@@ -14,6 +13,7 @@ from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.models.qwen3_5_vision.tower import VisionTower
 from lightllm_mtp.multimodal.image_processor import ImageProcessor
 from lightllm_mtp.tools.make_tiny_vision import CHAT_TEMPLATE, VISION_TOKENS, make_tiny_vision
+from unit_tests.grown_fixtures import assert_regrown_identically
 from unit_tests.trained_fixtures import trained_fixture_path
 from unit_tests.vision_fixture import tiny_vision_dir, tiny_vision_moe_dir  # noqa: F401 (fixtures)
 
@@ -107,11 +107,7 @@ def test_text_logits_are_the_trained_fixtures(tiny_vision_dir):
 
 
 def test_same_seed_same_files(tiny_vision_dir, tmp_path):
-    again = make_tiny_vision(tmp_path / "again", trained_fixture_path("qwen3_5"), seed=0)
-    for path in tiny_vision_dir.iterdir():
-        assert (again / path.name).read_bytes() == path.read_bytes(), path.name
-    with pytest.raises(SystemExit, match="already has"):
-        make_tiny_vision(tmp_path / "twice", tiny_vision_dir)
+    assert_regrown_identically(make_tiny_vision, tiny_vision_dir, tmp_path)
 
 
 def test_moe_source(tiny_vision_moe_dir):
