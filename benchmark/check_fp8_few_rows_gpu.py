@@ -5,7 +5,8 @@ cores). Against the bf16 engine linear on the same shape (the two results files 
 kernel replaced, at <= 4 rows): time per call inside a CUDA graph over
 weight copies that do not fit the L2, effective weight bandwidth, the error against the path's own reference, and
 whether a row's result depends on how many rows run with it (bitwise, row 0 alone vs in the batch). `best` lists the
-fastest launch shape per (shape, rows, rounding). Decides fp8_linear's dispatch and tiles.
+fastest launch shape per (shape, rows, rounding); `scaled_mm_us`: torch._scaled_mm's blockwise w8a8 (cuBLAS) with
+its activation quantization launch, for comparison. Decides fp8_linear's dispatch and tiles.
 
     python benchmark/check_fp8_few_rows_gpu.py [--rows 1,2,4,8,16,32,64,128,256] [--roundings weight-only] [--out F]
 """
@@ -23,12 +24,15 @@ from benchmark.timing import graph_replay_ms, result_header, write_json
 from lightllm_mtp.kernels.linear.gemv import linear
 from lightllm_mtp.kernels.quant.fp8_block import quantize_fp8_block
 from lightllm_mtp.kernels.quant.fp8_gemm import fp8_gemm_ref, fp8_gemm_tiles, fp8_gemm_triton
+from lightllm_mtp.kernels.quant.fp8_scaled_mm import fp8_scaled_mm, scaled_mm_fits
 from lightllm_mtp.kernels.triton_utils import next_pow2, num_sms
 
-ROUNDINGS = {"weight-only": dict(act_fp8=False), "w8a8 in kernel": dict(act_fp8=True, quantize_in_kernel=True)}
+ROUNDINGS = {"weight-only": dict(act_fp8=False), "w8a8 in kernel": dict(act_fp8=True, quantize_in_kernel=True),
+             "w8a8": dict(act_fp8=True)}
 # (BLOCK_N, SPLIT_K, stages, warps). The first sweep (results/fp8_few_rows_h200.json, no split) also took BLOCK_N 128,
 # stages 3 / 5 and 8 warps: 32-wide tiles, 4-5 stages, 4 warps were the best or within 5% at 1-16 rows
 LAUNCH = [(bn, sk, 4, 4) for bn in (16, 32, 64) for sk in (1, 2, 4, 8)]
+W8A8_LAUNCH = [(bn, sk, 4, 4) for bn in (32, 64, 128) for sk in (1, 2, 4, 8)]  # FP8 MMA: wider tiles at 64+ rows
 
 
 def time_us(fn, weights) -> float:
@@ -50,13 +54,15 @@ def main():
         for t in (int(r) for r in args.rows.split(",")):
             x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
             base = dict(shape=name, n=n, k=k, t=t, bf16_us=time_us(lambda w: linear(x, w), bf16))
-            default = fp8_gemm_tiles(t, n, k, 128, num_sms(x.device))
+            if scaled_mm_fits(x, fp8[0]):  # cuBLAS blockwise w8a8, activation quantization launch included
+                base["scaled_mm_us"] = time_us(lambda w: fp8_scaled_mm(x, weight=w), fp8)
             for rounding in args.roundings.split(","):
                 kw = ROUNDINGS[rounding]
                 want = fp8_gemm_ref(x, fp8[0], act_fp8=kw["act_fp8"]).float()
+                default = fp8_gemm_tiles(t, n, k, 128, num_sms(x.device), act_fp8=kw["act_fp8"])
                 block_m = max(16, min(64, next_pow2(t)))
                 results = []
-                for block_n, split, stages, warps in LAUNCH:
+                for block_n, split, stages, warps in (W8A8_LAUNCH if kw["act_fp8"] else LAUNCH):
                     launch = dict(block_m=block_m, block_n=block_n, split_k=split, num_stages=stages, num_warps=warps)
                     row = dict(base, rounding=rounding, **launch, default=launch == default)
                     launch.update(kw)

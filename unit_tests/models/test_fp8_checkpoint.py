@@ -5,8 +5,10 @@ Tolerance: on CPU every FP8 projection is the weight-only reference (kernels/qua
 W = q * scale, and q * scale is exact in fp32 (an e4m3 value has 4 significant bits, a bf16 / fp32 scale 8 / 24). So
 the FP8 model and the model built from the dequantized fp32 weights compute the same products; they differ only by
 the summation order of F.linear on fused vs separate weights: 1e-4 absolute on logits of magnitude ~10 (fp32 rounding
-over the 8 layers). The activation rounding of the GPU's prefill path (w8a8) is bounded in
-unit_tests/kernels/quant/test_fp8_linear.py::test_activation_quantization_error_is_bounded."""
+over the 8 layers). On CUDA the projections round their activations to e4m3 per 1 x 128 group (w8a8, the
+checkpoints' dynamic scheme), up to 2^-4 relative per element: each projection's output carries ~1% relative error
+at these sizes and the logits after 8 layers 4-6% (measured through the w8a8 reference: 3.8% dense, 5.8% MoE,
+relative L2), so W8A8_MAX_REL_ERR = 10%; a dropped or misapplied scale is off by 100% or more."""
 
 import dataclasses
 import json
@@ -18,7 +20,9 @@ from lightllm_mtp import LLM, SamplingParams
 from lightllm_mtp.common.weight_loader import load_weights
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.config.runtime import LoadFormat
+from lightllm_mtp.common.quantization import methods
 from lightllm_mtp.kernels.quant.fp8_block import Fp8BlockWeight, dequantize_fp8_block
+from lightllm_mtp.kernels.quant.fp8_gemm import fp8_gemm_ref
 from lightllm_mtp.models.registry import model_class, mtp_model_class
 from lightllm_mtp.tools.published_layout import fuse_experts, write_shards
 from lightllm_mtp.tools.quantize_fp8 import quantize_checkpoint
@@ -26,6 +30,7 @@ from safetensors.torch import load_file
 
 PROMPTS = [[5, 17, 300, 42, 9, 77, 1024, 3, 58, 600, 11], [900, 4, 4, 250], [31, 8, 222, 1500, 64, 2, 7]]
 ATOL = 1e-4
+W8A8_MAX_REL_ERR = 0.10
 
 
 @pytest.fixture(params=["dense", "moe"])
@@ -39,13 +44,13 @@ def _weights(model_dir):
     return cfg, specs, load_weights(model_dir, specs, torch.float32, "cpu", LoadFormat.AUTO, quant=cfg.quantization)
 
 
-def _prefill_logits(model_dir):
+def _prefill_logits(model_dir, device="cpu"):
     """One EXTEND forward of the engine over PROMPTS, logits at every position (fp32)."""
-    engine = LLM(str(model_dir), dtype="float32", max_model_len=64).engine
+    engine = LLM(str(model_dir), dtype="float32", max_model_len=64, device=device).engine
     for p in PROMPTS:
         engine.add_request(p, SamplingParams(temperature=0.0))
     batch, _ = engine.runner.build_batch(engine.scheduler.schedule())
-    batch = dataclasses.replace(batch, b_logits_index=torch.arange(batch.num_tokens))
+    batch = dataclasses.replace(batch, b_logits_index=torch.arange(batch.num_tokens, device=batch.b_seq_len.device))
     with torch.inference_mode():
         return engine.model.forward(batch).logits
 
@@ -84,10 +89,14 @@ def test_projections_load_as_fp8_and_the_rest_as_stored(fp8_dir):
     assert not isinstance(mtp["mtp.fc.weight"], Fp8BlockWeight)
 
 
-def test_logits_equal_the_dequantized_models(fp8_dir, tmp_path):
+def test_logits_equal_the_dequantized_models(fp8_dir, tmp_path, monkeypatch):
     got, want = _prefill_logits(fp8_dir), _prefill_logits(dequantized_copy(fp8_dir, tmp_path / "dequantized"))
     assert want.abs().max() > 1.0
     torch.testing.assert_close(got, want, rtol=0, atol=ATOL)
+    # the GPU's rounding of the projections' activations (w8a8), here through its reference
+    monkeypatch.setattr(methods, "fp8_linear", lambda x, w: fp8_gemm_ref(x, w, act_fp8=True))
+    w8a8 = _prefill_logits(fp8_dir)
+    assert 0 < ((w8a8 - want).norm() / want.norm()).item() < W8A8_MAX_REL_ERR
 
 
 def test_fused_expert_layout_loads_like_the_per_expert_one(fp8_moe_dir, trained_moe_dir, tmp_path):
@@ -147,12 +156,11 @@ def test_dataclass_replace_keeps_quantization():
 
 @pytest.mark.gpu
 def test_fp8_checkpoint_on_cuda_matches_cpu(fp8_dir):
-    """fp32 activations on the GPU: the FP8 GEMV / weight-only GEMM / FP8 expert pass give the CPU reference's
-    tokens, and eagle k=2 the plain ones."""
+    """fp32 activations on the GPU, w8a8 projections: prefill logits within the w8a8 bound of the CPU's exact ones,
+    and eagle k=2 drafts that are accepted."""
+    cpu = _prefill_logits(fp8_dir)
+    gpu = _prefill_logits(fp8_dir, device="cuda").cpu()
+    assert ((gpu - cpu).norm() / cpu.norm()).item() < W8A8_MAX_REL_ERR
     greedy = [SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True) for n in (14, 9, 11)]
-    cpu = [o.token_ids for o in LLM(str(fp8_dir), max_model_len=64).generate(PROMPTS, greedy)]
-    gpu = LLM(str(fp8_dir), max_model_len=64, device="cuda", dtype="float32")
-    assert [o.token_ids for o in gpu.generate(PROMPTS, greedy)] == cpu
     mtp = LLM(str(fp8_dir), max_model_len=64, device="cuda", dtype="float32", mtp_mode="eagle_with_att", mtp_step=2)
-    outs = mtp.generate(PROMPTS, greedy)
-    assert [o.token_ids for o in outs] == cpu and sum(o.spec.accepted_drafts for o in outs) > 0
+    assert sum(o.spec.accepted_drafts for o in mtp.generate(PROMPTS, greedy)) > 0

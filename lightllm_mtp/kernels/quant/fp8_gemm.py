@@ -61,23 +61,25 @@ def quantize_activations_fp8(x: torch.Tensor, *, group: int) -> tuple[torch.Tens
 
 
 FEW_ROWS_MAX_BLOCK_M = 64
-_PROGRAMS_PER_SM = 6  # output tiles x K splits wanted per SM (enough weight bytes in flight)
 _MIN_K_BLOCKS_PER_SPLIT = 8
 _MAX_SPLIT_K = 8
+# output tiles x K splits wanted per SM: the weight-only mode converts every weight element (more programs hide
+# it), the w8a8 mode's FP8 dot does not and loses to extra splits (H200 sweeps, NOTES "Stop 39" / "Stop 40")
+_PROGRAMS_PER_SM = {False: 6, True: 2}
 
 
-def fp8_gemm_tiles(rows: int, n: int, k: int, block_k: int, sms: int) -> dict:
-    """Launch shape of the weight-only GEMM at decode / verify row counts: rows padded to the dot's 16 (one row tile
-    up to 64 rows), 64-wide output tiles, and K split until the output tiles times the splits give every SM
-    _PROGRAMS_PER_SM programs (narrow outputs over a long K: the 27B down / out projections). From the H200 sweep
-    (results/fp8_few_rows_split_h200.json): on average 1.035x the best launch shape of each (shape, rows), 1.31x at
-    worst, over the six 27B / 35B-A3B shapes at 1-256 rows."""
+def fp8_gemm_tiles(rows: int, n: int, k: int, block_k: int, sms: int, *, act_fp8: bool) -> dict:
+    """Launch shape at decode / verify row counts: rows padded to the dot's 16 (one row tile up to 64 rows), 64-wide
+    output tiles (w8a8: 32-wide at 32-64 rows), and K split until the output tiles times the splits give every SM
+    its programs (narrow outputs over a long K: the 27B down / out projections). H200 sweeps over the six 27B /
+    35B-A3B shapes at 1-64 rows: weight-only 1.035x the best launch shape of each (shape, rows) on average, 1.31x at
+    worst (results/fp8_few_rows_split_h200.json); w8a8 1.033x, 1.20x at worst (results/fp8_few_rows_w8a8_h200.json)."""
     block_m = max(16, min(FEW_ROWS_MAX_BLOCK_M, next_pow2(rows)))
-    block_n = 64
+    block_n = 32 if act_fp8 and 32 <= rows <= 64 else 64
     tiles = -(-rows // block_m) * -(-n // block_n)
     k_blocks = -(-k // block_k)
     split = 1
-    while (tiles * split < _PROGRAMS_PER_SM * sms and split < _MAX_SPLIT_K
+    while (tiles * split < _PROGRAMS_PER_SM[act_fp8] * sms and split < _MAX_SPLIT_K
            and k_blocks // (2 * split) >= _MIN_K_BLOCKS_PER_SPLIT):  # fmt: skip
         split *= 2
     return dict(block_m=block_m, block_n=block_n, split_k=split, num_stages=4, num_warps=4)

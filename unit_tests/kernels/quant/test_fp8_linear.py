@@ -1,5 +1,5 @@
 """Block-FP8 projections (kernels/quant/): quantization round trip, the tiled GEMM (its few-row launch shapes with
-split K, weight-only and w8a8) against its references under Triton's interpreter, the dispatch, and on the GPU
+split K, w8a8 as the engine runs it and the weight-only mode the sweeps compare) against its references under Triton's interpreter, the dispatch, and on the GPU
 against the references at real shapes."""
 
 import textwrap
@@ -10,7 +10,7 @@ import torch
 from lightllm_mtp.kernels.quant import fp8_linear as dispatch
 from lightllm_mtp.kernels.quant.fp8_block import FP8_MAX, Fp8BlockWeight, dequantize_fp8_block, quantize_fp8_block
 from lightllm_mtp.kernels.quant.fp8_gemm import fp8_gemm_ref, fp8_gemm_tiles, fp8_gemm_triton, quantize_activations_ref
-from lightllm_mtp.kernels.quant.fp8_linear import WEIGHT_ONLY_MAX_ROWS, fp8_linear
+from lightllm_mtp.kernels.quant.fp8_linear import FEW_ROWS_MAX, SCALED_MM_MIN_OUT, SCALED_MM_MIN_ROWS, fp8_linear
 from lightllm_mtp.kernels.triton_utils import num_sms
 from unit_tests.triton_interpreter import run_interpreted
 
@@ -28,8 +28,14 @@ INTERPRET_SCRIPT = textwrap.dedent(
         x = torch.randn(t, k + 5, generator=gen)[:, 2 : 2 + k]  # strided rows
         w = quantize_fp8_block(torch.randn(n, k, generator=gen) * 0.05, block)
         want = fp8_gemm_ref(x, w, act_fp8=False)
-        tiles = fp8_gemm_tiles(t, n, k, block[1], sms=132)
+        tiles = fp8_gemm_tiles(t, n, k, block[1], sms=132, act_fp8=False)
         torch.testing.assert_close(fp8_gemm_triton(x, weight=w, act_fp8=False, **tiles), want, rtol=1e-5, atol=1e-4)
+        # w8a8 (the engine's mode) with its own launch shapes, against the activations as the kernel rounds them
+        q, s = quantize_activations_fp8(x, group=block[1])
+        xq = q.float() * s.repeat_interleave(block[1], dim=1)[:, :k]
+        tiles = fp8_gemm_tiles(t, n, k, block[1], sms=132, act_fp8=True)
+        got = fp8_gemm_triton(x, weight=w, act_fp8=True, **tiles)
+        torch.testing.assert_close(got, fp8_gemm_ref(xq, w, act_fp8=False), rtol=1e-5, atol=1e-4)
         for split in (2, 3, 8):
             got = fp8_gemm_triton(x, weight=w, act_fp8=False, block_m=16, block_n=32, split_k=split)
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
@@ -119,23 +125,32 @@ def test_dispatch_on_cpu_is_the_weight_only_reference_at_every_row_count(monkeyp
     torch.testing.assert_close(fp8_linear(x[:3], w), full[:3], rtol=1e-6, atol=1e-6)
     calls = []
     monkeypatch.setattr(dispatch, "use_triton", lambda t: True)
-    monkeypatch.setattr(dispatch, "scaled_mm_fits", lambda x, weight: False)
+    monkeypatch.setattr(dispatch, "scaled_mm_fits", lambda x, weight: True)
+    monkeypatch.setattr(dispatch, "fp8_scaled_mm", lambda x, weight: calls.append((x.shape[0], "scaled_mm")))
     monkeypatch.setattr(dispatch, "fp8_gemm_triton",
                         lambda x, weight, act_fp8, **tiles: calls.append((x.shape[0], act_fp8, tiles.get("block_m"))))
-    for rows in (1, 17, WEIGHT_ONLY_MAX_ROWS, WEIGHT_ONLY_MAX_ROWS + 1):
+    wide = quantize_fp8_block(torch.randn(SCALED_MM_MIN_OUT, 256) * 0.05, (128, 128))
+    for rows in (1, 17, SCALED_MM_MIN_ROWS - 1, SCALED_MM_MIN_ROWS):
+        fp8_linear(torch.randn(rows, 256), wide)
+    for rows in (SCALED_MM_MIN_ROWS, FEW_ROWS_MAX, FEW_ROWS_MAX + 1):  # a narrow output stays on Triton
         fp8_linear(torch.randn(rows, 256), w)
-    assert calls == [(1, False, 16), (17, False, 32), (WEIGHT_ONLY_MAX_ROWS, False, 64),
-                     (WEIGHT_ONLY_MAX_ROWS + 1, True, None)]
+    assert calls == [(1, True, 16), (17, True, 32), (SCALED_MM_MIN_ROWS - 1, True, 64), (SCALED_MM_MIN_ROWS, "scaled_mm"),
+                     (SCALED_MM_MIN_ROWS, True, 64), (FEW_ROWS_MAX, True, 64), (FEW_ROWS_MAX + 1, True, None)]
 
 
 def test_few_row_tiles_split_narrow_outputs_only():
-    """27B shapes on 132 SMs: the narrow down / out projections split K (8 / 4 ways), the wide ones barely; a short K
-    is never split below 8 scale blocks a share."""
-    assert fp8_gemm_tiles(1, 5120, 17408, 128, 132)["split_k"] == 8
-    assert fp8_gemm_tiles(1, 5120, 6144, 128, 132)["split_k"] == 4
-    assert fp8_gemm_tiles(1, 34816, 5120, 128, 132)["split_k"] == 2
-    assert fp8_gemm_tiles(1, 12288, 1024, 128, 132)["split_k"] == 1
-    assert [fp8_gemm_tiles(t, 5120, 5120, 128, 132)["block_m"] for t in (1, 16, 17, 64, 256)] == [16, 16, 32, 64, 64]
+    """27B shapes on 132 SMs: the narrow down / out projections split K, the wide ones barely or not; a short K is
+    never split below 8 scale blocks a share; the w8a8 mode splits less (its FP8 dot has no conversion to hide)."""
+    def split(n, k, act_fp8):
+        return fp8_gemm_tiles(1, n, k, 128, 132, act_fp8=act_fp8)["split_k"]
+    assert [split(5120, 17408, False), split(5120, 6144, False), split(34816, 5120, False)] == [8, 4, 2]
+    assert [split(5120, 17408, True), split(5120, 6144, True), split(34816, 5120, True), split(16384, 5120, True)] \
+        == [4, 4, 1, 2]
+    assert split(12288, 1024, False) == split(12288, 1024, True) == 1
+    assert [fp8_gemm_tiles(t, 5120, 5120, 128, 132, act_fp8=True)["block_m"] for t in (1, 16, 17, 64, 256)] \
+        == [16, 16, 32, 64, 64]
+    assert [fp8_gemm_tiles(t, 5120, 5120, 128, 132, act_fp8=True)["block_n"] for t in (16, 32, 64, 65)] \
+        == [64, 32, 32, 64]
 
 
 @pytest.mark.gpu
@@ -145,11 +160,10 @@ def test_fp8_linear_gpu(t, n, k):
     torch.manual_seed(t + n)
     x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
     w = quantize_fp8_block(torch.randn(n, k, device="cuda") * 0.02, (128, 128))
-    act = t > WEIGHT_ONLY_MAX_ROWS
     out = fp8_linear(x, w)
-    ref = fp8_gemm_ref(x, w, act_fp8=act)
+    ref = fp8_gemm_ref(x, w, act_fp8=True)
     torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
-    if t <= WEIGHT_ONLY_MAX_ROWS:  # a row's result does not depend on the rows beside it (same launch shape)
-        tiles = fp8_gemm_tiles(t, n, k, 128, num_sms(x.device))
-        alone = fp8_gemm_triton(x[:1], weight=w, act_fp8=False, **tiles)
-        assert torch.equal(alone[0], fp8_gemm_triton(x, weight=w, act_fp8=False, **tiles)[0])
+    if t <= FEW_ROWS_MAX:  # a row's result does not depend on the rows beside it (same launch shape)
+        tiles = fp8_gemm_tiles(t, n, k, 128, num_sms(x.device), act_fp8=True)
+        alone = fp8_gemm_triton(x[:1], weight=w, act_fp8=True, **tiles)
+        assert torch.equal(alone[0], fp8_gemm_triton(x, weight=w, act_fp8=True, **tiles)[0])

@@ -10,7 +10,7 @@ from lightllm_mtp.kernels.quant.fp8_scaled_mm import fp8_scaled_mm, fp8_scaled_m
 
 
 def test_takes_no_cpu_call_and_the_dispatch_falls_back(monkeypatch):
-    w = quantize_fp8_block(torch.randn(256, 256) * 0.05, (128, 128))
+    w = quantize_fp8_block(torch.randn(dispatch.SCALED_MM_MIN_OUT, 256) * 0.05, (128, 128))
     x = torch.randn(300, 256, dtype=torch.bfloat16)
     assert not scaled_mm_fits(x, w)
     with pytest.raises(ValueError, match="sm90"):
@@ -20,9 +20,9 @@ def test_takes_no_cpu_call_and_the_dispatch_falls_back(monkeypatch):
     monkeypatch.setattr(dispatch, "scaled_mm_fits", lambda x, w: x.shape[1] % 128 == 0)
     monkeypatch.setattr(dispatch, "fp8_scaled_mm", lambda x, weight: calls.append("scaled_mm"))
     monkeypatch.setattr(dispatch, "fp8_gemm_triton", lambda x, weight, act_fp8, **_: calls.append(("triton", act_fp8)))
-    for rows in (2, dispatch.WEIGHT_ONLY_MAX_ROWS, dispatch.WEIGHT_ONLY_MAX_ROWS + 1):
+    for rows in (2, dispatch.SCALED_MM_MIN_ROWS - 1, dispatch.SCALED_MM_MIN_ROWS):
         dispatch.fp8_linear(torch.randn(rows, 256), w)
-    assert calls == [("triton", False), ("triton", False), "scaled_mm"]
+    assert calls == [("triton", True), ("triton", True), "scaled_mm"]
 
 
 @pytest.mark.gpu
