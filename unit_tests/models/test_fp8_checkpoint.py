@@ -21,6 +21,7 @@ from lightllm_mtp.common.weight_loader import load_weights
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.config.runtime import LoadFormat
 from lightllm_mtp.common.quantization import methods
+from lightllm_mtp.kernels.quant import fp8_moe
 from lightllm_mtp.kernels.quant.fp8_block import Fp8BlockWeight, dequantize_fp8_block
 from lightllm_mtp.kernels.quant.fp8_gemm import fp8_gemm_ref
 from lightllm_mtp.models.registry import model_class, mtp_model_class
@@ -93,8 +94,9 @@ def test_logits_equal_the_dequantized_models(fp8_dir, tmp_path, monkeypatch):
     got, want = _prefill_logits(fp8_dir), _prefill_logits(dequantized_copy(fp8_dir, tmp_path / "dequantized"))
     assert want.abs().max() > 1.0
     torch.testing.assert_close(got, want, rtol=0, atol=ATOL)
-    # the GPU's rounding of the projections' activations (w8a8), here through its reference
+    # the GPU's rounding of the activations (w8a8), here through the references of its kernels
     monkeypatch.setattr(methods, "fp8_linear", lambda x, w: fp8_gemm_ref(x, w, act_fp8=True))
+    monkeypatch.setattr(fp8_moe, "fp8_moe_exact_ref", fp8_moe.fp8_moe_ref)
     w8a8 = _prefill_logits(fp8_dir)
     assert 0 < ((w8a8 - want).norm() / want.norm()).item() < W8A8_MAX_REL_ERR
 

@@ -1,19 +1,32 @@
 """Routed experts (and the shared expert) with block-FP8 weights: kernels/moe/fused_moe.py's contracts over
 Fp8BlockWeight gate_up [E, 2I, H] / down [E, H, I] (shared [2I_s, H] / [H, I_s]).
 
-On CUDA every size runs the expert-major pass (kernels/moe/moe_expert_pass.py) with its FP8 tiles: each tile of an
-expert's FP8 weight is read once per BLOCK_M rows of that expert and dequantized in registers before its 16-bit
-tensor-core product. Decode / verify sizes use its decode tiles; prefill sizes 64-row tiles (an expert's weights are
-then re-read once per 64 of its rows, from L2 mostly; no FP8 grouped GEMM yet). Off CUDA: the reference, fp32
-products of the dequantized experts a step uses."""
+The experts run w8a8, the checkpoints' "activation_scheme: dynamic" as vLLM / SGLang run block-FP8 MoE: x and the
+intermediate activation (stored in x's dtype first) are rounded to e4m3 per token in 1 x block_k groups of the
+weight they multiply (kernels/quant/fp8_gemm.py's activation quantization), and each scale block's e4m3 product is
+scaled by the row's group scale times the weight block's scale. On the FP8 tensor cores this is what makes FP8
+experts faster than bf16 ones: dequantizing every weight element to 16 bits in registers (the former weight-only
+mode) was ALU-bound, slower than bf16 at B=1 decode and 2x slower at prefill on the H200. The rounding costs at most
+2^-4 of each activation element (e4m3 keeps 3 mantissa bits; unit_tests/kernels/quant/test_fp8_moe.py bounds the
+whole pass against the dequantized experts).
+
+On CUDA every size runs the expert-major pass (kernels/moe/moe_expert_pass.py) in its w8a8 mode: each tile of an
+expert's FP8 weight is read once per BLOCK_M rows of that expert. Decode / verify sizes use its decode tiles; prefill
+sizes 64-row tiles (an expert's weights are then re-read once per 64 of its rows, from L2 mostly; no FP8 grouped GEMM
+yet); the K step is the weights' scale block (128 in the checkpoints, the tiles' K). `fp8_moe_ref` is that rounding
+with fp32 products (the kernels' oracle). Off CUDA the experts run `fp8_moe_exact_ref`: exact activations, fp32
+products of the dequantized experts, as the dense projections' CPU path (kernels/quant/fp8_linear.py says why: the
+CPU forward stays the exact oracle for MTP == plain and tp == one process)."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from lightllm_mtp.kernels._validate import check_device, check_float, check_index, check_shape
 from lightllm_mtp.kernels.moe.moe_expert_pass import DECODE_TILES, ExpertPassTiles, expert_pass_ref, expert_pass_triton
 from lightllm_mtp.kernels.quant.fp8_block import Fp8BlockWeight
+from lightllm_mtp.kernels.quant.fp8_gemm import quantize_activations_ref
 from lightllm_mtp.kernels.triton_utils import use_triton
 
 _OP = "fp8_fused_moe"
@@ -23,9 +36,26 @@ PREFILL_TILES = ExpertPassTiles(block_m=64, gate_up_block_n=64, down_block_n=64)
 
 def fp8_moe_ref(x, w_gate_up: Fp8BlockWeight, w_down: Fp8BlockWeight, topk_weights, topk_ids,
                 shared_gate_up: Fp8BlockWeight | None = None, shared_down: Fp8BlockWeight | None = None):  # fmt: skip
-    """fp32 math over the dequantized experts (expert_pass_ref with each expert's weight dequantized as it is used)."""
+    """The kernel's w8a8 rounding with fp32 products: each projection's input rows rounded to x's dtype (the
+    activation as the kernel stores it; exact for x), then to e4m3 per 1 x block_k group (quantize_activations_ref),
+    times the expert's dequantized weight."""
+
+    def w8a8_linear(a: torch.Tensor, w: Fp8BlockWeight) -> torch.Tensor:
+        group = w.block[1]
+        q, scale = quantize_activations_ref(a.to(x.dtype), group)
+        rounded = q.float() * scale.repeat_interleave(group, dim=1)[:, : a.shape[1]]
+        return F.linear(rounded, w.dequantize(torch.float32))
+
     return expert_pass_ref(x, w_gate_up, w_down, topk_weights, topk_ids, shared_gate_up, shared_down,
-                           as_float=lambda w: w.dequantize())
+                           linear=w8a8_linear)  # fmt: skip
+
+
+def fp8_moe_exact_ref(x, w_gate_up: Fp8BlockWeight, w_down: Fp8BlockWeight, topk_weights, topk_ids,
+                      shared_gate_up: Fp8BlockWeight | None = None,
+                      shared_down: Fp8BlockWeight | None = None):  # fmt: skip
+    """fp32 products of the dequantized experts, activations exact (no e4m3 rounding): the CPU engine path."""
+    return expert_pass_ref(x, w_gate_up, w_down, topk_weights, topk_ids, shared_gate_up, shared_down,
+                           linear=lambda a, w: F.linear(a, w.dequantize(torch.float32)))  # fmt: skip
 
 
 def fp8_fused_moe(x: torch.Tensor, *, w_gate_up: Fp8BlockWeight, w_down: Fp8BlockWeight, topk_weights: torch.Tensor,
@@ -33,7 +63,7 @@ def fp8_fused_moe(x: torch.Tensor, *, w_gate_up: Fp8BlockWeight, w_down: Fp8Bloc
     """x [T, H] -> [T, H] in x.dtype: sum_k w_k * down_e(silu(gate_e x) * up_e x) over the routed experts."""
     _check(x, w_gate_up, w_down, topk_weights, topk_ids)
     if not use_triton(x):
-        return fp8_moe_ref(x, w_gate_up, w_down, topk_weights, topk_ids)
+        return fp8_moe_exact_ref(x, w_gate_up, w_down, topk_weights, topk_ids)
     tiles = DECODE_TILES if topk_ids.numel() <= DECODE_MAX_PAIRS else PREFILL_TILES
     return expert_pass_triton(_rows(x), w_gate_up.qweight, w_down.qweight, topk_weights, topk_ids, tiles=tiles,
                               scales=(w_gate_up.scale, w_down.scale),
@@ -57,7 +87,7 @@ def fp8_fused_moe_shared(
     if topk_ids.shape[1] < 2:
         raise ValueError(f"{_OP}: topk_ids must hold k routed slots and the shared slot, got {list(topk_ids.shape)}")
     if not use_triton(x):
-        return fp8_moe_ref(x, w_gate_up, w_down, topk_weights, topk_ids, shared_gate_up, shared_down)
+        return fp8_moe_exact_ref(x, w_gate_up, w_down, topk_weights, topk_ids, shared_gate_up, shared_down)
     blocks = (_block("gate_up", w_gate_up, shared_gate_up), _block("down", w_down, shared_down))
     scales = (w_gate_up.scale, w_down.scale, shared_gate_up.scale, shared_down.scale)
     return expert_pass_triton(_rows(x), w_gate_up.qweight, w_down.qweight, topk_weights, topk_ids,

@@ -12,9 +12,11 @@ triton = pytest.importorskip("triton")
 from lightllm_mtp.kernels.moe import moe_align, moe_expert_pass, moe_routing  # noqa: E402
 
 SMEM_LIMIT = 227 * 1024
-# the expert pass's block-FP8 arguments, unused with 16 / 32-bit weights (kernels/quant/fp8_moe.py compiles W_FP8)
-NO_SCALES = dict(s_ptr="*fp32", shared_s_ptr="*fp32", stride_se=64, stride_sn=16, stride_shared_sn=16)
-NO_FP8 = dict(W_FP8=False, SCALE_N=1, SCALE_K=1)
+# the expert pass's block-FP8 (w8a8) arguments, unused with 16 / 32-bit weights (kernels/quant/fp8_moe.py compiles
+# W8A8): the activations' group scales, the weights' block scales
+NO_SCALES = dict(xs_ptr="*fp32", stride_xs=16, as_ptr="*fp32", stride_as=16, s_ptr="*fp32", shared_s_ptr="*fp32",
+                 stride_se=64, stride_sn=16, stride_shared_sn=16)
+NO_FP8 = dict(W8A8=False, SCALE_N=1)
 
 
 def _compile(fn, args, constexprs, **options):

@@ -68,23 +68,32 @@ def test_fp8_gemm_and_activation_quantization_compile(act_fp8, quantize_a, block
 
 
 @pytest.mark.parametrize("pdl", [False, True])
-def test_fp8_expert_pass_compiles(pdl):
-    """35B-A3B experts (E 256, H 2048, I 512, shared 512) in block-FP8, decode tiles."""
-    tiles = moe_expert_pass.DECODE_TILES
+@pytest.mark.parametrize("tiles", ["decode", "prefill"])
+def test_fp8_expert_pass_compiles(tiles, pdl):
+    """35B-A3B experts (E 256, H 2048, I 512, shared 512) in block-FP8, w8a8: e4m3 x / act with their group scales,
+    the FP8 tensor-core dot, K steps of one 128 scale block; decode and prefill tiles."""
+    from lightllm_mtp.kernels.quant.fp8_moe import PREFILL_TILES
+
+    tiles = moe_expert_pass.DECODE_TILES if tiles == "decode" else PREFILL_TILES
     common = dict(sorted_ptr="*i32", block_expert_ptr="*i32", P=9, H=2048, INTER=512, INTER_SHARED=512, E=256,
                   w_ptr="*fp8e4nv", shared_w_ptr="*fp8e4nv", s_ptr="*fp32", shared_s_ptr="*fp32")  # fmt: skip
-    fp8 = dict(W_FP8=True, SCALE_N=128, SCALE_K=128, DOT_PRECISION="tf32", PDL=pdl)
-    _compile(moe_expert_pass._gate_up_act_kernel,
-             dict(common, x_ptr="*bf16", act_ptr="*bf16", stride_x=2048, stride_we=1024 * 2048, stride_wn=2048,
-                  stride_shared_wn=2048, stride_act=512, stride_se=8 * 16, stride_sn=16, stride_shared_sn=16),
-             dict(fp8, SLOTS=9, BLOCK_M=tiles.block_m, BLOCK_N=tiles.gate_up_block_n, BLOCK_K=tiles.gate_up_block_k),
-             num_warps=tiles.num_warps, num_stages=tiles.gate_up_stages)  # fmt: skip
-    _compile(moe_expert_pass._down_weighted_kernel,
-             dict(common, act_ptr="*bf16", weights_ptr="*fp32", rows_ptr="*fp32", stride_act=512,
-                  stride_we=2048 * 512, stride_wn=512, stride_shared_wn=512, stride_rows=2048, stride_se=16 * 4,
-                  stride_sn=4, stride_shared_sn=4),
-             dict(fp8, BLOCK_M=tiles.block_m, BLOCK_N=tiles.down_block_n, BLOCK_K=tiles.down_block_k),
-             num_warps=tiles.num_warps, num_stages=tiles.down_stages)  # fmt: skip
+    fp8 = dict(W8A8=True, SCALE_N=128, DOT_PRECISION="tf32", PDL=pdl)
+    kernels = [
+        _compile(moe_expert_pass._gate_up_act_kernel,
+                 dict(common, x_ptr="*fp8e4nv", xs_ptr="*fp32", act_ptr="*bf16", stride_x=2048, stride_xs=16,
+                      stride_we=1024 * 2048, stride_wn=2048, stride_shared_wn=2048, stride_act=512,
+                      stride_se=8 * 16, stride_sn=16, stride_shared_sn=16),
+                 dict(fp8, SLOTS=9, BLOCK_M=tiles.block_m, BLOCK_N=tiles.gate_up_block_n, BLOCK_K=128),
+                 num_warps=tiles.num_warps, num_stages=tiles.gate_up_stages),
+        _compile(moe_expert_pass._down_weighted_kernel,
+                 dict(common, act_ptr="*fp8e4nv", as_ptr="*fp32", weights_ptr="*fp32", rows_ptr="*fp32",
+                      stride_act=512, stride_as=4, stride_we=2048 * 512, stride_wn=512, stride_shared_wn=512,
+                      stride_rows=2048, stride_se=16 * 4, stride_sn=4, stride_shared_sn=4),
+                 dict(fp8, BLOCK_M=tiles.block_m, BLOCK_N=tiles.down_block_n, BLOCK_K=128),
+                 num_warps=tiles.num_warps, num_stages=tiles.down_stages),
+    ]  # fmt: skip
+    for kernel in kernels:  # the FP8 tensor cores: wgmma / mma on e4m3 operands
+        assert "e4m3" in kernel.asm["ptx"]
 
 
 def test_attention_over_an_fp8_pool_compiles():
