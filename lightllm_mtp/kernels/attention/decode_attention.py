@@ -15,6 +15,7 @@ import torch
 from lightllm_mtp.kernels._validate import check_shape
 from lightllm_mtp.kernels.attention.paged_attention import (check_kv_scales, check_paged_attention_args,
                                                             kv_compute_dtypes)
+from lightllm_mtp.kernels.attention.verify_attention_keys_major import KEYS_MAJOR_BLOCK_N, keys_major_num_warps
 from lightllm_mtp.kernels.pdl import pdl_args
 from lightllm_mtp.kernels.triton_utils import num_sms, triton_available, use_triton
 
@@ -119,14 +120,15 @@ def splitk_attention_triton(
     num_warps: int | None = None,
     head_split: int = 1,
     keys_major: bool = False,
+    num_stages: int = 2,
 ) -> torch.Tensor:
     """Split-K causal attention of short q blocks (arguments validated by the callers). Without b1_cu_q_len, q row b
     is request b's single query (decode); with it, request b owns rows b1_cu_q_len[b]:b1_cu_q_len[b+1], at most
     max_q_len of them (a host bound: rows past it are not computed). num_splits / block_n / num_warps (stage 1)
     override the heuristics. head_split: programs per KV head, each over a share of its query heads (the same KV
     read by each, the second read mostly from L2), for q blocks whose rows x query heads overflow a 16-row tile.
-    keys_major: stage 1 with the keys on the MMA's M side (verify_attention_keys_major.py; BLOCK_N 64 by default),
-    for the same q blocks."""
+    keys_major: stage 1 with the keys on the MMA's M side (verify_attention_keys_major.py), for the same q blocks.
+    num_stages: stage 1's software pipelining (2: the next K/V tiles copied to shared memory during this one's math)."""
     t, hq, d = q.shape
     bsz, hkv, dv = b_req_idx.shape[0], k_buffer.shape[1], v_buffer.shape[2]
     group = hq // hkv
@@ -138,8 +140,8 @@ def splitk_attention_triton(
     block_d, block_dv = max(16, triton.next_power_of_2(d)), max(16, triton.next_power_of_2(dv))
     block_m = max(16, triton.next_power_of_2(max_q_len * group // head_split))
     compute_fp32, kv_fp8 = kv_compute_dtypes(q, k_buffer)
-    if block_n is None and keys_major:  # M of the QK^T dot: wgmma's 64 rows per warpgroup
-        block_n = 64
+    if block_n is None and keys_major:
+        block_n = KEYS_MAJOR_BLOCK_N
     elif block_n is None:  # sm_90 builds, D=256 bf16: N=32 needs ~144 registers, 3 programs fit an SM; fp32 halves it
         block_n = (64 if max(block_d, block_dv) <= 128 else 32) // (2 if compute_fp32 else 1)
     max_kv_len = req_to_token.shape[1] if max_kv_len is None else max_kv_len
@@ -150,7 +152,7 @@ def splitk_attention_triton(
     has_cu = b1_cu_q_len is not None
     cu = b1_cu_q_len if has_cu else b_seq_len  # unread placeholder for decode
     if keys_major:
-        stage1, default_warps = keys_major_stage1_kernel, 4 if block_n <= 64 else 8
+        stage1, default_warps = keys_major_stage1_kernel, keys_major_num_warps(block_n, kv_fp8)
     else:
         stage1, default_warps = _splitk_stage1_kernel, 4 if block_m <= 32 else 8
     stage1[(bsz, hkv * head_split, num_splits)](
@@ -160,7 +162,7 @@ def splitk_attention_triton(
         *mid_o.stride()[:3], *mid_lse.stride()[:2],
         G=group, HEAD_SPLIT=head_split, D=d, DV=dv, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_N=block_n,
         HAS_CU=has_cu, COMPUTE_FP32=compute_fp32, KV_FP8=kv_fp8,
-        num_warps=num_warps or default_warps, num_stages=2, **pdl_args(q),
+        num_warps=num_warps or default_warps, num_stages=num_stages, **pdl_args(q),
     )
     _splitk_stage2_kernel[(bsz, max_q_len, hq)](
         mid_o, mid_lse, out, b_seq_len, cu, num_splits,

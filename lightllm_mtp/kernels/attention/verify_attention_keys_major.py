@@ -12,6 +12,14 @@ from __future__ import annotations
 
 from lightllm_mtp.kernels.triton_utils import triton_available
 
+KEYS_MAJOR_BLOCK_N = 64  # M of the S^T dot: wgmma's 64 rows per warpgroup
+
+
+def keys_major_num_warps(block_n: int, kv_fp8: bool) -> int:
+    """Default warps: one warpgroup per 64 keys; two for an FP8 pool, whose tiles are widened to bf16 in registers
+    (sm_90 builds at D = 256: 4 warps spill there, 8 do not at 16 columns)."""
+    return max(4, block_n // 16) if not kv_fp8 else max(8, block_n // 16)
+
 if triton_available():
     import triton
     import triton.language as tl

@@ -6,6 +6,7 @@ TRITON_INTERPRET must be set before triton is imported, so every case runs in on
 script) that prints each case's max abs error as JSON."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -93,6 +94,62 @@ def interpreted():
 @pytest.mark.parametrize("name", list(CASES))
 def test_keys_major_stage1_matches_reference(interpreted, name):
     assert interpreted[name] <= TOL, f"{name}: max abs error {interpreted[name]}"
+
+
+def _compile_sm90(fn, args, constexprs, **options):
+    """fn compiled for sm_90 as the launcher would: pointers as type strings ("*bf16"), floats as fp32, ints as i32
+    with the 16-divisibility hint, and ints equal to 1 (unit strides) specialized to constexprs."""
+    pytest.importorskip("triton")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature, attrs, constexprs = {}, {}, dict(constexprs)
+    for i, name in enumerate(fn.arg_names):
+        value = args.get(name)
+        if name in constexprs or value == 1:
+            signature[name] = "constexpr"
+            constexprs.setdefault(name, value)
+            continue
+        signature[name] = value if isinstance(value, str) else "fp32" if isinstance(value, float) else "i32"
+        if isinstance(value, str) or (isinstance(value, int) and value % 16 == 0):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    try:
+        return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    except RuntimeError as err:  # no ptxas on this machine (not a kernel error)
+        if "ptxas" in str(err).lower() and "not found" in str(err).lower():
+            pytest.skip(str(err))
+        raise
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("kv", ["bf16", "fp8e4nv"])
+def test_keys_major_stage1_compiles_for_sm90(kv, rows, record_property):
+    """The 27B shape (24 query heads over 4 KV heads of 256, bf16 queries, a bf16 or FP8 pool) at the wrapper's
+    default keys-major launch: compiles to PTX within the SM's shared memory. Whether its dots became wgmma is
+    recorded (and printed), not asserted: it is Triton's choice."""
+    from lightllm_mtp.kernels.attention.verify_attention_keys_major import (KEYS_MAJOR_BLOCK_N, keys_major_num_warps,
+                                                                            keys_major_stage1_kernel)
+
+    hq, hkv, d = 24, 4, 256
+    strides = dict(stride_qt=hq * d, stride_qh=d, stride_qd=1, stride_kp=hkv * d, stride_kh=d, stride_kd=1,
+                   stride_vp=hkv * d, stride_vh=d, stride_vd=1, stride_rt=4096, stride_ot=hq * 4 * d,
+                   stride_oh=4 * d, stride_os=d, stride_lt=hq * 4, stride_lh=4)  # fmt: skip
+    args = dict(Q="*bf16", K=f"*{kv}", V=f"*{kv}", req_to_token="*i32", b_req_idx="*i32", b_seq_len="*i32",
+                b1_cu_q_len="*i32", mid_o="*fp32", mid_lse="*fp32", qk_scale=0.09, v_scale=0.5, num_splits=48,
+                **strides)  # fmt: skip
+    block_m = max(16, 1 << (rows * hq // hkv - 1).bit_length())
+    constexprs = dict(G=hq // hkv, HEAD_SPLIT=1, D=d, DV=d, BLOCK_M=block_m, BLOCK_D=d, BLOCK_DV=d,
+                      BLOCK_N=KEYS_MAJOR_BLOCK_N, HAS_CU=True, COMPUTE_FP32=False, KV_FP8=kv != "bf16", PDL=True)
+    kernel = _compile_sm90(keys_major_stage1_kernel, args, constexprs,
+                           num_warps=keys_major_num_warps(KEYS_MAJOR_BLOCK_N, kv != "bf16"), num_stages=2)
+    assert kernel.metadata.shared <= 227 * 1024, kernel.metadata.shared
+    ptx = kernel.asm["ptx"]
+    wgmma = sorted(set(re.findall(r"wgmma\.mma_async[\w.]*", ptx)))
+    record_property("wgmma", wgmma)
+    print(f"keys-major stage 1, {kv} pool, {rows} rows (BLOCK_M {block_m}): shared {kernel.metadata.shared} B, "
+          f"wgmma {wgmma or 'none'}, mma.sync {ptx.count('mma.sync.aligned')}")  # fmt: skip
 
 
 @pytest.mark.gpu
