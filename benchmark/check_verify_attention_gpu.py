@@ -1,10 +1,12 @@
 """The split-K attention kernel (kernels/attention/decode_attention.py) at long context for a decode row and MTP
 verify blocks of 2-4 rows (k = 1..3) at the 27B shape (24 query heads over 4 KV heads of 256, bf16 KV), one request:
-stage-1 launch shapes (BLOCK_N, warps, query heads split over 1 or 2 programs per KV head) against the default, time per call in a CUDA graph and the KV bytes it
-streams per second. Adaptive k's start-up table showed the per-context-token cost doubling from k=1 to k=2 (the
-q tile grows from 16 to 32 rows: rows x 6 query heads per KV head).
+stage-1 launch shapes (BLOCK_N, warps, query heads split over 1 or 2 programs per KV head; the keys-major stage 1
+(kernels/attention/verify_attention_keys_major.py) at BLOCK_N 32-128, 4 / 8 warps, 1 / 2 pipeline stages) against the
+default, time per call in a CUDA graph and the KV bytes it streams per second; max_diff_vs_default compares each
+output with the default launch's. Adaptive k's start-up table showed the per-context-token cost doubling from k=1 to
+k=2 (the q tile grows from 16 to 32 rows: rows x 6 query heads per KV head).
 
-    python benchmark/check_verify_attention_gpu.py [--lengths 262144,1048576] [--out F]
+    python benchmark/check_verify_attention_gpu.py [--lengths 262144,1048576] [--rows 1,2,3,4] [--out F]
 """
 
 import argparse
@@ -19,7 +21,13 @@ from benchmark.timing import graph_replay_ms, result_header, write_json
 from lightllm_mtp.kernels.attention.decode_attention import splitk_attention_triton
 
 HQ, HKV, D = 24, 4, 256
-LAUNCH = [(None, None, 1)] + [(bn, w, hs) for hs in (1, 2) for bn in (16, 32, 64) for w in (4, 8)]
+# (BLOCK_N, warps, head_split, keys_major, num_stages); None: the wrapper's default. The first is the default launch.
+LAUNCH = (
+    [(None, None, 1, False, 2)]
+    + [(bn, w, hs, False, 2) for hs in (1, 2) for bn in (16, 32, 64) for w in (4, 8)]
+    + [(None, None, 1, True, 2)]
+    + [(bn, w, 1, True, st) for bn in (32, 64, 128) for w in (4, 8) for st in (1, 2)]
+)
 
 
 def main():
@@ -40,11 +48,11 @@ def main():
             q = torch.randn(q_rows, HQ, D, device="cuda", dtype=torch.bfloat16)
             cu = torch.tensor([0, q_rows], dtype=torch.int32, device="cuda")
             base = None
-            for block_n, warps, head_split in LAUNCH:
+            for block_n, warps, head_split, keys_major, stages in LAUNCH:
                 kw = dict(b1_cu_q_len=cu, max_q_len=q_rows, max_kv_len=length, block_n=block_n, num_warps=warps,
-                          head_split=head_split)  # fmt: skip
+                          head_split=head_split, keys_major=keys_major, num_stages=stages)  # fmt: skip
                 row = dict(length=length, q_rows=q_rows, block_n=block_n or "default", warps=warps or "default",
-                           head_split=head_split)  # fmt: skip
+                           head_split=head_split, keys_major=keys_major, num_stages=stages)  # fmt: skip
                 try:
                     out = splitk_attention_triton(q, k_buf, v_buf, req_to_token, b_req_idx, b_seq_len, D**-0.5, **kw)
                     if base is None:

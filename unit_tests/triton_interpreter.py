@@ -22,3 +22,17 @@ def run_interpreted(script: str | None = None, *, file: str | Path | None = None
     res = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     assert res.returncode == 0, res.stderr[-4000:]
     return res.stdout
+
+
+def allow_tensor_loop_bounds() -> None:
+    """In the interpreted process: numpy >= 2.4 refuses int() of the interpreter's 1-element scalar arrays, which
+    `range(start, end, ...)` over loaded values needs (loop bounds): index them by their element."""
+    import triton.runtime.interpreter as interp
+
+    patch_tensor = interp._patch_lang_tensor
+
+    def _patch_lang_tensor(tensor, scope):
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interp._patch_lang_tensor = _patch_lang_tensor

@@ -15,6 +15,7 @@ import torch
 from lightllm_mtp.kernels._validate import check_shape
 from lightllm_mtp.kernels.attention.paged_attention import (check_kv_scales, check_paged_attention_args,
                                                             kv_compute_dtypes)
+from lightllm_mtp.kernels.attention.verify_attention_keys_major import KEYS_MAJOR_BLOCK_N, keys_major_num_warps
 from lightllm_mtp.kernels.pdl import pdl_args
 from lightllm_mtp.kernels.triton_utils import num_sms, triton_available, use_triton
 
@@ -118,12 +119,16 @@ def splitk_attention_triton(
     v_scale: float = 1.0,
     num_warps: int | None = None,
     head_split: int = 1,
+    keys_major: bool = False,
+    num_stages: int = 2,
 ) -> torch.Tensor:
     """Split-K causal attention of short q blocks (arguments validated by the callers). Without b1_cu_q_len, q row b
     is request b's single query (decode); with it, request b owns rows b1_cu_q_len[b]:b1_cu_q_len[b+1], at most
     max_q_len of them (a host bound: rows past it are not computed). num_splits / block_n / num_warps (stage 1)
     override the heuristics. head_split: programs per KV head, each over a share of its query heads (the same KV
-    read by each, the second read mostly from L2), for q blocks whose rows x query heads overflow a 16-row tile."""
+    read by each, the second read mostly from L2), for q blocks whose rows x query heads overflow a 16-row tile.
+    keys_major: stage 1 with the keys on the MMA's M side (verify_attention_keys_major.py), for the same q blocks.
+    num_stages: stage 1's software pipelining (2: the next K/V tiles copied to shared memory during this one's math)."""
     t, hq, d = q.shape
     bsz, hkv, dv = b_req_idx.shape[0], k_buffer.shape[1], v_buffer.shape[2]
     group = hq // hkv
@@ -135,7 +140,9 @@ def splitk_attention_triton(
     block_d, block_dv = max(16, triton.next_power_of_2(d)), max(16, triton.next_power_of_2(dv))
     block_m = max(16, triton.next_power_of_2(max_q_len * group // head_split))
     compute_fp32, kv_fp8 = kv_compute_dtypes(q, k_buffer)
-    if block_n is None:  # sm_90 builds, D=256 bf16: N=32 needs ~144 registers, 3 programs fit an SM; fp32 halves it
+    if block_n is None and keys_major:
+        block_n = KEYS_MAJOR_BLOCK_N
+    elif block_n is None:  # sm_90 builds, D=256 bf16: N=32 needs ~144 registers, 3 programs fit an SM; fp32 halves it
         block_n = (64 if max(block_d, block_dv) <= 128 else 32) // (2 if compute_fp32 else 1)
     max_kv_len = req_to_token.shape[1] if max_kv_len is None else max_kv_len
     if num_splits is None:
@@ -144,14 +151,18 @@ def splitk_attention_triton(
     mid_lse = torch.empty(t, hq, num_splits, dtype=torch.float32, device=q.device)
     has_cu = b1_cu_q_len is not None
     cu = b1_cu_q_len if has_cu else b_seq_len  # unread placeholder for decode
-    _splitk_stage1_kernel[(bsz, hkv * head_split, num_splits)](
+    if keys_major:
+        stage1, default_warps = keys_major_stage1_kernel, keys_major_num_warps(block_n, kv_fp8)
+    else:
+        stage1, default_warps = _splitk_stage1_kernel, 4 if block_m <= 32 else 8
+    stage1[(bsz, hkv * head_split, num_splits)](
         q, k_buffer, v_buffer, req_to_token, b_req_idx, b_seq_len, cu, mid_o, mid_lse,
         scale * k_scale * math.log2(math.e), v_scale, num_splits,
         *q.stride(), *k_buffer.stride(), *v_buffer.stride(), req_to_token.stride(0),
         *mid_o.stride()[:3], *mid_lse.stride()[:2],
         G=group, HEAD_SPLIT=head_split, D=d, DV=dv, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_N=block_n,
         HAS_CU=has_cu, COMPUTE_FP32=compute_fp32, KV_FP8=kv_fp8,
-        num_warps=num_warps or (4 if block_m <= 32 else 8), num_stages=2, **pdl_args(q),
+        num_warps=num_warps or default_warps, num_stages=num_stages, **pdl_args(q),
     )
     _splitk_stage2_kernel[(bsz, max_q_len, hq)](
         mid_o, mid_lse, out, b_seq_len, cu, num_splits,
@@ -168,22 +179,10 @@ if triton_available():
     import triton.language as tl
 
     from lightllm_mtp.kernels.attention.paged_attention import attend_paged_range
+    from lightllm_mtp.kernels.attention.splitk_tiles import (load_q_tile, q_block, q_tile_rows, split_len,
+                                                             split_program, store_split_partial)
+    from lightllm_mtp.kernels.attention.verify_attention_keys_major import keys_major_stage1_kernel
     from lightllm_mtp.kernels.pdl import pdl_wait
-
-    @triton.jit
-    def _split_len(seq_len, num_splits, BLOCK_N: tl.constexpr):
-        """Keys per split of a request: its length spread over the splits in whole tiles (>= one tile)."""
-        return tl.maximum(tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N), 1) * BLOCK_N
-
-    @triton.jit
-    def _q_block(b1_cu_q_len, b, HAS_CU: tl.constexpr):
-        if HAS_CU:
-            q_start = tl.load(b1_cu_q_len + b).to(tl.int32)
-            q_len = tl.load(b1_cu_q_len + b + 1).to(tl.int32) - q_start
-        else:
-            q_start = b
-            q_len = 1
-        return q_start, q_len
 
     @triton.jit
     def _splitk_stage1_kernel(
@@ -196,35 +195,13 @@ if triton_available():
         KV_FP8: tl.constexpr, PDL: tl.constexpr,
     ):
         pdl_wait(PDL)
-        b = tl.program_id(0)
-        GP: tl.constexpr = G // HEAD_SPLIT  # query heads of this program
-        kvh = tl.program_id(1) // HEAD_SPLIT
-        head0 = kvh * G + (tl.program_id(1) % HEAD_SPLIT) * GP
-        split = tl.program_id(2)
-        q_start, q_len = _q_block(b1_cu_q_len, b, HAS_CU)
-        seq_len = tl.load(b_seq_len + b).to(tl.int32)
-        split_len = _split_len(seq_len, num_splits, BLOCK_N)
-        start = split * split_len
-        done = start >= seq_len  # past this request's KV: stage 2 never reads this split
-        if HAS_CU:
-            done = done | (q_len <= 0)
+        b, kvh, head0, q_start, q_len, seq_len, start, end, done = split_program(
+            b_seq_len, b1_cu_q_len, num_splits, HEAD_SPLIT, G, BLOCK_N, HAS_CU
+        )
         if done:
             return
-        end = tl.minimum(start + split_len, seq_len)
-        # tile row m = (q row m // GP, query head head0 + m % GP)
-        offs_m = tl.arange(0, BLOCK_M)
-        mask_m = offs_m < q_len * GP
-        row = (q_start + offs_m // GP).to(tl.int64)
-        head = head0 + offs_m % GP
-        pos = seq_len - q_len + offs_m // GP
-        offs_d = tl.arange(0, BLOCK_D)
-        offs_dv = tl.arange(0, BLOCK_DV)
-        q = tl.load(
-            Q + row[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :] * stride_qd,
-            mask=mask_m[:, None] & (offs_d[None, :] < D), other=0.0,
-        )
-        if COMPUTE_FP32:
-            q = q.to(tl.float32)
+        row, head, pos, mask_m = q_tile_rows(q_start, q_len, head0, seq_len, G // HEAD_SPLIT, BLOCK_M)
+        q = load_q_tile(Q, row, head, mask_m, stride_qt, stride_qh, stride_qd, D, BLOCK_D, COMPUTE_FP32)
         token_row = req_to_token + tl.load(b_req_idx + b).to(tl.int64) * stride_rt
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -233,14 +210,8 @@ if triton_available():
             q, m_i, l_i, acc, K, V, token_row, kvh, stride_kp, stride_kh, stride_kd, stride_vp, stride_vh, stride_vd,
             pos, start, end, qk_scale, D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, True, COMPUTE_FP32, KV_FP8,
         )
-        seen = l_i > 0  # rows before this split's first key (verify) leave a neutral partial
-        o = acc / tl.where(seen, l_i, 1.0)[:, None]
-        if KV_FP8:
-            o = o * v_scale
-        lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
-        base = row * stride_ot + head * stride_oh + split * stride_os
-        tl.store(mid_o + base[:, None] + offs_dv[None, :], o, mask=mask_m[:, None] & (offs_dv[None, :] < DV))
-        tl.store(mid_lse + row * stride_lt + head * stride_lh + split, lse, mask=mask_m)
+        store_split_partial(acc, m_i, l_i, mid_o, mid_lse, row, head, mask_m, tl.program_id(2), v_scale,
+                            stride_ot, stride_oh, stride_os, stride_lt, stride_lh, DV, BLOCK_DV, KV_FP8)
 
     @triton.jit
     def _splitk_stage2_kernel(
@@ -253,12 +224,12 @@ if triton_available():
         b = tl.program_id(0)
         r = tl.program_id(1)
         h = tl.program_id(2)
-        q_start, q_len = _q_block(b1_cu_q_len, b, HAS_CU)
+        q_start, q_len = q_block(b1_cu_q_len, b, HAS_CU)
         if r >= q_len:
             return
         row = (q_start + r).to(tl.int64)
         seq_len = tl.load(b_seq_len + b).to(tl.int32)
-        n_splits = tl.cdiv(seq_len, _split_len(seq_len, num_splits, BLOCK_N))
+        n_splits = tl.cdiv(seq_len, split_len(seq_len, num_splits, BLOCK_N))
         offs_s = tl.arange(0, BLOCK_S)
         lse_ptr = mid_lse + row * stride_lt + h * stride_lh
         lse = tl.load(lse_ptr + offs_s, mask=offs_s < n_splits, other=float("-inf"))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lightllm_mtp.kernels.triton_utils import triton_available
-from unit_tests.triton_interpreter import run_interpreted
+from unit_tests.triton_interpreter import allow_tensor_loop_bounds, run_interpreted
 
 TOL = 2e-5
 
@@ -95,19 +95,10 @@ CASES = {
 
 def _interpret_main() -> None:
     """Runs in the subprocess (TRITON_INTERPRET=1)."""
-    import triton.runtime.interpreter as interp
-
     import lightllm_mtp.kernels.attention.decode_attention as dmod
     import lightllm_mtp.kernels.attention.prefill_attention as pmod
 
-    # numpy >= 2.4 refuses int() of the interpreter's 1-element scalar arrays (loop bounds): take the element
-    patch_tensor = interp._patch_lang_tensor
-
-    def _patch_lang_tensor(tensor, scope):
-        patch_tensor(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    interp._patch_lang_tensor = _patch_lang_tensor
+    allow_tensor_loop_bounds()
     paths = []
     splitk, flash = dmod.splitk_attention_triton, pmod.flash_attention_triton
     traced_splitk = lambda *a, **k: paths.append("splitk") or splitk(*a, **k)  # noqa: E731
