@@ -10,8 +10,8 @@ import pytest
 triton = pytest.importorskip("triton")
 
 from lightllm_mtp.kernels.moe import moe_align, moe_expert_pass, moe_routing  # noqa: E402
+from unit_tests.kernels.sm90_compile import compile_sm90  # noqa: E402
 
-SMEM_LIMIT = 227 * 1024
 # the expert pass's block-FP8 (w8a8) arguments, unused with 16 / 32-bit weights (kernels/quant/fp8_moe.py compiles
 # W8A8): the activations' group scales, the weights' block scales
 NO_SCALES = dict(xs_ptr="*fp32", stride_xs=16, as_ptr="*fp32", stride_as=16, s_ptr="*fp32", shared_s_ptr="*fp32",
@@ -19,44 +19,17 @@ NO_SCALES = dict(xs_ptr="*fp32", stride_xs=16, as_ptr="*fp32", stride_as=16, s_p
 NO_FP8 = dict(W8A8=False, SCALE_N=1)
 
 
-def _compile(fn, args, constexprs, **options):
-    """args: pointer args as their type string ("*bf16"), ints as values (divisible by 16 -> the launcher's hint)."""
-    try:
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
-    except ImportError:
-        pytest.skip("this triton has no ASTSource / GPUTarget")
-    signature, attrs = {}, {}
-    for name in fn.arg_names:
-        if name in constexprs:
-            signature[name] = "constexpr"
-            continue
-        value, idx = args[name], (fn.arg_names.index(name),)
-        signature[name] = value if isinstance(value, str) else "i32"
-        if isinstance(value, str) or value % 16 == 0:
-            attrs[idx] = [["tt.divisibility", 16]]
-    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-    try:
-        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-    except RuntimeError as err:  # no ptxas on this machine (not a kernel error)
-        if "ptxas" in str(err).lower() and "not found" in str(err).lower():
-            pytest.skip(str(err))
-        raise
-    assert kernel.metadata.shared <= SMEM_LIMIT, (fn.__name__, kernel.metadata.shared)
-    return kernel
-
-
 def test_routing_and_alignment_compile():
-    _compile(moe_routing._route_topk_kernel, dict(logits_ptr="*bf16", weights_ptr="*fp32", ids_ptr="*i32", E=256,
+    compile_sm90(moe_routing._route_topk_kernel, dict(logits_ptr="*bf16", weights_ptr="*fp32", ids_ptr="*i32", E=256,
                                                   stride_l=264),
              dict(TOP_K=8, SLOTS=9, BLOCK_E=256, BLOCK_S=16, RENORMALIZE=True, SHARED_GATE=True),
              num_warps=1)  # fmt: skip
-    _compile(moe_routing._route_topk_kernel, dict(logits_ptr="*bf16", weights_ptr="*bf16", ids_ptr="*i64", E=256,
+    compile_sm90(moe_routing._route_topk_kernel, dict(logits_ptr="*bf16", weights_ptr="*bf16", ids_ptr="*i64", E=256,
                                                   stride_l=264),
              dict(TOP_K=8, SLOTS=8, BLOCK_E=256, BLOCK_S=8, RENORMALIZE=True, SHARED_GATE=False),
              num_warps=1)  # fmt: skip
     for pairs, blocks in ((9, 9), (576, 277), (1152, 313)):
-        _compile(moe_align._moe_align_kernel, dict(ids_ptr="*i32", sorted_ptr="*i32", block_expert_ptr="*i32",
+        compile_sm90(moe_align._moe_align_kernel, dict(ids_ptr="*i32", sorted_ptr="*i32", block_expert_ptr="*i32",
                                                    scratch_ptr="*i32", P=pairs, E=257, MAX_BLOCKS=blocks),
                  dict(BLOCK_M=16, NUM_BINS=512, CHUNK=128, BLOCK_B=triton.next_power_of_2(blocks)))  # fmt: skip
 
@@ -66,7 +39,7 @@ def test_routing_and_alignment_compile():
 def test_expert_pass_compiles_pipelined(tiles, pdl):
     common = dict(sorted_ptr="*i32", block_expert_ptr="*i32", P=9, H=2048, INTER=512, INTER_SHARED=512, E=256,
                   stride_we=2 * 512 * 2048, **NO_SCALES)  # fmt: skip
-    gate_up = _compile(
+    gate_up = compile_sm90(
         moe_expert_pass._gate_up_act_kernel,
         dict(common, x_ptr="*bf16", w_ptr="*bf16", shared_w_ptr="*bf16", act_ptr="*bf16", stride_x=2048,
              stride_wn=2048, stride_shared_wn=2048, stride_act=512),
@@ -74,7 +47,7 @@ def test_expert_pass_compiles_pipelined(tiles, pdl):
              DOT_PRECISION="tf32", PDL=pdl, **NO_FP8),
         num_warps=tiles.num_warps, num_stages=tiles.gate_up_stages,
     )  # fmt: skip
-    down = _compile(
+    down = compile_sm90(
         moe_expert_pass._down_weighted_kernel,
         dict(common, act_ptr="*bf16", w_ptr="*bf16", shared_w_ptr="*bf16", weights_ptr="*fp32", rows_ptr="*fp32",
              stride_act=512, stride_wn=512, stride_shared_wn=512, stride_rows=2048, stride_we=2048 * 512),
@@ -86,7 +59,7 @@ def test_expert_pass_compiles_pipelined(tiles, pdl):
         assert re.search(r"cp\.async\.", kernel.asm["ptx"]), "weight loads not pipelined"
         if pdl:
             assert_waits_first(kernel.asm["ptx"])
-    _compile(moe_expert_pass._sum_slots_kernel, dict(rows_ptr="*fp32", out_ptr="*bf16", H=2048, stride_out=2048),
+    compile_sm90(moe_expert_pass._sum_slots_kernel, dict(rows_ptr="*fp32", out_ptr="*bf16", H=2048, stride_out=2048),
              dict(SLOTS=9, BLOCK_S=16, BLOCK_H=512, PDL=False))  # fmt: skip
 
 
@@ -96,13 +69,13 @@ def test_expert_pass_compiles_fp32_ieee():
     tiles = moe_expert_pass.DECODE_TILES
     common = dict(sorted_ptr="*i32", block_expert_ptr="*i32", w_ptr="*fp32", shared_w_ptr="*fp32", P=6, H=64, INTER=32,
                   INTER_SHARED=48, E=8, **NO_SCALES)  # fmt: skip
-    _compile(moe_expert_pass._gate_up_act_kernel,
+    compile_sm90(moe_expert_pass._gate_up_act_kernel,
              dict(common, x_ptr="*fp32", act_ptr="*fp32", stride_x=64, stride_we=4096, stride_wn=64,
                   stride_shared_wn=64, stride_act=48),
              dict(SLOTS=3, BLOCK_M=tiles.block_m, BLOCK_N=tiles.gate_up_block_n, BLOCK_K=tiles.gate_up_block_k,
                   DOT_PRECISION="ieee", PDL=False, **NO_FP8),
              num_warps=tiles.num_warps, num_stages=tiles.gate_up_stages)  # fmt: skip
-    _compile(moe_expert_pass._down_weighted_kernel,
+    compile_sm90(moe_expert_pass._down_weighted_kernel,
              dict(common, act_ptr="*fp32", weights_ptr="*fp32", rows_ptr="*fp32", stride_act=48, stride_we=2048,
                   stride_wn=32, stride_shared_wn=48, stride_rows=64),
              dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.down_block_n, BLOCK_K=tiles.down_block_k, DOT_PRECISION="ieee",
@@ -118,7 +91,7 @@ def test_route_align_compiles(t, experts, top_k, dtype):
 
     slots = top_k + 1
     blocks = moe_align.max_blocks(t * slots, experts + 1, 16)
-    _compile(moe_route_align._route_align_kernel,
+    compile_sm90(moe_route_align._route_align_kernel,
              dict(logits_ptr=dtype, weights_ptr="*fp32", ids_ptr="*i32", sorted_ptr="*i32", block_expert_ptr="*i32",
                   T=t, E=experts, stride_l=-(-(experts + 1) // 8) * 8, MAX_BLOCKS=blocks),
              dict(TOP_K=top_k, SLOTS=slots, SHARED_GATE=True, BLOCK_M=16, BLOCK_T=triton.next_power_of_2(t),
@@ -149,22 +122,22 @@ def test_pdl_kernels_wait_first(pdl):
     common = dict(sorted_ptr="*i32", block_expert_ptr="*i32", P=9, H=2048, INTER=512, INTER_SHARED=512, E=256,
                   **NO_SCALES)
     kernels = [
-        _compile(moe_expert_pass._gate_up_act_kernel,
+        compile_sm90(moe_expert_pass._gate_up_act_kernel,
                  dict(common, x_ptr="*bf16", w_ptr="*bf16", shared_w_ptr="*bf16", act_ptr="*bf16", stride_x=2048,
                       stride_we=2 * 512 * 2048, stride_wn=2048, stride_shared_wn=2048, stride_act=512),
                  dict(SLOTS=9, BLOCK_M=tiles.block_m, BLOCK_N=tiles.gate_up_block_n, BLOCK_K=tiles.gate_up_block_k,
                       DOT_PRECISION="tf32", PDL=pdl, **NO_FP8),
                  num_warps=tiles.num_warps, num_stages=tiles.gate_up_stages),
-        _compile(moe_expert_pass._sum_slots_kernel,
+        compile_sm90(moe_expert_pass._sum_slots_kernel,
                  dict(rows_ptr="*fp32", out_ptr="*bf16", H=2048, stride_out=2048),
                  dict(SLOTS=9, BLOCK_S=16, BLOCK_H=512, PDL=pdl)),
-        _compile(moe_route_align._route_align_kernel,
+        compile_sm90(moe_route_align._route_align_kernel,
                  dict(logits_ptr="*bf16", weights_ptr="*fp32", ids_ptr="*i32", sorted_ptr="*i32",
                       block_expert_ptr="*i32", T=1, E=256, stride_l=264, MAX_BLOCKS=9),
                  dict(TOP_K=8, SLOTS=9, SHARED_GATE=True, BLOCK_M=16, BLOCK_T=1, BLOCK_E=256, BLOCK_S=16, BLOCK_B=16,
                       PDL=pdl),
                  num_warps=1),
-        _compile(gemv._gemv_kernel,
+        compile_sm90(gemv._gemv_kernel,
                  dict(x_ptr="*bf16", w_ptr="*bf16", out_ptr="*bf16", T=1, N=12352, K=2048, stride_x=2048,
                       stride_w=2048, stride_out=12352),
                  dict(T_PAD=1, BLOCK_N=2, BLOCK_K=2048, PDL=pdl), num_warps=4),

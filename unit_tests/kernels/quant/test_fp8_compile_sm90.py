@@ -11,39 +11,8 @@ triton = pytest.importorskip("triton")
 from lightllm_mtp.kernels.attention import decode_attention, prefill_attention, qk_norm_rope  # noqa: E402
 from lightllm_mtp.kernels.moe import moe_expert_pass  # noqa: E402
 from lightllm_mtp.kernels.quant import fp8_gemm  # noqa: E402
+from unit_tests.kernels.sm90_compile import compile_sm90  # noqa: E402
 
-SMEM_LIMIT = 227 * 1024
-
-
-def _compile(fn, args, constexprs, **options):
-    """args: pointer args as type strings ("*bf16"), floats as fp32 scalars, ints as i32 (divisible by 16: the
-    launcher's hint)."""
-    try:
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
-    except ImportError:
-        pytest.skip("this triton has no ASTSource / GPUTarget")
-    signature, attrs = {}, {}
-    for name in fn.arg_names:
-        if name in constexprs:
-            signature[name] = "constexpr"
-            continue
-        value, idx = args[name], (fn.arg_names.index(name),)
-        if isinstance(value, float):
-            signature[name] = "fp32"
-            continue
-        signature[name] = value if isinstance(value, str) else "i32"
-        if isinstance(value, str) or value % 16 == 0:
-            attrs[idx] = [["tt.divisibility", 16]]
-    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-    try:
-        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-    except RuntimeError as err:  # no ptxas on this machine (not a kernel error)
-        if "ptxas" in str(err).lower() and "not found" in str(err).lower():
-            pytest.skip(str(err))
-        raise
-    assert kernel.metadata.shared <= SMEM_LIMIT, (fn.__name__, kernel.metadata.shared)
-    return kernel
 
 
 @pytest.mark.parametrize("act_fp8,quantize_a,block_m,block_n,split_k", [
@@ -52,7 +21,7 @@ def _compile(fn, args, constexprs, **options):
 ])  # fmt: skip
 def test_fp8_gemm_and_activation_quantization_compile(act_fp8, quantize_a, block_m, block_n, split_k):
     a_type = "*fp8e4nv" if act_fp8 and not quantize_a else "*bf16"
-    kernel = _compile(fp8_gemm._fp8_gemm_kernel,
+    kernel = compile_sm90(fp8_gemm._fp8_gemm_kernel,
                       dict(a_ptr=a_type, a_s_ptr="*fp32", w_ptr="*fp8e4nv", w_s_ptr="*fp32", out_ptr="*bf16",
                            partial_ptr="*fp32", arrival_ptr="*i32", M=4096, N=12288, K=5120, stride_a=5120,
                            stride_as=40, stride_w=5120, stride_ws=40, stride_out=12288),
@@ -62,7 +31,7 @@ def test_fp8_gemm_and_activation_quantization_compile(act_fp8, quantize_a, block
                       num_warps=4, num_stages=4 if split_k > 1 else 3)  # fmt: skip
     if act_fp8:  # the FP8 tensor cores: wgmma / mma on e4m3 operands
         assert "e4m3" in kernel.asm["ptx"]
-    _compile(fp8_gemm._quantize_act_kernel,
+    compile_sm90(fp8_gemm._quantize_act_kernel,
              dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32", K=5120, stride_x=5120, stride_q=5120, stride_s=40),
              dict(MIN_SCALE=1e-10, FP8_MAX_VALUE=448.0, GROUP=128))  # fmt: skip
 
@@ -79,13 +48,13 @@ def test_fp8_expert_pass_compiles(tiles, pdl):
                   w_ptr="*fp8e4nv", shared_w_ptr="*fp8e4nv", s_ptr="*fp32", shared_s_ptr="*fp32")  # fmt: skip
     fp8 = dict(W8A8=True, SCALE_N=128, DOT_PRECISION="tf32", PDL=pdl)
     kernels = [
-        _compile(moe_expert_pass._gate_up_act_kernel,
+        compile_sm90(moe_expert_pass._gate_up_act_kernel,
                  dict(common, x_ptr="*fp8e4nv", xs_ptr="*fp32", act_ptr="*bf16", stride_x=2048, stride_xs=16,
                       stride_we=1024 * 2048, stride_wn=2048, stride_shared_wn=2048, stride_act=512,
                       stride_se=8 * 16, stride_sn=16, stride_shared_sn=16),
                  dict(fp8, SLOTS=9, BLOCK_M=tiles.block_m, BLOCK_N=tiles.gate_up_block_n, BLOCK_K=128),
                  num_warps=tiles.num_warps, num_stages=tiles.gate_up_stages),
-        _compile(moe_expert_pass._down_weighted_kernel,
+        compile_sm90(moe_expert_pass._down_weighted_kernel,
                  dict(common, act_ptr="*fp8e4nv", as_ptr="*fp32", weights_ptr="*fp32", rows_ptr="*fp32",
                       stride_act=512, stride_as=4, stride_we=2048 * 512, stride_wn=512, stride_shared_wn=512,
                       stride_rows=2048, stride_se=16 * 4, stride_sn=4, stride_shared_sn=4),
@@ -102,16 +71,16 @@ def test_attention_over_an_fp8_pool_compiles():
                    stride_vp=1024, stride_vh=256, stride_vd=1, stride_rt=4096)  # fmt: skip
     kv = dict(Q="*bf16", K="*fp8e4nv", V="*fp8e4nv", req_to_token="*i32", b_req_idx="*i32", b_seq_len="*i32",
               b1_cu_q_len="*i32", qk_scale=0.09, v_scale=1.0)  # fmt: skip
-    _compile(decode_attention._splitk_stage1_kernel,
+    compile_sm90(decode_attention._splitk_stage1_kernel,
              dict(kv, **strides, mid_o="*fp32", mid_lse="*fp32", num_splits=4, stride_ot=6 * 4 * 256,
                   stride_oh=4 * 256, stride_os=256, stride_lt=24 * 4, stride_lh=4),
              dict(G=6, HEAD_SPLIT=1, D=256, DV=256, BLOCK_M=16, BLOCK_D=256, BLOCK_DV=256, BLOCK_N=32, HAS_CU=False,
                   COMPUTE_FP32=False, KV_FP8=True, PDL=False), num_warps=4, num_stages=2)  # fmt: skip
-    _compile(prefill_attention._flash_prefill_kernel,
+    compile_sm90(prefill_attention._flash_prefill_kernel,
              dict(kv, **strides, O="*bf16", stride_ot=24 * 256, stride_oh=256, stride_od=1),
              dict(G=6, D=256, DV=256, BLOCK_M=64, BLOCK_D=256, BLOCK_DV=256, BLOCK_N=64, COMPUTE_FP32=False,
                   KV_FP8=True), num_warps=8, num_stages=2)  # fmt: skip
-    _compile(qk_norm_rope._qk_norm_rope_kernel,
+    compile_sm90(qk_norm_rope._qk_norm_rope_kernel,
              dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", qo_ptr="*bf16", kd_ptr="*fp8e4nv", vd_ptr="*fp8e4nv",
                   qw_ptr="*bf16", kw_ptr="*bf16", pos_ptr="*i64", slot_ptr="*i32", cos_ptr="*fp32", sin_ptr="*fp32",
                   sq0=1024, sq1=512, sk0=1024, sk1=256, sv0=1024, sv1=256, skd0=1024, skd1=256, svd0=1024, svd1=256,
