@@ -3,8 +3,8 @@ bf16 (`kernels.linear.gemv.linear`: the GEMV or cuBLAS), the FP8 tiled GEMM weig
 stop 38 is gone: results/fp8_few_rows_h200.json), the dispatcher `fp8_linear`, and torch._scaled_mm's blockwise mode (1x128 activations x 128x128 weights) where
 this torch has it: time per call inside a CUDA graph over enough weight copies that every read comes from HBM,
 effective weight bandwidth, and each result's error against the fp32 reference (a path whose error is off is
-reported, not timed). Decides WEIGHT_ONLY_MAX_ROWS (kernels/quant/fp8_linear.py) and whether
-the prefill should call _scaled_mm.
+reported, not timed). Decided where _scaled_mm takes over in kernels/quant/fp8_linear.py (SCALED_MM_MIN_ROWS,
+SCALED_MM_MIN_OUT; stop 39 also the weight-only / w8a8 split, which stop 40 replaced by w8a8 everywhere).
 
     python benchmark/check_fp8_gemm_gpu.py [--rows 1,2,4,16,64,256,1024,4096,16384] [--out results.json]
 """
@@ -21,7 +21,7 @@ from benchmark.timing import graph_replay_ms, result_header, write_json
 from lightllm_mtp.kernels.linear.gemv import linear
 from lightllm_mtp.kernels.quant.fp8_block import quantize_fp8_block
 from lightllm_mtp.kernels.quant.fp8_gemm import fp8_gemm_ref, fp8_gemm_triton, quantize_activations_fp8
-from lightllm_mtp.kernels.quant.fp8_linear import WEIGHT_ONLY_MAX_ROWS, fp8_linear
+from lightllm_mtp.kernels.quant.fp8_linear import fp8_linear
 
 SHAPES = {  # name: (N, K)
     "27b GDN in_proj qkv+z": (16384, 5120),
@@ -81,7 +81,7 @@ def main():
                 row = dict(shape=name, n=n, k=k, t=t, path=label)
                 try:
                     got = fn(x, fp8[0], bf16[0]).float()
-                    w8a8 = label in ACTIVATION_FP8 or (label.startswith("fp8_linear") and t > WEIGHT_ONLY_MAX_ROWS)
+                    w8a8 = label in ACTIVATION_FP8 or label.startswith("fp8_linear")  # w8a8 at every row count on CUDA
                     ref = want_w8a8 if w8a8 else want
                     row["reference"] = "w8a8" if w8a8 else "weight-only"
                     row["rel_err"] = ((got - ref).norm() / ref.norm()).item()

@@ -22,7 +22,7 @@ from lightllm_mtp.kernels.linear.gemv import linear
 from lightllm_mtp.kernels.moe.fused_moe import fused_moe, fused_moe_shared
 from lightllm_mtp.kernels.quant.fp8_block import Fp8BlockWeight, quantize_fp8_block
 from lightllm_mtp.kernels.quant.fp8_linear import fp8_linear
-from lightllm_mtp.kernels.quant.fp8_moe import fp8_fused_moe, fp8_fused_moe_shared
+from lightllm_mtp.kernels.moe.fp8_moe import fp8_fused_moe, fp8_fused_moe_shared
 
 StoredWeight = Union[torch.Tensor, Fp8BlockWeight]
 

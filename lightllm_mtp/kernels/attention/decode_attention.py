@@ -160,8 +160,8 @@ def splitk_attention_triton(
         scale * k_scale * math.log2(math.e), v_scale, num_splits,
         *q.stride(), *k_buffer.stride(), *v_buffer.stride(), req_to_token.stride(0),
         *mid_o.stride()[:3], *mid_lse.stride()[:2],
-        G=group, HEAD_SPLIT=head_split, D=d, DV=dv, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_N=block_n,
-        HAS_CU=has_cu, COMPUTE_FP32=compute_fp32, KV_FP8=kv_fp8,
+        G=group, HEAD_SPLIT=head_split, D=d, DV=dv, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_DV=block_dv,
+        BLOCK_N=block_n, HAS_CU=has_cu, COMPUTE_FP32=compute_fp32, KV_FP8=kv_fp8,
         num_warps=num_warps or default_warps, num_stages=num_stages, **pdl_args(q),
     )
     _splitk_stage2_kernel[(bsz, max_q_len, hq)](

@@ -20,6 +20,7 @@ def keys_major_num_warps(block_n: int, kv_fp8: bool) -> int:
     (sm_90 builds at D = 256: 4 warps spill there, 8 do not at 16 columns)."""
     return max(4, block_n // 16) if not kv_fp8 else max(8, block_n // 16)
 
+
 if triton_available():
     import triton
     import triton.language as tl

@@ -8,12 +8,12 @@ No atomics: bitwise repeatable, and a row's result does not depend on the other 
 expert is the extra expert id E (weights in their own tensors, its own intermediate size), selected by slot k of
 the routing (route_topk / route_align with shared_gate).
 
-Block-FP8 weights (`scales`, kernels/quant/fp8_moe.py) run w8a8, the checkpoints' "dynamic" activation scheme as
+Block-FP8 weights (`scales`, kernels/moe/fp8_moe.py) run w8a8, the checkpoints' "dynamic" activation scheme as
 vLLM / SGLang run it: x is rounded to e4m3 per token in 1 x SCALE_K groups (quantize_activations_fp8, one launch per
 call), and so is the activation row the gate_up kernel stores (in x's dtype, one more launch); each K step is one
 scale block, its e4m3 x e4m3 product runs on the FP8 tensor cores and is multiplied by the row's group scale and the
 weight block's scale. Converting every weight element to 16 bits in registers instead (weight-only) made the pass
-ALU-bound: slower than the bf16 experts at B=1 on the H200 and 2x slower at prefill."""
+ALU-bound (the 35B-A3B-FP8 B=1 step 2.86 ms with it, 2.73 with w8a8, on the H200)."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def expert_pass_ref(
     """fp32 math: out[t] = sum_s w[t, s] * down_e(silu(gate_e x_t) * up_e x_t), e = ids[t, s]; e == E is the
     shared expert (shared_gate_up [2I_s, H], shared_down [H, I_s]) when given. `linear(a, w)`: fp32 rows a [R, K]
     times one expert's stored weight w [N, K]^T in fp32 (a quantized format passes its own product, the rounding of
-    a included: kernels/quant/fp8_moe.py)."""
+    a included: kernels/moe/fp8_moe.py)."""
     num_experts = w_gate_up.shape[0]
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     xf = x.float()
@@ -90,7 +90,7 @@ def expert_pass_triton(
 ) -> torch.Tensor:
     """Shapes checked by the callers (fused_moe wrappers). Last dims of all weights must have stride 1.
     `alignment`: (sorted_pairs, block_expert) of topk_ids at tiles.block_m when the caller has it (route_align),
-    else moe_align runs here. `scales`: block-FP8 weights (kernels/quant/fp8_moe.py): the float8 weights' fp32 block
+    else moe_align runs here. `scales`: block-FP8 weights (kernels/moe/fp8_moe.py): the float8 weights' fp32 block
     scales (gate_up [E, *, *], down [E, *, *], and the shared expert's two when it is given), `scale_blocks` the
     (rows, columns) of the gate_up scales' blocks and of the down scales' (the shared expert's on the same grids);
     the pass then runs w8a8 (module docstring) with K steps of one scale block (the tiles' K steps are not used)."""

@@ -14,7 +14,7 @@ import torch
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448
-MIN_BLOCK = 16  # the smallest block side the kernels take (tl.dot's K; one scale per 16 weight columns at most)
+MIN_BLOCK = 32  # the smallest block side the kernels take: the w8a8 K step is one block, an e4m3 tl.dot needs K >= 32
 
 
 @dataclass(frozen=True)

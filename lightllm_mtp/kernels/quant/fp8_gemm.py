@@ -7,7 +7,7 @@ Two modes of one tiled tl.dot kernel, K tiles of one scale block each:
   16-bit tensor cores; each scale block's fp32 products are multiplied by the block's scale once;
 - w8a8 (`act_fp8=True`, the checkpoints' "dynamic" activation scheme): x is quantized per token in 1 x block_k
   groups (`quantize_activations_fp8`), each tile product runs on the FP8 tensor cores and is scaled by its row's
-  group scale times the weight block's scale (compute-bound prefill).
+  group scale times the weight block's scale: the mode the engine runs at every row count on CUDA (fp8_linear.py).
 The w8a8 result differs from the weight-only one by the activation rounding: e4m3 keeps 3 mantissa bits, a relative
 error of at most 2^-4 per element (in its normal range); as a share of |x| |w| a row's product error stays below
 2^-4 / sqrt(3) (unit_tests/kernels/quant/test_fp8_linear.py measures 0.06% mean, 0.38% max on random data)."""

@@ -1,15 +1,18 @@
 """x @ W^T with a block-FP8 W: which kernel runs for which rows.
 
-On CUDA every path is w8a8, the checkpoints' "dynamic" activation scheme (as vLLM / SGLang run them): the
+On CUDA every path is w8a8, the checkpoints' "dynamic" activation scheme (as vLLM / SGLang run it): the
 activations are rounded to e4m3 per token in 1 x 128 groups (fp8_gemm.quantize_activations_fp8) and each weight
 block's product runs on the FP8 tensor cores, scaled by the row's group scale times the block's scale; decode, verify
-and prefill rows share that rounding. Measured on the H200 (benchmark/NOTES.md "Stop 40", results/fp8_few_rows_w8a8_h200.json):
+and prefill rows share that rounding. Measured on the H200 (benchmark/NOTES.md "Stop 40",
+results/fp8_few_rows_w8a8_h200.json):
 - up to SCALED_MM_MIN_ROWS - 1 rows (decode, verify blocks), and narrow outputs at any few-row count: the tiled Triton
   GEMM with its few-row launch shapes (fp8_gemm_tiles: rows padded to 16, K split for narrow outputs): 2.1-3.5 TB/s
-  of FP8 weight at 1-16 rows, 1.25-1.85x faster than bf16 on the 27B projections; 1.3-2.3x faster than the
-  weight-only conversion it replaced, which lost to bf16 from 32 rows on;
+  of FP8 weight at 1-16 rows, 1.14-1.59x faster than bf16 on the 27B projections at these launch shapes (the out
+  projection the least); 1.2-2.7x faster than the weight-only conversion it replaced, which lost to bf16 from 32
+  rows on. At 128-256 rows some narrow shapes stay slower than bf16 (27B down / out, the 35B-A3B out projection);
 - from SCALED_MM_MIN_ROWS rows on outputs of at least SCALED_MM_MIN_OUT: torch._scaled_mm's blockwise mode where it
-  takes the call (fp8_scaled_mm.py; prefill chunks), else the Triton GEMM.
+  takes the call (fp8_scaled_mm.py; prefill chunks and verify blocks of 65+ rows, inside CUDA graphs too), else the
+  Triton GEMM (fp8_gemm_tiles' launch shapes up to FEW_ROWS_MAX rows, its 64 x 128 defaults above).
 Off CUDA (and with LIGHTLLM_MTP_FORCE_REFERENCE_KERNELS) the weight-only reference: exact activations, fp32 products
 of the dequantized weight, the same for every row count. Not the GPU's rounding, on purpose: e4m3 rounding is a step
 function, so it turns the last-bit differences between a verify block and a decode row (attention over k + 1 rows,

@@ -1,7 +1,8 @@
 """The w8a8 block-FP8 GEMM through torch._scaled_mm's blockwise mode (cuBLAS on Hopper): activations rounded per token
 to e4m3 with a scale per 1 x 128 group (the Triton quantizer of fp8_gemm.py), the weight's 128 x 128 blocks as
 stored. The same rounding as fp8_gemm_triton(act_fp8=True); measured faster than it at 256 and 4096 rows on all six
-27B / 35B-A3B projection shapes (benchmark/results/fp8_gemm_vs_bf16_h200.json), so prefill chunks take it."""
+27B / 35B-A3B projection shapes (benchmark/results/fp8_gemm_vs_bf16_h200.json), and from 128 rows on outputs >= 4096
+wide (results/fp8_few_rows_w8a8_h200.json): fp8_linear.py gives it those calls, prefill chunks and large verify blocks."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ triton = pytest.importorskip("triton")
 from lightllm_mtp.kernels.moe import moe_align, moe_expert_pass, moe_routing  # noqa: E402
 from unit_tests.kernels.sm90_compile import compile_sm90  # noqa: E402
 
-# the expert pass's block-FP8 (w8a8) arguments, unused with 16 / 32-bit weights (kernels/quant/fp8_moe.py compiles
+# the expert pass's block-FP8 (w8a8) arguments, unused with 16 / 32-bit weights (kernels/moe/fp8_moe.py compiles
 # W8A8): the activations' group scales, the weights' block scales
 NO_SCALES = dict(xs_ptr="*fp32", stride_xs=16, as_ptr="*fp32", stride_as=16, s_ptr="*fp32", shared_s_ptr="*fp32",
                  stride_se=64, stride_sn=16, stride_shared_sn=16)

@@ -41,7 +41,7 @@ def test_fp8_gemm_and_activation_quantization_compile(act_fp8, quantize_a, block
 def test_fp8_expert_pass_compiles(tiles, pdl):
     """35B-A3B experts (E 256, H 2048, I 512, shared 512) in block-FP8, w8a8: e4m3 x / act with their group scales,
     the FP8 tensor-core dot, K steps of one 128 scale block; decode and prefill tiles."""
-    from lightllm_mtp.kernels.quant.fp8_moe import PREFILL_TILES
+    from lightllm_mtp.kernels.moe.fp8_moe import PREFILL_TILES
 
     tiles = moe_expert_pass.DECODE_TILES if tiles == "decode" else PREFILL_TILES
     common = dict(sorted_ptr="*i32", block_expert_ptr="*i32", P=9, H=2048, INTER=512, INTER_SHARED=512, E=256,

@@ -1,6 +1,6 @@
 """Block-FP8 projections (kernels/quant/): quantization round trip, the tiled GEMM (its few-row launch shapes with
-split K, w8a8 as the engine runs it and the weight-only mode the sweeps compare) against its references under Triton's interpreter, the dispatch, and on the GPU
-against the references at real shapes."""
+split K, w8a8 as the engine runs it and the weight-only mode the sweeps compare) against its references under
+Triton's interpreter, the dispatch, and on the GPU against the references at real shapes."""
 
 import textwrap
 
@@ -23,7 +23,7 @@ INTERPRET_SCRIPT = textwrap.dedent(
     gen = torch.Generator().manual_seed(0)
     # decode rows. (T, N, K, block): partial blocks on both sides, sub-blocks (a regrouped shard), several K steps;
     # K split 1..8 ways, into shares of unequal length and into more shares than K blocks (empty ones)
-    for t, n, k, block in ((1, 40, 64, (16, 16)), (3, 37, 200, (32, 64)), (2, 300, 1000, (128, 128)),
+    for t, n, k, block in ((1, 40, 64, (32, 32)), (3, 37, 200, (32, 64)), (2, 300, 1000, (128, 128)),
                            (4, 130, 256, (128, 128)), (1, 131, 4100, (128, 128)), (2, 64, 384, (64, 128))):
         x = torch.randn(t, k + 5, generator=gen)[:, 2 : 2 + k]  # strided rows
         w = quantize_fp8_block(torch.randn(n, k, generator=gen) * 0.05, block)
@@ -45,7 +45,7 @@ INTERPRET_SCRIPT = textwrap.dedent(
         got = fp8_gemm_triton(x, weight=w, act_fp8=False, block_m=16, block_n=32, split_k=3)
         torch.testing.assert_close(got, fp8_gemm_ref(x, w, act_fp8=False), rtol=1e-5, atol=1e-4)
     assert all(int(c.abs().sum()) == 0 for c in _ARRIVALS.values())  # every tile's counter reset for the next call
-    for m, n, k, block in ((5, 40, 64, (16, 16)), (70, 130, 300, (128, 128)), (33, 96, 256, (32, 64))):
+    for m, n, k, block in ((5, 40, 64, (32, 32)), (70, 130, 300, (128, 128)), (33, 96, 256, (32, 64))):
         x = torch.randn(m, k, generator=gen)
         w = quantize_fp8_block(torch.randn(n, k, generator=gen) * 0.05, block)
         got = fp8_gemm_triton(x, weight=w, act_fp8=False, block_m=16, block_n=32)
@@ -134,8 +134,9 @@ def test_dispatch_on_cpu_is_the_weight_only_reference_at_every_row_count(monkeyp
         fp8_linear(torch.randn(rows, 256), wide)
     for rows in (SCALED_MM_MIN_ROWS, FEW_ROWS_MAX, FEW_ROWS_MAX + 1):  # a narrow output stays on Triton
         fp8_linear(torch.randn(rows, 256), w)
-    assert calls == [(1, True, 16), (17, True, 32), (SCALED_MM_MIN_ROWS - 1, True, 64), (SCALED_MM_MIN_ROWS, "scaled_mm"),
-                     (SCALED_MM_MIN_ROWS, True, 64), (FEW_ROWS_MAX, True, 64), (FEW_ROWS_MAX + 1, True, None)]
+    assert calls == [(1, True, 16), (17, True, 32), (SCALED_MM_MIN_ROWS - 1, True, 64),
+                     (SCALED_MM_MIN_ROWS, "scaled_mm"), (SCALED_MM_MIN_ROWS, True, 64), (FEW_ROWS_MAX, True, 64),
+                     (FEW_ROWS_MAX + 1, True, None)]
 
 
 def test_few_row_tiles_split_narrow_outputs_only():

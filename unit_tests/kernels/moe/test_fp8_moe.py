@@ -1,4 +1,4 @@
-"""Routed and shared experts with block-FP8 weights (kernels/quant/fp8_moe.py), w8a8: the expert-major pass's FP8
+"""Routed and shared experts with block-FP8 weights (kernels/moe/fp8_moe.py), w8a8: the expert-major pass's FP8
 kernels against the w8a8 reference under Triton's interpreter; the reference against the dequantized experts within
 the e4m3 rounding of the activations; the wrappers' checks; on the GPU at 35B-A3B dims."""
 
@@ -10,7 +10,7 @@ import torch
 from lightllm_mtp.kernels.moe.moe_expert_pass import expert_pass_ref
 from lightllm_mtp.kernels.moe.moe_routing import route_topk
 from lightllm_mtp.kernels.quant.fp8_block import quantize_fp8_block
-from lightllm_mtp.kernels.quant.fp8_moe import fp8_fused_moe, fp8_fused_moe_shared, fp8_moe_ref
+from lightllm_mtp.kernels.moe.fp8_moe import fp8_fused_moe, fp8_fused_moe_shared, fp8_moe_ref
 from unit_tests.triton_interpreter import run_interpreted
 
 INTERPRET_SCRIPT = textwrap.dedent(
@@ -18,28 +18,33 @@ INTERPRET_SCRIPT = textwrap.dedent(
     import torch
     from lightllm_mtp.kernels.moe import moe_expert_pass as p
     from lightllm_mtp.kernels.moe.moe_routing import route_topk_ref
-    from lightllm_mtp.kernels.quant import fp8_moe
+    from lightllm_mtp.kernels.moe import fp8_moe
     from lightllm_mtp.kernels.quant.fp8_block import quantize_fp8_block
     from lightllm_mtp.kernels.quant.fp8_gemm import quantize_activations_fp8
-    from lightllm_mtp.kernels.quant.fp8_moe import PREFILL_TILES, fp8_moe_ref
+    from lightllm_mtp.kernels.moe.fp8_moe import PREFILL_TILES, fp8_moe_ref
     # the interpreter's fp32 -> e4m3 cast rounds a value whose mantissa carries into the next power of two down a
     # binade (the GPU's is right; test_fp8_linear.py checks the quantizer against its reference elsewhere): the
     # reference rounds the activations with the kernel's quantizer here, so that the pass's products are compared
     fp8_moe.quantize_activations_ref = lambda a, group: quantize_activations_fp8(a, group=group)
+    # every float buffer the pass allocates starts as NaN: a column it reads but never writes (the act past a narrow
+    # shared expert's width, inside a rounding group) poisons the result instead of passing by luck
+    empty = torch.empty
+    torch.empty = lambda *a, **k: (lambda t: t.fill_(float("nan")) if t.is_floating_point() else t)(empty(*a, **k))
     gen = torch.Generator().manual_seed(0)
-    # (T, E, k, H, I, I_shared or None, block): blocks smaller than the tiles (16), as large (32), partial blocks
-    # (H 48 of 32-blocks), a shared expert narrower than a rounding group of the act (I_s 16 of 32-groups),
-    # routed-only, experts of more rows than a tile. fp32 only: the interpreter's fp32 -> bf16 cast truncates (the
-    # GPU's rounds to nearest), so a bf16 act would not be the reference's (the GPU test covers bf16)
-    cases = ((1, 8, 2, 64, 32, 32, (16, 16)), (40, 4, 2, 64, 32, 16, (16, 32)), (7, 6, 3, 48, 64, None, (32, 32)),
-             (20, 6, 3, 64, 32, 64, (32, 16)), (9, 6, 3, 64, 64, 32, (32, 32)))
-    for t, experts, top_k, hidden, inter, shared, block in cases:
-        q = lambda w: quantize_fp8_block(w, block)
+    # (T, E, k, H, I, I_shared or None, gate_up block, down block): one-block K steps, partial blocks (H 48 of
+    # 32-blocks), a shared expert narrower than a rounding group of the act (I_s 16 of 32-groups), routed-only,
+    # experts of more rows than a tile, gate_up and down on different K grids (the act's groups are down's). fp32 only:
+    # the interpreter's fp32 -> bf16 cast truncates (the GPU's rounds to nearest), so a bf16 act would not be the
+    # reference's (the GPU test covers bf16)
+    cases = ((1, 8, 2, 64, 32, 32, (32, 32), (32, 32)), (40, 4, 2, 64, 32, 16, (32, 32), (32, 32)),
+             (7, 6, 3, 48, 64, None, (32, 32), (32, 32)), (20, 6, 3, 64, 32, 64, (64, 32), (32, 64)),
+             (9, 6, 3, 64, 64, 32, (32, 64), (64, 32)))
+    for t, experts, top_k, hidden, inter, shared, block_gu, block_d in cases:
         x = torch.randn(t, hidden + 8, generator=gen)[:, 3 : 3 + hidden]  # strided rows
-        w_gu = q(torch.randn(experts, 2 * inter, hidden, generator=gen) * 0.2)
-        w_d = q(torch.randn(experts, hidden, inter, generator=gen) * 0.2)
-        s_gu = q(torch.randn(2 * shared, hidden, generator=gen) * 0.2) if shared else None
-        s_d = q(torch.randn(hidden, shared, generator=gen) * 0.2) if shared else None
+        w_gu = quantize_fp8_block(torch.randn(experts, 2 * inter, hidden, generator=gen) * 0.2, block_gu)
+        w_d = quantize_fp8_block(torch.randn(experts, hidden, inter, generator=gen) * 0.2, block_d)
+        s_gu = quantize_fp8_block(torch.randn(2 * shared, hidden, generator=gen) * 0.2, block_gu) if shared else None
+        s_d = quantize_fp8_block(torch.randn(hidden, shared, generator=gen) * 0.2, block_d) if shared else None
         w, ids = route_topk_ref(torch.randn(t, experts + 1, generator=gen), num_experts=experts, top_k=top_k,
                                 shared_gate=shared is not None)
         ref = fp8_moe_ref(x, w_gu, w_d, w, ids, s_gu, s_d)
@@ -47,9 +52,14 @@ INTERPRET_SCRIPT = textwrap.dedent(
         for tiles in (p.DECODE_TILES, PREFILL_TILES):
             out = p.expert_pass_triton(x, w_gu.qweight, w_d.qweight, w, ids, s_gu.qweight if shared else None,
                                        s_d.qweight if shared else None, tiles, scales=scales,
-                                       scale_blocks=(block, block))
-            # the same rounded activations: only the fp32 summation order differs
-            torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+                                       scale_blocks=(block_gu, block_d))
+            # x is rounded the same way; the act is summed in another order by the kernel and the reference, so
+            # now and then one act element rounds to the neighbouring e4m3 value (2^-4 of itself) and moves its
+            # token's outputs by ~1e-2: most outputs equal to fp32 rounding, the whole close in L2 (a wrong scale or
+            # rounding group moves nearly every output by far more)
+            rel = ((out - ref).norm() / ref.norm()).item()
+            tight = ((out - ref).abs() <= 1e-4 + 1e-4 * ref.abs()).float().mean().item()
+            assert rel < 2e-2 and tight > 0.9, (t, block_gu, block_d, rel, tight)
     print("OK")
     """
 )
@@ -113,7 +123,7 @@ def test_reference_rounds_each_projection_input_per_token_group():
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(5, 96, generator=gen).bfloat16()
     w_gu = quantize_fp8_block(torch.randn(1, 128, 96, generator=gen) * 0.1, (32, 32))
-    w_d = quantize_fp8_block(torch.randn(1, 96, 64, generator=gen) * 0.1, (16, 64))
+    w_d = quantize_fp8_block(torch.randn(1, 96, 64, generator=gen) * 0.1, (32, 64))
     ones, zeros = torch.ones(5, 1), torch.zeros(5, 1, dtype=torch.int64)
     gate_up = rounded(x, 32) @ w_gu.dequantize()[0].t()
     act = (torch.nn.functional.silu(gate_up[:, :64]) * gate_up[:, 64:]).bfloat16()

@@ -4,10 +4,11 @@ Fp8BlockWeight gate_up [E, 2I, H] / down [E, H, I] (shared [2I_s, H] / [H, I_s])
 The experts run w8a8, the checkpoints' "activation_scheme: dynamic" as vLLM / SGLang run block-FP8 MoE: x and the
 intermediate activation (stored in x's dtype first) are rounded to e4m3 per token in 1 x block_k groups of the
 weight they multiply (kernels/quant/fp8_gemm.py's activation quantization), and each scale block's e4m3 product is
-scaled by the row's group scale times the weight block's scale. On the FP8 tensor cores this is what makes FP8
-experts faster than bf16 ones: dequantizing every weight element to 16 bits in registers (the former weight-only
-mode) was ALU-bound, slower than bf16 at B=1 decode and 2x slower at prefill on the H200. The rounding costs at most
-2^-4 of each activation element (e4m3 keeps 3 mantissa bits; unit_tests/kernels/quant/test_fp8_moe.py bounds the
+scaled by the row's group scale times the weight block's scale, on the FP8 tensor cores instead of dequantizing
+every weight element to 16 bits in registers (the former weight-only mode, ALU-bound). H200 (benchmark/NOTES.md
+"Stop 40"): the 35B-A3B-FP8 step 2.86 -> 2.73 ms at B=1 (bf16 2.60), 10.98 -> 10.14 ms at B=32 (bf16 14.02); its
+prefill stayed 2x slower than bf16's, for a reason not found yet (not this pass's dots). The rounding costs at most
+2^-4 of each activation element (e4m3 keeps 3 mantissa bits; unit_tests/kernels/moe/test_fp8_moe.py bounds the
 whole pass against the dequantized experts).
 
 On CUDA every size runs the expert-major pass (kernels/moe/moe_expert_pass.py) in its w8a8 mode: each tile of an
