@@ -7,7 +7,7 @@ import torch
 from lightllm_mtp.common.quantization.fp8_blocks import (Fp8LayoutError, cat_rows, common_grid, scale_rows_of_pieces,
                                                          shard_fp8, stack)
 from lightllm_mtp.common.tensor_spec import TpShard
-from lightllm_mtp.kernels.quant.fp8_block import quantize_fp8_block
+from lightllm_mtp.kernels.quant.fp8_block import MIN_BLOCK, quantize_fp8_block
 
 GEN = torch.Generator().manual_seed(0)
 
@@ -30,7 +30,7 @@ def _shard(w, shard: TpShard, rank, size):
     (128, 256, TpShard(0), 2),  # 64-row shards of one block (tiny k_proj at tp=2)
     (256, 512, TpShard(1), 4),  # row-parallel columns
     (512, 256, TpShard(0, sections=(128, 128, 256), heads=(2, 2, 4)), 2),  # GDN [q | k | v] at tp=2
-    (160, 96, TpShard(0), 2),  # partial blocks: 80-row shards, the second across a block boundary
+    (192, 96, TpShard(0), 2),  # partial blocks: 96-row shards, the second across a block boundary
 ])
 def test_shards_dequantize_to_the_checkpoint_slices(rows, cols, shard, size):
     w = _full(rows, cols)
@@ -38,7 +38,7 @@ def test_shards_dequantize_to_the_checkpoint_slices(rows, cols, shard, size):
     for rank in range(size):
         local, index = _shard(w, shard, rank, size)
         torch.testing.assert_close(local.dequantize(), whole.index_select(shard.dim, index), rtol=0, atol=0)
-        assert min(local.block) >= 16
+        assert min(local.block) >= MIN_BLOCK
 
 
 def test_aligned_shard_keeps_the_checkpoint_blocks_and_a_split_inside_keeps_its_scale():
@@ -52,7 +52,7 @@ def test_aligned_shard_keeps_the_checkpoint_blocks_and_a_split_inside_keeps_its_
 def test_a_shard_below_the_kernels_sub_block_fails_with_one_message():
     """35B-A3B-like experts at tp=8 in the tiny fixture's sizes: 64 / 8 = 8-row pieces of a 128 block."""
     w = _full(128, 256)
-    with pytest.raises(Fp8LayoutError, match=r"sub-blocks of 8 < 16 .*smaller tensor-parallel size"):
+    with pytest.raises(Fp8LayoutError, match=rf"sub-blocks of 8 < {MIN_BLOCK} .*smaller tensor-parallel size"):
         _shard(w, TpShard(0, sections=(64, 64)), 0, 8)
 
 

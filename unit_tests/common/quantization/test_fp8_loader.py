@@ -15,7 +15,7 @@ from lightllm_mtp.common.tensor_spec import TensorSpec, TpShard
 from lightllm_mtp.common.weight_loader import WeightLoadError, load_tensors
 from lightllm_mtp.config.model_config import ModelConfig
 from lightllm_mtp.config.quant_config import QuantConfig
-from lightllm_mtp.kernels.quant.fp8_block import Fp8BlockWeight, quantize_fp8_block
+from lightllm_mtp.kernels.quant.fp8_block import MIN_BLOCK, Fp8BlockWeight, quantize_fp8_block
 from lightllm_mtp.models.registry import model_class
 
 FP8 = QuantConfig()
@@ -108,7 +108,7 @@ def test_a_shard_too_small_for_the_kernels_fails_at_start_up_with_one_message(fp
     specs = [s for s in model_class(cfg).weight_specs(cfg) if s.name.endswith("layers.0.mlp.experts.gate_up_proj")]
     with pytest.raises(WeightLoadError) as e:
         load_tensors(fp8_moe_dir, specs, torch.float32, "cpu", tp_rank=0, tp_size=8, quant=cfg.quantization)
-    assert str(e.value).count("sub-blocks of 8 < 16") >= 1 and "smaller tensor-parallel size" in str(e.value)
+    assert str(e.value).count(f"sub-blocks of 8 < {MIN_BLOCK}") >= 1 and "smaller tensor-parallel size" in str(e.value)
 
 
 def test_dropped_mtp_scale_fails_the_mtp_load_by_name(fp8_dense_dir, tmp_path):
