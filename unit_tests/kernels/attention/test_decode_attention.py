@@ -8,6 +8,7 @@ import lightllm_mtp.kernels.attention.decode_attention as mod
 from lightllm_mtp.kernels.attention.decode_attention import decode_attention
 from lightllm_mtp.kernels.attention.prefill_attention import prefill_attention
 from lightllm_mtp.kernels.triton_utils import use_triton
+from unit_tests.kernels.cuda_graphs import capture
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.bfloat16, 2e-2)])
@@ -94,14 +95,7 @@ def test_triton_cuda_graph_replay_gpu():
     q = torch.randn(4, hq, d, device="cuda", dtype=torch.bfloat16)
     _require_triton(q)
     args = (k_buffer, v_buffer, req_to_token, b_req_idx, b_seq_len, d**-0.5)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # compile outside the capture
-        decode_attention(q, *args, max_kv_len=max_len)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = decode_attention(q, *args, max_kv_len=max_len)
+    graph, out = capture(lambda: decode_attention(q, *args, max_kv_len=max_len))
     for lens in ([max_len] * 4, [1, 4096, 17, 300], [2048, 2, 3000, 33], [5, 6, 7, 8]):
         b_seq_len.copy_(torch.tensor(lens))
         q.copy_(torch.randn_like(q))

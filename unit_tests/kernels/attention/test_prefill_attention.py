@@ -7,6 +7,7 @@ import torch
 import lightllm_mtp.kernels.attention.prefill_attention as mod
 from lightllm_mtp.kernels.attention.prefill_attention import prefill_attention
 from lightllm_mtp.kernels.triton_utils import use_triton
+from unit_tests.kernels.cuda_graphs import capture
 
 CASES = [
     # (kv lengths, new rows per request): fresh prefill, chunked prefill with cached prefix, decode-like row,
@@ -132,14 +133,7 @@ def test_triton_verify_cuda_graph_replay_gpu():
     q_len, max_len = 4, 4096
     q, kv, cu, seq, scale = _gpu_case([max_len] * 4, [q_len] * 4, 24, 4, 9)
     run = lambda: prefill_attention(q, *kv, cu, seq, scale, max_q_len=q_len, max_kv_len=max_len)  # noqa: E731
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # compile outside the capture
-        run()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = run()
+    graph, out = capture(run)
     for lens in ([4, 4096, 17, 300], [2048, 5, 3000, 33]):
         seq.copy_(torch.tensor(lens))
         q.copy_(torch.randn_like(q))

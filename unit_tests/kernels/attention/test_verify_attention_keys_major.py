@@ -13,6 +13,7 @@ import torch
 
 from lightllm_mtp.kernels.triton_utils import triton_available, use_triton
 from unit_tests.triton_interpreter import allow_tensor_loop_bounds, run_interpreted
+from unit_tests.kernels.cuda_graphs import capture
 from unit_tests.kernels.sm90_compile import compile_sm90
 
 TOL = 2e-5
@@ -147,14 +148,7 @@ def test_keys_major_gpu_27b_heads_in_a_cuda_graph(paged_kv, rows, kv_dtype):
         return splitk_attention_triton(q, *kv_args, b_seq_len, d**-0.5, b1_cu_q_len=cu, max_q_len=rows,
                                        max_kv_len=max(seq_lens), keys_major=True, **scales)  # fmt: skip
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # compile outside the capture
-        run()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = run()
+    graph, out = capture(run)
     for lens in (seq_lens, [2999, 5, 64], [rows, 700, 33]):
         b_seq_len.copy_(torch.tensor(lens))
         graph.replay()
