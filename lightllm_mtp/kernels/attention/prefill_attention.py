@@ -166,6 +166,7 @@ if triton_available():
     import triton.language as tl
 
     from lightllm_mtp.kernels.attention.paged_attention import attend_paged_range
+    from lightllm_mtp.kernels.attention.splitk_tiles import load_q_tile
 
     @triton.jit
     def _flash_prefill_kernel(
@@ -191,14 +192,8 @@ if triton_available():
         row = (q_start + r).to(tl.int64)
         head = kvh * G + offs_m % G
         pos = prefix + r
-        offs_d = tl.arange(0, BLOCK_D)
         offs_dv = tl.arange(0, BLOCK_DV)
-        q = tl.load(
-            Q + row[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :] * stride_qd,
-            mask=mask_m[:, None] & (offs_d[None, :] < D), other=0.0,
-        )
-        if COMPUTE_FP32:
-            q = q.to(tl.float32)
+        q = load_q_tile(Q, row, head, mask_m, stride_qt, stride_qh, stride_qd, D, BLOCK_D, COMPUTE_FP32)
         token_row = req_to_token + tl.load(b_req_idx + b).to(tl.int64) * stride_rt
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
